@@ -1,0 +1,26 @@
+"""layoutlab: Flax vision models written once, run in NHWC or NCHW, in any precision."""
+
+from layoutlab.layout import Layout, channels_first, channels_last, parse_layout, to_layout
+from layoutlab.precision import Policy, get_policy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Layout",
+    "Policy",
+    "channels_first",
+    "channels_last",
+    "convert_layout",
+    "get_policy",
+    "parse_layout",
+    "to_layout",
+]
+
+
+def __getattr__(name):
+    # convert_layout lives in nn/, which imports flax; keep `import layoutlab` light.
+    if name == "convert_layout":
+        from layoutlab.nn.convert import convert_layout
+
+        return convert_layout
+    raise AttributeError(f"module 'layoutlab' has no attribute {name!r}")

@@ -1,0 +1,101 @@
+"""The model registry: names, what each model expects, and ``create``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+
+from flax import nnx
+
+from layoutlab.layout import Layout, channels_first, channels_last, parse_layout
+from layoutlab.precision import get_policy
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    builder: Callable[..., nnx.Module]
+    description: str
+    num_spatial: int = 2
+    task: str = "classification"
+    # (spatial..., channels): an input size the model is meant for, used by defaults.
+    default_input: tuple[int, ...] = (32, 32, 3)
+    # kwargs that make a tiny variant for fast tests and notebooks.
+    tiny: dict = dataclasses.field(default_factory=dict)
+
+    def input_shape(self, batch: int, layout: Layout | str, spatial=None, channels=None):
+        lay = resolve_layout(layout, self.num_spatial)
+        spatial = tuple(spatial) if spatial is not None else self.default_input[:-1]
+        channels = channels if channels is not None else self.default_input[-1]
+        return lay.shape(batch, channels, spatial)
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, **spec_kw):
+    def wrap(builder):
+        if name in _REGISTRY:
+            raise ValueError(f"Model {name!r} is registered twice.")
+        _REGISTRY[name] = ModelSpec(name=name, builder=builder, **spec_kw)
+        return builder
+
+    return wrap
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def spec(name: str) -> ModelSpec:
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in _REGISTRY:
+        raise ValueError(f"Unknown model {name!r}; known models are: {', '.join(names())}.")
+    return _REGISTRY[key]
+
+
+def resolve_layout(layout: Layout | str, num_spatial: int) -> Layout:
+    """``"NHWC"`` asked of a 3D model means its channels-last layout, ``NDHWC``."""
+    lay = parse_layout(layout)
+    return channels_last(num_spatial) if lay.is_channels_last else channels_first(num_spatial)
+
+
+def _accepted_options(builder) -> list[str]:
+    target = builder.func if isinstance(builder, functools.partial) else builder
+    fn = target.__init__ if isinstance(target, type) else target
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+    ]
+
+
+def create(
+    name: str,
+    *,
+    num_classes: int = 10,
+    layout: Layout | str = Layout.NHWC,
+    policy=None,
+    rngs: nnx.Rngs | None = None,
+    **kw,
+) -> nnx.Module:
+    """Build a registered model. Extra keywords go to its builder (``stem``, ``width``, ...)."""
+    s = spec(name)
+    params = _accepted_options(s.builder)
+    unknown = sorted(set(kw) - set(params))
+    if unknown:
+        allowed = [p for p in params if p not in ("num_classes", "layout", "policy", "rngs")]
+        raise ValueError(
+            f"Model {s.name!r} got unknown options {unknown}; it accepts: {', '.join(allowed)}."
+        )
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
+    return s.builder(
+        num_classes=num_classes,
+        layout=resolve_layout(layout, s.num_spatial),
+        policy=get_policy(policy),
+        rngs=rngs if rngs is not None else nnx.Rngs(0),
+        **kw,
+    )

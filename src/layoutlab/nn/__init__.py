@@ -1,0 +1,33 @@
+"""Layout- and policy-aware Flax NNX layers.
+
+Every layer takes ``layout`` (``Layout`` or its name) and ``policy`` (``Policy`` or a spec
+understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D layouts.
+"""
+
+from layoutlab.nn.activation import ReLU, ReLU6
+from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.conv import Conv, ConvTranspose
+from layoutlab.nn.convert import convert_layout
+from layoutlab.nn.linear import Dense, Dropout, Flatten
+from layoutlab.nn.norm import BatchNorm, GroupNorm
+from layoutlab.nn.pooling import AdaptiveAvgPool, AvgPool, GlobalAvgPool, MaxPool
+from layoutlab.nn.upsample import Upsample
+
+__all__ = [
+    "AdaptiveAvgPool",
+    "AvgPool",
+    "BatchNorm",
+    "Conv",
+    "ConvTranspose",
+    "Dense",
+    "Dropout",
+    "Flatten",
+    "GlobalAvgPool",
+    "GroupNorm",
+    "LayoutModule",
+    "MaxPool",
+    "ReLU",
+    "ReLU6",
+    "Upsample",
+    "convert_layout",
+]

@@ -1,0 +1,202 @@
+"""Convolutions in any layout: kernels are stored in the layout's own kernel order."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from layoutlab.layout import Layout, channels_last, convert_kernel
+from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
+from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
+from layoutlab.precision import Policy
+
+# torchvision initialises convs with kaiming_normal(mode="fan_out", relu).
+default_kernel_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+def _bias_init(key, shape, dtype, fan_in):
+    # PyTorch's default bias init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+class Conv(LayoutModule):
+    """N-d convolution; 1D, 2D or 3D follows from the layout (NWC/NCW, NHWC/NCHW, ...).
+
+    The kernel is created in channels-last order (``HWIO``) and then moved to the layout's
+    kernel order, so the same ``rngs`` give the same weights in every layout.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kernel_size: int | Sequence[int],
+        *,
+        strides: int | Sequence[int] = 1,
+        padding: Padding = "SAME",
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        use_bias: bool = True,
+        layout: Layout | str = Layout.NHWC,
+        policy: Policy | str | None = None,
+        kernel_init=default_kernel_init,
+        rngs: nnx.Rngs,
+    ):
+        self._set_layout_policy(layout, policy)
+        n = self.layout.num_spatial
+        if in_features % groups or out_features % groups:
+            raise ValueError(
+                f"Conv: in_features ({in_features}) and out_features ({out_features}) must "
+                f"both be divisible by groups ({groups})."
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.kernel_size = normalize_tuple(kernel_size, n, "kernel_size")
+        self.strides = normalize_tuple(strides, n, "strides")
+        self.dilation = normalize_tuple(dilation, n, "dilation")
+        self.padding = normalize_padding(padding, n)
+        self.groups = groups
+        hwio = (*self.kernel_size, in_features // groups, out_features)
+        dtype = self.policy.param_dtype
+        kernel = kernel_init(rngs.params(), hwio, dtype)
+        self.kernel = nnx.Param(convert_kernel(kernel, channels_last(n), self.layout))
+        fan_in = math.prod(hwio[:-1])
+        self.bias = (
+            nnx.Param(_bias_init(rngs.params(), (out_features,), dtype, fan_in))
+            if use_bias
+            else None
+        )
+
+    def _convert_params(self, src: Layout, dst: Layout) -> None:
+        self.kernel.set_value(convert_kernel(self.kernel[...], src, dst))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self.layout.check_input(
+            x.shape, self.in_features, f"Conv({self.in_features}->{self.out_features})"
+        )
+        dtype = self.policy.compute_dtype
+        y = lax.conv_general_dilated(
+            x.astype(dtype),
+            self.kernel[...].astype(dtype),
+            window_strides=self.strides,
+            padding=self.padding,
+            rhs_dilation=self.dilation,
+            dimension_numbers=self.layout.dimension_numbers,
+            feature_group_count=self.groups,
+            preferred_element_type=accumulation_dtype(self.policy),
+        )
+        if self.bias is not None:
+            bias = self.bias[...].astype(y.dtype)
+            y = y + bias.reshape(channel_shape(y.ndim, self.layout.channel_axis, bias.shape[0]))
+        return y.astype(dtype)
+
+
+class ConvTranspose(LayoutModule):
+    """Transposed convolution with PyTorch's ``ConvTranspose`` semantics.
+
+    ``padding`` and ``output_padding`` are PyTorch's: the output size is
+    ``(n - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``.
+    The kernel is ``(in, out, k...)`` (``IOHW``, as PyTorch stores it) in channels-first
+    layouts and ``(k..., in, out)`` (``HWIO``) in channels-last ones.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kernel_size: int | Sequence[int],
+        *,
+        strides: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        output_padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        use_bias: bool = True,
+        layout: Layout | str = Layout.NHWC,
+        policy: Policy | str | None = None,
+        kernel_init=None,
+        rngs: nnx.Rngs,
+    ):
+        self._set_layout_policy(layout, policy)
+        n = self.layout.num_spatial
+        self.in_features = in_features
+        self.out_features = out_features
+        self.kernel_size = normalize_tuple(kernel_size, n, "kernel_size")
+        self.strides = normalize_tuple(strides, n, "strides")
+        self.padding = normalize_tuple(padding, n, "padding")
+        self.output_padding = normalize_tuple(output_padding, n, "output_padding")
+        self.dilation = normalize_tuple(dilation, n, "dilation")
+        for op, s, d in zip(self.output_padding, self.strides, self.dilation, strict=True):
+            if op >= max(s, d):
+                raise ValueError(
+                    f"ConvTranspose: output_padding {self.output_padding} must be smaller "
+                    f"than stride or dilation ({self.strides}, {self.dilation})."
+                )
+        dtype = self.policy.param_dtype
+        hwio = (*self.kernel_size, in_features, out_features)
+        # PyTorch computes fan_in of a transposed conv from weight.size(1) = out_features.
+        fan_in = out_features * math.prod(self.kernel_size)
+        bound = 1.0 / math.sqrt(fan_in)
+        init = kernel_init or (lambda k, s, d: jax.random.uniform(k, s, d, -bound, bound))
+        kernel = init(rngs.params(), hwio, dtype)
+        self.kernel = nnx.Param(self._from_hwio(kernel))
+        self.bias = (
+            nnx.Param(_bias_init(rngs.params(), (out_features,), dtype, fan_in))
+            if use_bias
+            else None
+        )
+
+    def _kernel_spec(self) -> str:
+        spatial = self.layout.kernel_layout.replace("I", "").replace("O", "")
+        return spatial + "IO" if self.layout.is_channels_last else "IO" + spatial
+
+    def _from_hwio(self, kernel):
+        if self.layout.is_channels_last:
+            return kernel
+        n = self.layout.num_spatial
+        return jnp.transpose(kernel, (n, n + 1, *range(n)))
+
+    def _convert_params(self, src: Layout, dst: Layout) -> None:
+        n = src.num_spatial
+        k = self.kernel[...]
+        if src.is_channels_last:  # (k..., I, O) -> (I, O, k...)
+            self.kernel.set_value(jnp.transpose(k, (n, n + 1, *range(n))))
+        else:  # (I, O, k...) -> (k..., I, O)
+            self.kernel.set_value(jnp.transpose(k, (*range(2, n + 2), 0, 1)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self.layout.check_input(
+            x.shape, self.in_features, f"ConvTranspose({self.in_features}->{self.out_features})"
+        )
+        dtype = self.policy.compute_dtype
+        n = self.layout.num_spatial
+        spec = self._kernel_spec()
+        spatial_axes = tuple(spec.index(c) for c in spec if c not in "IO")
+        # A transposed conv is a conv over the stride-dilated input with the kernel flipped.
+        kernel = jnp.flip(self.kernel[...].astype(dtype), axis=spatial_axes)
+        pads = tuple(
+            (d * (k - 1) - p, d * (k - 1) - p + op)
+            for k, p, op, d in zip(
+                self.kernel_size, self.padding, self.output_padding, self.dilation, strict=True
+            )
+        )
+        y = lax.conv_general_dilated(
+            x.astype(dtype),
+            kernel,
+            window_strides=(1,) * n,
+            padding=pads,
+            lhs_dilation=self.strides,
+            rhs_dilation=self.dilation,
+            dimension_numbers=(self.layout.value, spec, self.layout.value),
+            preferred_element_type=accumulation_dtype(self.policy),
+        )
+        if self.bias is not None:
+            bias = self.bias[...].astype(y.dtype)
+            y = y + bias.reshape(channel_shape(y.ndim, self.layout.channel_axis, bias.shape[0]))
+        return y.astype(dtype)

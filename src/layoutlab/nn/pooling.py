@@ -1,0 +1,162 @@
+"""Max, average, adaptive and global pooling in any layout (1D, 2D or 3D)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from layoutlab.layout import Layout
+from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.padding import normalize_padding, normalize_tuple
+from layoutlab.precision import Policy
+
+
+def _full_window(layout: Layout, spatial: tuple[int, ...], fill: int) -> tuple[int, ...]:
+    """Expand per-spatial-dim values to all axes of ``layout``, ``fill`` elsewhere."""
+    full = [fill] * layout.rank
+    for axis, value in zip(layout.spatial_axes, spatial, strict=True):
+        full[axis] = value
+    return tuple(full)
+
+
+class _Pool(LayoutModule):
+    def __init__(
+        self,
+        kernel_size: int | Sequence[int],
+        strides: int | Sequence[int] | None = None,
+        padding: int | Sequence[int] | str = 0,
+        *,
+        layout: Layout | str = Layout.NHWC,
+        policy: Policy | str | None = None,
+    ):
+        self._set_layout_policy(layout, policy)
+        n = self.layout.num_spatial
+        self.kernel_size = normalize_tuple(kernel_size, n, "kernel_size")
+        self.strides = normalize_tuple(strides if strides is not None else kernel_size, n, "strides")
+        self.padding = normalize_padding(padding, n)
+
+    def _window_args(self, x: jax.Array):
+        self.layout.check_input(x.shape, None, self._name())
+        dims = _full_window(self.layout, self.kernel_size, 1)
+        strides = _full_window(self.layout, self.strides, 1)
+        if isinstance(self.padding, str):
+            return dims, strides, self.padding
+        pads = [(0, 0)] * self.layout.rank
+        for axis, pair in zip(self.layout.spatial_axes, self.padding, strict=True):
+            pads[axis] = pair
+        return dims, strides, tuple(pads)
+
+
+class MaxPool(_Pool):
+    """``torch.nn.MaxPool``: padding counts as ``-inf``."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dims, strides, pads = self._window_args(x)
+        init = jnp.array(-jnp.inf, x.dtype)
+        return lax.reduce_window(x, init, lax.max, dims, strides, pads)
+
+
+class AvgPool(_Pool):
+    """``torch.nn.AvgPool`` with ``count_include_pad``; window sums accumulate in float32."""
+
+    fp32_op = "AvgPool"
+
+    def __init__(self, kernel_size, strides=None, padding=0, *, count_include_pad=True, **kw):
+        super().__init__(kernel_size, strides, padding, **kw)
+        self.count_include_pad = count_include_pad
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dims, strides, pads = self._window_args(x)
+        acc = self.policy.norm_dtype
+        total = lax.reduce_window(x.astype(acc), jnp.array(0, acc), lax.add, dims, strides, pads)
+        if self.count_include_pad and not isinstance(pads, str):
+            y = total / jnp.asarray(np.prod(self.kernel_size), acc)
+        else:
+            # Count only the real elements under each window (SAME padding never counts pad).
+            ones = jnp.ones([1 if a == 0 else s for a, s in enumerate(x.shape)], acc)
+            count = lax.reduce_window(ones, jnp.array(0, acc), lax.add, dims, strides, pads)
+            y = total / count
+        return y.astype(self.policy.compute_dtype)
+
+
+class GlobalAvgPool(LayoutModule):
+    """Mean over the spatial axes, in float32; returns ``(N, C)`` or keeps the dims."""
+
+    fp32_op = "GlobalAvgPool"
+
+    def __init__(
+        self,
+        *,
+        keepdims: bool = False,
+        layout: Layout | str = Layout.NHWC,
+        policy: Policy | str | None = None,
+    ):
+        self._set_layout_policy(layout, policy)
+        self.keepdims = keepdims
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self.layout.check_input(x.shape, None, "GlobalAvgPool")
+        _check_nonempty(self.layout.spatial_shape(x.shape), "GlobalAvgPool")
+        y = jnp.mean(x.astype(self.policy.norm_dtype), axis=self.layout.spatial_axes,
+                     keepdims=self.keepdims)
+        return y.astype(self.policy.compute_dtype)
+
+
+def _check_nonempty(sizes: tuple[int, ...], where: str) -> None:
+    if 0 in sizes:
+        raise ValueError(
+            f"{where} received an empty spatial size {sizes}: the input image is too small "
+            "for the model's down-sampling; use a larger input."
+        )
+
+
+def adaptive_pool_matrix(size: int, out: int) -> np.ndarray:
+    """``(out, size)`` averaging weights of PyTorch's adaptive average pooling windows."""
+    m = np.zeros((out, size), np.float32)
+    for i in range(out):
+        start, end = (i * size) // out, -(-((i + 1) * size) // out)
+        m[i, start:end] = 1.0 / (end - start)
+    return m
+
+
+def apply_separable(x: jax.Array, layout: Layout, matrices: Sequence[np.ndarray], dtype):
+    """Contract each spatial axis of ``x`` with its ``(out, in)`` matrix, in ``dtype``."""
+    y = x.astype(dtype)
+    for axis, m in zip(layout.spatial_axes, matrices, strict=True):
+        y = jnp.moveaxis(
+            jnp.tensordot(jnp.asarray(m, dtype), y, axes=((1,), (axis,)),
+                          precision=lax.Precision.HIGHEST),
+            0,
+            axis,
+        )
+    return y
+
+
+class AdaptiveAvgPool(LayoutModule):
+    """``torch.nn.AdaptiveAvgPool``: output spatial size fixed, windows as PyTorch picks them."""
+
+    fp32_op = "AvgPool"
+
+    def __init__(
+        self,
+        output_size: int | Sequence[int],
+        *,
+        layout: Layout | str = Layout.NHWC,
+        policy: Policy | str | None = None,
+    ):
+        self._set_layout_policy(layout, policy)
+        self.output_size = normalize_tuple(output_size, self.layout.num_spatial, "output_size")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self.layout.check_input(x.shape, None, "AdaptiveAvgPool")
+        sizes = self.layout.spatial_shape(x.shape)
+        _check_nonempty(sizes, "AdaptiveAvgPool")
+        if sizes == self.output_size:
+            return x
+        mats = [adaptive_pool_matrix(s, o) for s, o in zip(sizes, self.output_size, strict=True)]
+        y = apply_separable(x, self.layout, mats, self.policy.norm_dtype)
+        return y.astype(self.policy.compute_dtype)

@@ -1,0 +1,1 @@
+"""Training: state, steps, loop, checkpoints and metrics."""

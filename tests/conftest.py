@@ -1,0 +1,35 @@
+"""Strict test settings: the suite runs with the strictest numpy semantics JAX offers.
+
+- dtype promotion is strict, so a silent upcast in a layer is an error;
+- rank promotion raises, so a bias added without an explicit broadcast is an error;
+- 4 fake CPU devices back the sharding tests (set before JAX starts its backend);
+- warnings are errors (pyproject's filterwarnings).
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "")
+if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def has_gpu() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a GPU; none present")
+    gpu = has_gpu()
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
