@@ -56,8 +56,9 @@ class MaxPool(_Pool):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dims, strides, pads = self._window_args(x)
-        init = jnp.array(-jnp.inf, x.dtype)
-        return lax.reduce_window(x, init, lax.max, dims, strides, pads)
+        # Python-scalar init values let JAX recognise the max/add monoids, which it needs
+        # to differentiate reduce_window.
+        return lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
 
 
 class AvgPool(_Pool):
@@ -72,13 +73,13 @@ class AvgPool(_Pool):
     def __call__(self, x: jax.Array) -> jax.Array:
         dims, strides, pads = self._window_args(x)
         acc = self.policy.norm_dtype
-        total = lax.reduce_window(x.astype(acc), jnp.array(0, acc), lax.add, dims, strides, pads)
+        total = lax.reduce_window(x.astype(acc), 0.0, lax.add, dims, strides, pads)
         if self.count_include_pad and not isinstance(pads, str):
             y = total / jnp.asarray(np.prod(self.kernel_size), acc)
         else:
             # Count only the real elements under each window (SAME padding never counts pad).
             ones = jnp.ones([1 if a == 0 else s for a, s in enumerate(x.shape)], acc)
-            count = lax.reduce_window(ones, jnp.array(0, acc), lax.add, dims, strides, pads)
+            count = lax.reduce_window(ones, 0.0, lax.add, dims, strides, pads)
             y = total / count
         return y.astype(self.policy.compute_dtype)
 

@@ -1,0 +1,58 @@
+"""The training state: everything a step reads and writes, as one pytree."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from layoutlab.loss_scale import NoOpLossScale
+
+
+class TrainState(NamedTuple):
+    """``params`` are the model's ``nnx.Param``s; ``rest`` its batch stats and RNG counters."""
+
+    step: jax.Array
+    params: nnx.State
+    rest: nnx.State
+    opt_state: optax.OptState
+    loss_scale: Any
+
+
+class ModelDefs(NamedTuple):
+    """The static halves of a split model, one with train-mode and one with eval-mode flags."""
+
+    train: nnx.GraphDef
+    eval: nnx.GraphDef
+
+
+def split_model(model: nnx.Module) -> tuple[ModelDefs, nnx.State, nnx.State]:
+    """``(defs, params, rest)``; ``nnx.merge(defs.train, params, rest)`` rebuilds the model."""
+    model.train()
+    train_def, params, rest = nnx.split(model, nnx.Param, ...)
+    model.eval()
+    eval_def, _, _ = nnx.split(model, nnx.Param, ...)
+    model.train()
+    return ModelDefs(train_def, eval_def), params, rest
+
+
+def create_train_state(
+    model: nnx.Module, tx: optax.GradientTransformation, loss_scale=None
+) -> tuple[ModelDefs, TrainState]:
+    defs, params, rest = split_model(model)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        rest=rest,
+        opt_state=tx.init(params),
+        loss_scale=loss_scale if loss_scale is not None else NoOpLossScale(),
+    )
+    return defs, state
+
+
+def merge_model(defs: ModelDefs, state: TrainState, *, train: bool = False) -> nnx.Module:
+    """The model with ``state``'s weights, in train or eval mode."""
+    return nnx.merge(defs.train if train else defs.eval, state.params, state.rest)

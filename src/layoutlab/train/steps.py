@@ -1,0 +1,104 @@
+"""Pure train and eval steps: ``(state, images, labels) -> (state, metrics)``.
+
+They are plain functions of pytrees, so ``jax.jit`` compiles them, ``layoutlab.xla`` lowers
+them ahead of time and ``layoutlab.bench`` times them, all on the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from layoutlab.loss_scale import all_finite
+from layoutlab.train.skip import apply_if_finite_updates
+from layoutlab.train.state import ModelDefs, TrainState
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy, always in float32 (see ``precision.FP32_OPS``)."""
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), labels
+    ).mean()
+
+
+def _select(pred, on_true, on_false):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def make_train_step(
+    defs: ModelDefs,
+    tx: optax.GradientTransformation,
+    *,
+    augment: Callable | None = None,
+) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict]]:
+    """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
+
+    ``tx`` should be wrapped in ``layoutlab.train.skip.skip_nonfinite`` so its state also
+    stays put on a skipped step. ``augment(key, images) -> images`` runs on device.
+    """
+
+    def loss_fn(params, rest, images, labels, loss_scale):
+        model = nnx.merge(defs.train, params, rest, copy=True)
+        logits = model(images)
+        loss = cross_entropy(logits, labels)
+        _, _, new_rest = nnx.split(model, nnx.Param, ...)
+        return loss_scale.scale(loss), (loss, logits, new_rest)
+
+    def step(state: TrainState, images: jax.Array, labels: jax.Array):
+        if augment is not None:
+            key = jax.random.fold_in(jax.random.key(0), state.step)
+            images = augment(key, images)
+        grads, (loss, logits, rest) = jax.grad(loss_fn, has_aux=True)(
+            state.params, state.rest, images, labels, state.loss_scale
+        )
+        grads = state.loss_scale.unscale(grads)
+        finite = all_finite(grads)
+        # optax relies on standard promotion (e.g. ``decay ** count`` with an int count).
+        with jax.numpy_dtype_promotion("standard"):
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = apply_if_finite_updates(state.params, updates, finite)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=params,
+            rest=_select(finite, rest, state.rest),
+            opt_state=opt_state,
+            loss_scale=state.loss_scale.adjust(finite),
+        )
+        metrics = {
+            "loss": loss,
+            "accuracy": jnp.mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)),
+            "grads_finite": finite,
+            "loss_scale": state.loss_scale.loss_scale,
+        }
+        return new_state, metrics
+
+    return step
+
+
+def make_eval_step(defs: ModelDefs) -> Callable[[TrainState, jax.Array, jax.Array], dict]:
+    """Summed loss and correct count over a batch (sums, so batches of any size average)."""
+
+    def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
+        model = nnx.merge(defs.eval, state.params, state.rest)
+        logits = model(images).astype(jnp.float32)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        return {
+            "loss_sum": jnp.sum(losses),
+            "correct": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.int32)),
+            "count": jnp.asarray(labels.shape[0], jnp.int32),
+        }
+
+    return step
+
+
+def make_forward(defs: ModelDefs) -> Callable[[TrainState, jax.Array], jax.Array]:
+    """Inference: eval-mode logits."""
+
+    def forward(state: TrainState, images: jax.Array) -> jax.Array:
+        return nnx.merge(defs.eval, state.params, state.rest)(images)
+
+    return forward
