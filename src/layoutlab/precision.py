@@ -45,22 +45,33 @@ _KEYS = {
 
 def parse_dtype(name: str | np.dtype | type) -> np.dtype:
     """``"bf16"`` -> ``dtype('bfloat16')``; unknown names raise a ``ValueError``."""
-    if not isinstance(name, str):
-        dtype = np.dtype(name)
+    if isinstance(name, str):
+        key = name.strip().lower()
+        if key not in _DTYPE_NAMES:
+            raise ValueError(
+                f"Unknown dtype {name!r}; valid names are: {', '.join(sorted(_DTYPE_NAMES))}."
+            )
+        dtype = np.dtype(_DTYPE_NAMES[key])
+    else:
+        try:
+            dtype = np.dtype(name)
+        except TypeError as err:
+            raise ValueError(f"{name!r} is not a dtype; use e.g. 'float32' or 'bf16'.") from err
         if not jnp.issubdtype(dtype, jnp.floating):
             raise ValueError(f"Policy dtypes must be floating point, got {dtype}.")
-        return dtype
-    key = name.strip().lower()
-    if key not in _DTYPE_NAMES:
+    if dtype == np.float64 and not jax.config.jax_enable_x64:
+        # Without x64 JAX would silently compute in float32.
         raise ValueError(
-            f"Unknown dtype {name!r}; valid names are: {', '.join(sorted(_DTYPE_NAMES))}."
+            "float64 needs 64-bit mode: set jax.config.update('jax_enable_x64', True) first."
         )
-    return np.dtype(_DTYPE_NAMES[key])
+    return dtype
 
 
 def _cast_floating(tree, dtype):
     def cast(x):
-        if isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.floating):
+        if isinstance(x, (jax.Array, np.ndarray, np.generic)) and jnp.issubdtype(
+            x.dtype, jnp.floating
+        ):
             return x.astype(dtype)
         return x
 
@@ -171,6 +182,8 @@ def get_policy(spec: Policy | str | None) -> Policy:
         if not sep:
             raise ValueError(f"Policy part {part!r} in {spec!r} is not of the form key=value.")
         if key == "fp32_ops":
+            if "fp32_ops" in fields:
+                raise ValueError(f"Policy key 'fp32_ops' is given twice in {spec!r}.")
             if value.strip().lower() not in ("true", "false"):
                 raise ValueError(f"fp32_ops must be true or false, got {value!r}.")
             fields["fp32_ops"] = value.strip().lower() == "true"

@@ -1,0 +1,85 @@
+"""``get_dataset(spec)``: one string names any data set the package can load."""
+
+from __future__ import annotations
+
+from layoutlab.data.cifar import load_cifar10, load_cifar100
+from layoutlab.data.dataset import Dataset
+from layoutlab.data.digits import load_digits
+from layoutlab.data.folder import load_folder
+from layoutlab.data.idx import load_fashion_mnist, load_mnist
+from layoutlab.data.synthetic import make_synthetic
+
+__all__ = ["get_dataset", "SPEC_FORMS", "parse_image_shape"]
+
+SPEC_FORMS = (
+    "digits",
+    "cifar10:DIR",
+    "cifar100:DIR",
+    "mnist:DIR",
+    "fashion_mnist:DIR",
+    "folder:DIR",
+    "synthetic[:HxWxC[:CLASSES[:N]]]  (e.g. synthetic:32x32x3:10:1280)",
+)
+
+_DIR_LOADERS = {
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "mnist": load_mnist,
+    "fashion_mnist": load_fashion_mnist,
+}
+
+
+def _bad_spec(spec: str, why: str) -> ValueError:
+    forms = "\n  ".join(SPEC_FORMS)
+    return ValueError(f"Bad data set spec {spec!r}: {why}. Valid forms are:\n  {forms}")
+
+
+def parse_image_shape(text: str, *, rank: int = 3) -> tuple[int, ...]:
+    """``"32x32x3"`` -> ``(32, 32, 3)``; ``rank`` is the number of sizes expected."""
+    parts = text.lower().split("x")
+    if len(parts) != rank or not all(p.isdigit() and int(p) > 0 for p in parts):
+        want = {2: "HxW", 3: "HxWxC"}.get(rank, "x".join(["N"] * rank))
+        raise ValueError(f"Expected a shape like {want} with positive sizes, got {text!r}.")
+    return tuple(int(p) for p in parts)
+
+
+def _synthetic(spec: str, args: list[str], seed: int, test_fraction: float) -> Dataset:
+    if len(args) > 3:
+        raise _bad_spec(spec, "synthetic takes at most HxWxC, CLASSES and N")
+    try:
+        shape = parse_image_shape(args[0]) if args and args[0] else (32, 32, 3)
+        ints = [int(a) for a in args[1:]]
+    except ValueError as e:
+        raise _bad_spec(spec, str(e)) from e
+    classes = ints[0] if ints else 10
+    n = ints[1] if len(ints) > 1 else 1280
+    return make_synthetic(shape, classes, n, seed=seed, test_fraction=test_fraction)
+
+
+def get_dataset(
+    spec: str,
+    *,
+    seed: int = 0,
+    test_fraction: float = 0.2,
+    image_size: tuple[int, int] | None = None,
+) -> Dataset:
+    """Load the data set named by ``spec`` (see ``SPEC_FORMS``).
+
+    ``seed`` and ``test_fraction`` drive the train/test split of sources that ship no test
+    split (digits, a single-split folder, synthetic); ``image_size=(H, W)`` resizes folder images.
+    """
+    name, sep, rest = spec.strip().partition(":")
+    name = name.lower().replace("-", "_")
+    if name == "digits":
+        if sep:
+            raise _bad_spec(spec, "digits takes no argument")
+        return load_digits(seed=seed, test_fraction=test_fraction)
+    if name == "synthetic":
+        return _synthetic(spec, rest.split(":") if sep else [], seed, test_fraction)
+    if name in _DIR_LOADERS or name == "folder":
+        if not rest:
+            raise _bad_spec(spec, f"{name} needs a directory, as in {name}:DIR")
+        if name == "folder":
+            return load_folder(rest, seed=seed, test_fraction=test_fraction, image_size=image_size)
+        return _DIR_LOADERS[name](rest)
+    raise _bad_spec(spec, f"unknown data set {name!r}")

@@ -1,0 +1,78 @@
+"""What XLA makes of a program: AOT compile reports, HLO analysis, physical layouts, caching.
+
+- ``compile_report(fn, *args, backend=..., flags=..., in_formats=...)`` -> ``CompileReport``
+- ``hlo_report(text)`` -> ``HloReport`` (op counts, fusions, transposes/copies/converts,
+  convolutions with logical and physical layouts, dots); ``diff`` / ``compare_table``
+- ``compare_layouts(fn, *args)``: default vs ``Layout.AUTO`` layouts, HLO and timings
+- ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
+- ``available_backends()`` / ``resolve_backend(name)``
+"""
+
+from layoutlab.xla.backends import Backend, BackendError, available_backends, resolve_backend
+from layoutlab.xla.cache import (
+    compilation_cache,
+    disable_compilation_cache,
+    enable_compilation_cache,
+    watch_compilation,
+)
+from layoutlab.xla.compile import CompileReport, compile_report
+from layoutlab.xla.flags import CPU_FLAGS, GPU_FLAGS, XlaFlagError
+from layoutlab.xla.formats import (
+    LayoutAPIUnavailable,
+    LayoutUnsupportedError,
+    auto_format,
+    layout_api,
+    major_to_minor_for,
+    physical_format,
+    place_in_formats,
+)
+from layoutlab.xla.hlo import (
+    ConvOp,
+    DataMoveOp,
+    DotOp,
+    HloReport,
+    compare_table,
+    conv_table,
+    decode_dim_labels,
+    diff,
+    hlo_report,
+)
+from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
+from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
+
+__all__ = [
+    "CPU_FLAGS",
+    "GPU_FLAGS",
+    "Backend",
+    "BackendError",
+    "CompileReport",
+    "ConvOp",
+    "DataMoveOp",
+    "DotOp",
+    "HloParseError",
+    "HloReport",
+    "LayoutAPIUnavailable",
+    "LayoutComparison",
+    "LayoutUnsupportedError",
+    "XlaFlagError",
+    "auto_format",
+    "available_backends",
+    "compare_layouts",
+    "compare_table",
+    "compilation_cache",
+    "compile_report",
+    "conv_table",
+    "decode_dim_labels",
+    "diff",
+    "disable_compilation_cache",
+    "enable_compilation_cache",
+    "hlo_report",
+    "layout_api",
+    "major_to_minor_for",
+    "parse_hlo",
+    "physical_format",
+    "place_in_formats",
+    "resolve_backend",
+    "time_call",
+    "watch_compilation",
+]
