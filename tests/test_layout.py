@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from layoutlab import Layout, parse_layout, to_layout
-from layoutlab.layout import channels_first, channels_last, convert_kernel, hwio_to_oihw, oihw_to_hwio
+from layoutlab.layout import (
+    channels_first,
+    channels_last,
+    convert_kernel,
+    hwio_to_oihw,
+    oihw_to_hwio,
+)
 
 
 @pytest.mark.parametrize(
@@ -70,7 +76,9 @@ def test_kernel_conversion_1d_2d_3d():
 def test_shape_and_input_check_messages():
     assert Layout.NCHW.shape(8, 3, (32, 16)) == (8, 3, 32, 16)
     assert Layout.NHWC.shape(8, 3, (32, 16)) == (8, 32, 16, 3)
-    with pytest.raises(ValueError, match="expects NHWC input with 3 channels on axis 3.*looks like NCHW"):
+    with pytest.raises(
+        ValueError, match="expects NHWC input with 3 channels on axis 3.*looks like NCHW"
+    ):
         Layout.NHWC.check_input((8, 3, 32, 32), 3, "Conv")
     with pytest.raises(ValueError, match="rank 4, got shape \\(8, 32, 32\\)"):
         Layout.NHWC.check_input((8, 32, 32), 3, "Conv")

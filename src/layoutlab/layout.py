@@ -25,16 +25,13 @@ __all__ = [
 ]
 
 
-class Layout(str, enum.Enum):
+class Layout(enum.StrEnum):
     NWC = "NWC"
     NCW = "NCW"
     NHWC = "NHWC"
     NCHW = "NCHW"
     NDHWC = "NDHWC"
     NCDHW = "NCDHW"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def rank(self) -> int:
@@ -71,8 +68,10 @@ class Layout(str, enum.Enum):
     @property
     def counterpart(self) -> Layout:
         """The layout of the same rank with the channel axis on the other side."""
-        return channels_first(self.num_spatial) if self.is_channels_last else channels_last(
-            self.num_spatial
+        return (
+            channels_first(self.num_spatial)
+            if self.is_channels_last
+            else channels_last(self.num_spatial)
         )
 
     def perm_to(self, dst: Layout | str) -> tuple[int, ...]:
@@ -188,9 +187,13 @@ def convert_kernel(kernel, src: Layout | str, dst: Layout | str):
 
 def hwio_to_oihw(kernel):
     """``(spatial..., I, O)`` -> ``(O, I, spatial...)`` for 1D, 2D or 3D kernels."""
-    return convert_kernel(kernel, channels_last(np.ndim(kernel) - 2), channels_first(np.ndim(kernel) - 2))
+    return convert_kernel(
+        kernel, channels_last(np.ndim(kernel) - 2), channels_first(np.ndim(kernel) - 2)
+    )
 
 
 def oihw_to_hwio(kernel):
     """``(O, I, spatial...)`` -> ``(spatial..., I, O)`` for 1D, 2D or 3D kernels."""
-    return convert_kernel(kernel, channels_first(np.ndim(kernel) - 2), channels_last(np.ndim(kernel) - 2))
+    return convert_kernel(
+        kernel, channels_first(np.ndim(kernel) - 2), channels_last(np.ndim(kernel) - 2)
+    )

@@ -24,8 +24,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['dims']}  {r['task']:<14} {r['default_input']:<10} "
-              f"{r['description']}")
+        print(
+            f"{r['name']:<{width}}  {r['dims']}  {r['task']:<14} {r['default_input']:<10} "
+            f"{r['description']}"
+        )
     return 0
 
 

@@ -9,8 +9,15 @@ from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, ru
 from layoutlab.models.registry import register
 
 # (expansion t, channels c, repeats n, first stride s)
-_SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-             (6, 160, 3, 2), (6, 320, 1, 1))
+_SETTINGS = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 def make_divisible(v: float, divisor: int = 8) -> int:
@@ -84,4 +91,3 @@ register(
     default_input=(32, 32, 3),
     tiny={"width_mult": 0.25, "last_channel": 64},
 )(MobileNetV2)
-

@@ -13,7 +13,15 @@ class SmallCNN(nnx.Module):
     """conv-bn-relu x3 with a max pool, adaptive pool to 2x2, flatten, two dense layers."""
 
     def __init__(
-        self, *, num_classes, layout, policy, rngs, in_channels=1, width=32, hidden=128,
+        self,
+        *,
+        num_classes,
+        layout,
+        policy,
+        rngs,
+        in_channels=1,
+        width=32,
+        hidden=128,
         dropout=0.1,
     ):
         self.layout, self.policy = layout, policy

@@ -73,4 +73,3 @@ register(
     default_input=(32, 32, 3),
     tiny={"width": 4},
 )(UNet)
-

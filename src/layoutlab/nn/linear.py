@@ -69,9 +69,7 @@ class Flatten(LayoutModule):
     ``order="HWC"`` is the channels-last order, free of transposes for NHWC models.
     """
 
-    def __init__(
-        self, *, order: str = "CHW", layout: Layout | str = Layout.NHWC, policy=None
-    ):
+    def __init__(self, *, order: str = "CHW", layout: Layout | str = Layout.NHWC, policy=None):
         if order not in ("CHW", "HWC"):
             raise ValueError(f"Flatten order must be 'CHW' or 'HWC', got {order!r}.")
         self._set_layout_policy(layout, policy)

@@ -13,7 +13,6 @@ from layoutlab.nn.dtypes import channel_shape
 from layoutlab.precision import Policy
 
 
-
 class BatchNorm(LayoutModule):
     """``torch.nn.BatchNorm`` semantics: ``momentum`` weighs the new batch (default 0.1),
     normalization uses the biased batch variance, the running variance the unbiased one.
@@ -69,9 +68,9 @@ class BatchNorm(LayoutModule):
             )
             self.var[...] = (1.0 - m) * self.var[...] + m * lax.stop_gradient(unbiased)
         mul = lax.rsqrt(var + jnp.asarray(self.epsilon, ndt)) * self.scale[...].astype(ndt)
-        y = (xf - mean.reshape(cshape)) * mul.reshape(cshape) + self.bias[...].astype(
-            ndt
-        ).reshape(cshape)
+        y = (xf - mean.reshape(cshape)) * mul.reshape(cshape) + self.bias[...].astype(ndt).reshape(
+            cshape
+        )
         return y.astype(self.policy.compute_dtype)
 
 
@@ -116,7 +115,7 @@ class GroupNorm(LayoutModule):
         var = jnp.mean(jnp.square(xg - mean), axis=axes, keepdims=True)
         xn = ((xg - mean) * lax.rsqrt(var + jnp.asarray(self.epsilon, ndt))).reshape(x.shape)
         cshape = channel_shape(x.ndim, ca, self.num_features)
-        y = xn * self.scale[...].astype(ndt).reshape(cshape) + self.bias[...].astype(
-            ndt
-        ).reshape(cshape)
+        y = xn * self.scale[...].astype(ndt).reshape(cshape) + self.bias[...].astype(ndt).reshape(
+            cshape
+        )
         return y.astype(self.policy.compute_dtype)

@@ -39,9 +39,7 @@ def normalize_padding(padding: Padding, n: int) -> str | tuple[tuple[int, int], 
     return pairs
 
 
-def same_padding(
-    size: int, kernel: int, stride: int, dilation: int = 1
-) -> tuple[int, int]:
+def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
     """XLA's SAME rule: output ``ceil(size / stride)``, extra padding on the high side."""
     out = -(-size // stride)
     total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)

@@ -36,7 +36,9 @@ class _Pool(LayoutModule):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
         self.kernel_size = normalize_tuple(kernel_size, n, "kernel_size")
-        self.strides = normalize_tuple(strides if strides is not None else kernel_size, n, "strides")
+        self.strides = normalize_tuple(
+            strides if strides is not None else kernel_size, n, "strides"
+        )
         self.padding = normalize_padding(padding, n)
 
     def _window_args(self, x: jax.Array):
@@ -102,8 +104,9 @@ class GlobalAvgPool(LayoutModule):
     def __call__(self, x: jax.Array) -> jax.Array:
         self.layout.check_input(x.shape, None, "GlobalAvgPool")
         _check_nonempty(self.layout.spatial_shape(x.shape), "GlobalAvgPool")
-        y = jnp.mean(x.astype(self.policy.norm_dtype), axis=self.layout.spatial_axes,
-                     keepdims=self.keepdims)
+        y = jnp.mean(
+            x.astype(self.policy.norm_dtype), axis=self.layout.spatial_axes, keepdims=self.keepdims
+        )
         return y.astype(self.policy.compute_dtype)
 
 
@@ -129,8 +132,9 @@ def apply_separable(x: jax.Array, layout: Layout, matrices: Sequence[np.ndarray]
     y = x.astype(dtype)
     for axis, m in zip(layout.spatial_axes, matrices, strict=True):
         y = jnp.moveaxis(
-            jnp.tensordot(jnp.asarray(m, dtype), y, axes=((1,), (axis,)),
-                          precision=lax.Precision.HIGHEST),
+            jnp.tensordot(
+                jnp.asarray(m, dtype), y, axes=((1,), (axis,)), precision=lax.Precision.HIGHEST
+            ),
             0,
             axis,
         )

@@ -43,9 +43,7 @@ class Upsample(LayoutModule):
     ):
         self._set_layout_policy(layout, policy)
         if method not in ("nearest", "bilinear", "linear", "trilinear"):
-            raise ValueError(
-                f"Unknown upsampling method {method!r}; use 'nearest' or 'bilinear'."
-            )
+            raise ValueError(f"Unknown upsampling method {method!r}; use 'nearest' or 'bilinear'.")
         self.scale_factor = normalize_tuple(scale_factor, self.layout.num_spatial, "scale_factor")
         self.method = "nearest" if method == "nearest" else "linear"
         self.align_corners = align_corners

@@ -1,0 +1,168 @@
+"""Every registry model, converted between layouts, gives the same outputs, gradients and
+batch statistics; bad inputs give clear errors.
+
+Tolerances: both layouts run the same float32 arithmetic up to summation order (XLA may pick
+different loop orders per layout), so differences are a few float32 ulps accumulated over
+the network's depth. rtol=1e-5 / atol=1e-5 on outputs and batch statistics (values of
+order 1) leaves two orders of magnitude over float32's 1.2e-7 epsilon; gradients pass
+through BatchNorm's backward, which subtracts nearly equal sums, so they use atol=1e-4.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from layoutlab import convert_layout, models, to_layout
+from layoutlab.compare import assert_close, assert_trees_close
+
+NAMES = models.names()
+
+
+def _input(name, layout, batch=2):
+    s = models.spec(name)
+    spatial = (8, 8, 8) if s.num_spatial == 3 else s.default_input[:-1]
+    shape = s.input_shape(batch, layout, spatial=spatial)
+    return jax.random.normal(jax.random.key(1), shape, jnp.float32)
+
+
+def _forward_and_grads(model, x, segmentation=False):
+    """Train-mode logits, grads of a fixed projection of the logits, and new batch stats."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    layout = model.layout
+
+    @jax.jit
+    def run(params, rest, x):
+        def loss(params):
+            m = nnx.merge(graphdef, params, rest, copy=True)
+            y = m(x)
+            if segmentation:  # project per-pixel logits in one layout for both models
+                y = to_layout(
+                    y, layout, layout.counterpart if not layout.is_channels_last else layout
+                )
+            weights = jax.random.normal(jax.random.key(2), y.shape, y.dtype)
+            _, _, new_rest = nnx.split(m, nnx.Param, ...)
+            return jnp.sum(y * weights), (y, new_rest)
+
+        grads, (y, new_rest) = jax.grad(loss, has_aux=True)(params)
+        return y, grads, new_rest
+
+    y, grads, new_rest = run(params, rest, x)
+    return y, nnx.merge(graphdef, grads, new_rest)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_converted_model_matches(name):
+    s = models.spec(name)
+    nhwc = models.create(name, num_classes=5, layout="NHWC", rngs=nnx.Rngs(0), **s.tiny)
+    nchw = convert_layout(nhwc, "NCHW")
+    src, dst = nhwc.layout, nchw.layout
+    x = _input(name, src)
+
+    seg = s.task == "segmentation"
+    y_a, grads_a = _forward_and_grads(nhwc, x, seg)
+    y_b, grads_b = _forward_and_grads(nchw, to_layout(x, src, dst), seg)
+    assert_close(y_b, y_a, rtol=1e-5, atol=1e-5, msg=f"{name} logits")
+
+    # ``grads_b`` is a model whose params are the gradients: converting it back to the
+    # source layout moves kernel gradients exactly as weights are moved.
+    grads_b = convert_layout(grads_b, src)
+    assert_trees_close(
+        nnx.state(grads_b, nnx.Param), nnx.state(grads_a, nnx.Param), rtol=1e-4, atol=1e-4
+    )
+    # A training step in either layout updates the same BatchNorm running statistics.
+    assert_trees_close(
+        nnx.state(grads_b, nnx.BatchStat),
+        nnx.state(grads_a, nnx.BatchStat),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "small_cnn3d"])
+def test_same_seed_builds_the_same_model_in_both_layouts(name):
+    s = models.spec(name)
+    a = models.create(name, layout="NHWC", rngs=nnx.Rngs(3), **s.tiny)
+    b = models.create(name, layout="NCHW", rngs=nnx.Rngs(3), **s.tiny)
+    # Init happens in channels-last order and is then transposed: bitwise equal weights.
+    b_as_a = convert_layout(b, "NHWC")
+    for pa, pb in zip(
+        jax.tree.leaves(nnx.state(a, nnx.Param)),
+        jax.tree.leaves(nnx.state(b_as_a, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(pa), np.asarray(pb))
+    assert b.layout.value == ("NCHW" if s.num_spatial == 2 else "NCDHW")
+
+
+def test_convert_layout_leaves_the_original_alone():
+    m = models.create("small_cnn", layout="NHWC", rngs=nnx.Rngs(0), **models.spec("small_cnn").tiny)
+    before = [np.asarray(p) for p in jax.tree.leaves(nnx.state(m, nnx.Param))]
+    convert_layout(m, "NCHW")
+    after = [np.asarray(p) for p in jax.tree.leaves(nnx.state(m, nnx.Param))]
+    for p, q in zip(before, after, strict=True):
+        np.testing.assert_array_equal(p, q)
+    assert m.layout.value == "NHWC"
+
+
+def test_unknown_model_and_options():
+    with pytest.raises(ValueError, match="Unknown model 'resnet19'; known models are: .*resnet18"):
+        models.create("resnet19")
+    with pytest.raises(ValueError, match="unknown options \\['depth'\\]; it accepts: .*stem"):
+        models.create("resnet18", depth=3)
+    with pytest.raises(ValueError, match="Unknown ResNet stem 'tiny'"):
+        models.create("resnet18", stem="tiny")
+    with pytest.raises(ValueError, match="Unknown layout 'NHCW'"):
+        models.create("small_cnn", layout="NHCW")
+    with pytest.raises(ValueError, match="Unknown precision policy"):
+        models.create("small_cnn", policy="fp8")
+    with pytest.raises(ValueError, match="num_classes"):
+        models.create("small_cnn", num_classes=0)
+
+
+def test_layout_mismatch_errors():
+    m = models.create(
+        "small_cnn", layout="NHWC", in_channels=3, rngs=nnx.Rngs(0), width=4, hidden=8
+    )
+    nchw_batch = jnp.zeros((2, 3, 8, 8), jnp.float32)
+    with pytest.raises(
+        ValueError,
+        match="expects NHWC input with 3 channels on axis 3, got shape "
+        "\\(2, 3, 8, 8\\).*looks like NCHW",
+    ):
+        m(nchw_batch)
+    with pytest.raises(ValueError, match="rank 4, got shape \\(3, 8, 8\\)"):
+        m(jnp.zeros((3, 8, 8), jnp.float32))
+    with pytest.raises(ValueError, match="with 3 channels on axis 3, got shape \\(2, 8, 8, 1\\)"):
+        m(jnp.zeros((2, 8, 8, 1), jnp.float32))
+
+
+def test_imagenet_stem_and_resnet50_shapes():
+    m = models.create("resnet50", layout="NCHW", rngs=nnx.Rngs(0), width=4, num_classes=3)
+    assert m.maxpool is not None
+    # torchvision's ResNet-50 puts the stride on the 3x3 conv of the bottleneck (v1.5).
+    block = m.layer2[0]
+    assert block.conv1.strides == (1, 1) and block.conv2.strides == (2, 2)
+    assert block.conv3.out_features == 4 * 2 * 4
+    m.eval()
+    y = nnx.eval_shape(lambda m, x: m(x), m, jax.ShapeDtypeStruct((1, 3, 64, 64), jnp.float32))
+    assert y.shape == (1, 3)
+
+
+def test_too_small_input_is_a_clear_error():
+    m = models.create("vgg11_bn", rngs=nnx.Rngs(0), **models.spec("vgg11_bn").tiny)
+    with pytest.raises(ValueError, match="too small"):
+        nnx.eval_shape(lambda m, x: m(x), m, jax.ShapeDtypeStruct((1, 16, 16, 3), jnp.float32))
+
+
+def test_remat_gives_the_same_gradients():
+    kw = dict(num_classes=4, layout="NHWC", width=4, stem="cifar")
+    plain = models.create("resnet18", rngs=nnx.Rngs(0), **kw)
+    remat = models.create("resnet18", rngs=nnx.Rngs(0), remat=True, **kw)
+    x = _input("resnet18", plain.layout)
+    y_a, g_a = _forward_and_grads(plain, x)
+    y_b, g_b = _forward_and_grads(remat, x)
+    # Rematerialisation recomputes the same ops: equal to float32 rounding.
+    assert_close(y_b, y_a, rtol=1e-6, atol=1e-6)
+    assert_trees_close(nnx.state(g_b, nnx.Param), nnx.state(g_a, nnx.Param), rtol=1e-5, atol=1e-5)
