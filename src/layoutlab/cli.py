@@ -10,6 +10,7 @@ import sys
 COMMANDS = (
     "layoutlab.models.command",
     "layoutlab.data.command",
+    "layoutlab.xla.command",
 )
 
 

@@ -6,6 +6,8 @@
 - ``compare_layouts(fn, *args)``: default vs ``Layout.AUTO`` layouts, HLO and timings
 - ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
 - ``available_backends()`` / ``resolve_backend(name)``
+- ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
+  ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 """
 
 from layoutlab.xla.backends import Backend, BackendError, available_backends, resolve_backend
@@ -38,6 +40,13 @@ from layoutlab.xla.hlo import (
     hlo_report,
 )
 from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
+from layoutlab.xla.inspect import (
+    ConvRow,
+    ModelInspection,
+    ModelLayoutComparison,
+    compare_model_layouts,
+    inspect_model,
+)
 from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
 
 __all__ = [
@@ -47,6 +56,7 @@ __all__ = [
     "BackendError",
     "CompileReport",
     "ConvOp",
+    "ConvRow",
     "DataMoveOp",
     "DotOp",
     "HloParseError",
@@ -54,10 +64,13 @@ __all__ = [
     "LayoutAPIUnavailable",
     "LayoutComparison",
     "LayoutUnsupportedError",
+    "ModelInspection",
+    "ModelLayoutComparison",
     "XlaFlagError",
     "auto_format",
     "available_backends",
     "compare_layouts",
+    "compare_model_layouts",
     "compare_table",
     "compilation_cache",
     "compile_report",
@@ -67,6 +80,7 @@ __all__ = [
     "disable_compilation_cache",
     "enable_compilation_cache",
     "hlo_report",
+    "inspect_model",
     "layout_api",
     "major_to_minor_for",
     "parse_hlo",

@@ -1,0 +1,152 @@
+"""``layoutlab inspect``: compile a model's forward or training step and show what XLA did.
+
+Examples::
+
+    layoutlab inspect --model resnet18 --layout NCHW --precision mixed_bf16 --mode train
+    layoutlab inspect --model resnet18 --tiny --compare-layouts --json out.json
+    layoutlab inspect --model resnet18 --layout NCHW --auto-layout --dump-hlo hlo/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["parse_assignments", "register", "run"]
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used."""
+
+
+def _value(text: str) -> bool | int | float | str:
+    """``"true"`` -> True, ``"3"`` -> 3, ``"0.5"`` -> 0.5, anything else stays a string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_assignments(items: list[str] | None, what: str) -> dict:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``; a malformed item is a ``UsageError``."""
+    out = {}
+    for item in items or []:
+        name, eq, value = item.partition("=")
+        name = name.strip().lstrip("-")
+        if not eq or not name:
+            raise UsageError(f"{what} expects name=value, got {item!r}")
+        out[name] = _value(value)
+    return out
+
+
+def _model_kwargs(args: argparse.Namespace) -> dict:
+    from layoutlab import models
+
+    kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
+    kwargs.update(parse_assignments(args.model_arg, "--model-arg"))
+    return kwargs
+
+
+def _inspect(args: argparse.Namespace):
+    from layoutlab.xla.inspect import compare_model_layouts, inspect_model
+
+    common = dict(
+        precision=args.precision,
+        mode=args.mode,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        stem=args.stem,
+        backend=args.backend,
+        flags=parse_assignments(args.flag, "--flag") or None,
+        model_kwargs=_model_kwargs(args),
+        auto_layout=args.auto_layout,
+    )
+    if args.compare_layouts:
+        return compare_model_layouts(args.model, **common)
+    return inspect_model(args.model, layout=args.layout, **common)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``layoutlab inspect``; bad input prints one ``error: ...`` line and returns 2."""
+    from layoutlab.xla.inspect import ModelLayoutComparison, write_text
+
+    try:
+        if args.cache_dir:
+            from layoutlab.xla.cache import enable_compilation_cache
+
+            enable_compilation_cache(args.cache_dir)
+        result = _inspect(args)
+        items = (
+            list(result.inspections.values())
+            if isinstance(result, ModelLayoutComparison)
+            else [result]
+        )
+        if args.dump_hlo:
+            for ins in items:
+                for path in ins.dump_hlo(args.dump_hlo):
+                    print(f"wrote {path}", file=sys.stderr)
+        if args.json == "-":
+            print(result.to_json())
+            return 0
+        print(result.summary())
+        if args.json:
+            write_text(args.json, result.to_json() + "\n")
+            print(f"wrote {args.json}", file=sys.stderr)
+    except (ValueError, OSError) as err:
+        message = " ".join(str(err).split())
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="compile a model ahead of time and report what XLA did with layouts and precision",
+        description=(
+            "Compile a registry model's forward pass (--mode infer) or training step "
+            "(--mode train) for a backend without running it, and report per-conv logical "
+            "and physical layouts, transposes, copies, converts, fusions, XLA's cost and "
+            "memory analyses, and compile time."
+        ),
+    )
+    p.add_argument("--model", default="resnet18", help="registry name (layoutlab models)")
+    p.add_argument("--layout", default="NHWC", help="logical layout: NHWC or NCHW (default NHWC)")
+    p.add_argument(
+        "--precision", default="fp32", help="policy preset (fp32, mixed_bf16, ...) or spec"
+    )
+    p.add_argument("--mode", default="infer", help="infer (forward) or train (full step)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=None, help="spatial size (default: model's)")
+    p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
+    p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
+    p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
+    p.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="NAME=VALUE",
+        help="extra model option, e.g. width=8 (repeatable)",
+    )
+    p.add_argument(
+        "--flag",
+        action="append",
+        metavar="NAME=VALUE",
+        help="XLA option for this compile, e.g. xla_cpu_enable_fast_math=true (repeatable)",
+    )
+    p.add_argument(
+        "--compare-layouts", action="store_true", help="compile NHWC and NCHW side by side"
+    )
+    p.add_argument(
+        "--auto-layout",
+        action="store_true",
+        help="also compile with Layout.AUTO inputs/outputs and show the layouts XLA chose",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': print it)")
+    p.add_argument("--dump-hlo", metavar="DIR", help="write pre- and post-optimization HLO")
+    p.add_argument("--cache-dir", metavar="DIR", help="use a persistent compilation cache")
+    p.set_defaults(func=run)
