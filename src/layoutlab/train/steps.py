@@ -55,7 +55,9 @@ def make_train_step(
         grads, (loss, logits, rest) = jax.grad(loss_fn, has_aux=True)(
             state.params, state.rest, images, labels, state.loss_scale
         )
-        grads = state.loss_scale.unscale(grads)
+        # Gradients keep their params' dtypes: the optimizer state and the update must match
+        # half-precision params (pure bf16/fp16 policies). float32 params are unaffected.
+        grads = state.loss_scale.unscale(grads, keep_dtype=True)
         finite = all_finite(grads)
         # optax relies on standard promotion (e.g. ``decay ** count`` with an int count).
         with jax.numpy_dtype_promotion("standard"):

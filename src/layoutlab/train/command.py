@@ -1,0 +1,137 @@
+"""``layoutlab train``: train a registered model on a data set, with checkpoints and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from layoutlab.train.config import TrainConfig, apply_overrides, field_names
+
+__all__ = ["register", "run", "main"]
+
+# CLI flag -> TrainConfig field; every flag defaults to None so only given ones override.
+_FLAGS = {
+    "model": "model",
+    "data": "data",
+    "layout": "layout",
+    "precision": "precision",
+    "loss_scale": "loss_scale",
+    "epochs": "epochs",
+    "steps": "num_steps",
+    "batch_size": "batch_size",
+    "accum_steps": "accum_steps",
+    "lr": "learning_rate",
+    "optimizer": "optimizer",
+    "seed": "seed",
+}
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--model", help=f"registered model name (default {d.model})")
+    p.add_argument(
+        "--data",
+        help="digits | cifar10:DIR | cifar100:DIR | mnist:DIR | fashion_mnist:DIR | folder:DIR"
+        f" | synthetic[:HxWxC[:CLASSES[:N]]] (default {d.data})",
+    )
+    p.add_argument("--layout", help=f"NHWC or NCHW (default {d.layout})")
+    p.add_argument(
+        "--precision", help=f"policy preset or 'p=f32,c=bf16,o=f32' (default {d.precision})"
+    )
+    p.add_argument(
+        "--loss-scale",
+        help="none | static:S | dynamic (default: dynamic for float16 compute, else none)",
+    )
+    p.add_argument("--epochs", help=f"passes over the train split (default {d.epochs})")
+    p.add_argument("--steps", help="optimizer steps; overrides --epochs")
+    p.add_argument("--batch-size", help=f"examples per micro-batch (default {d.batch_size})")
+    p.add_argument("--accum-steps", help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--lr", help=f"peak learning rate (default {d.learning_rate})")
+    p.add_argument("--optimizer", help=f"sgd | momentum | adam | adamw (default {d.optimizer})")
+    p.add_argument("--remat", action="store_true", default=None, help="recompute block activations")
+    p.add_argument("--seed", help=f"seed of init, shuffling and dropout (default {d.seed})")
+    p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --workdir, with its config.json",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar or per-eval lines")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help=f"any config field ({', '.join(field_names())}; model_kwargs.NAME=VALUE)",
+    )
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train",
+        help="train a model (default: small_cnn on the built-in digits)",
+        description="Train a registered model with checkpoints, metrics and a plot. "
+        "Outputs: config.json, metrics.jsonl, metrics.png and checkpoints/ in --workdir.",
+    )
+    _add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """The config from defaults (or the workdir's config.json on --resume) plus the flags."""
+    if args.resume and not args.workdir:
+        raise ValueError("--resume needs --workdir DIR (the run to continue).")
+    config = TrainConfig()
+    saved = Path(args.workdir) / "config.json" if args.workdir else None
+    if args.resume and saved is not None and saved.is_file():
+        config = TrainConfig.from_dict(json.loads(saved.read_text()))
+    overrides = [
+        f"{field}={getattr(args, flag)}"
+        for flag, field in _FLAGS.items()
+        if getattr(args, flag) is not None
+    ]
+    if args.remat:
+        overrides.append("remat=true")
+    config = apply_overrides(config, overrides + list(args.set))
+    workdir = args.workdir or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return config, Path(workdir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from layoutlab.train.loop import PLOT_FILE, train_and_evaluate
+
+    start = time.perf_counter()
+    try:
+        config, workdir = build_config(args)
+        record = train_and_evaluate(config, workdir, resume=args.resume, quiet=args.quiet)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    print(
+        f"step {record['step']}: test_accuracy {record['test_accuracy']:.4f} "
+        f"test_loss {record['test_loss']:.4f} ({time.perf_counter() - start:.1f}s)"
+    )
+    print(
+        f"outputs in {workdir}: config.json, metrics.jsonl, {PLOT_FILE}, checkpoints/ "
+        f"(resume with --workdir {workdir} --resume)"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry: ``python -m layoutlab.train.command train ...``."""
+    parser = argparse.ArgumentParser(prog="layoutlab")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""``TrainConfig``: every setting of a training run, its overrides and its validation.
+
+``validate`` runs before anything is built or compiled, so a bad value fails in
+milliseconds with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import types
+import typing
+from typing import Any
+
+from layoutlab import models
+from layoutlab.data import SPEC_FORMS
+from layoutlab.layout import Layout, parse_layout
+from layoutlab.loss_scale import get_loss_scale
+from layoutlab.precision import get_policy
+
+__all__ = [
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "TrainConfig",
+    "apply_overrides",
+    "resolve",
+    "validate",
+]
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+SCHEDULES = ("constant", "cosine")
+# Builder arguments the loop sets itself (remat has its own field).
+_RESERVED_KWARGS = ("num_classes", "layout", "policy", "rngs", "remat")
+_DATA_NAMES = tuple(sorted({form.split(":")[0].split("[")[0] for form in SPEC_FORMS}))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run. ``None`` fields are resolved from the others (see ``resolve``)."""
+
+    model: str = "small_cnn"
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    data: str = "digits"
+    layout: str = "NHWC"
+    precision: str = "fp32"
+    # None: "dynamic" when the policy computes in float16, else "none".
+    loss_scale: str | None = None
+    optimizer: str = "adamw"
+    learning_rate: float = 0.003
+    momentum: float = 0.9
+    weight_decay: float = 0.0001
+    schedule: str = "cosine"
+    # None: 5% of the optimizer steps.
+    warmup_steps: int | None = None
+    epochs: int = 5
+    # Optimizer steps; overrides epochs when set.
+    num_steps: int | None = None
+    batch_size: int = 32
+    # None: max(batch_size, 512) rounded up to a multiple of the device count.
+    eval_batch_size: int | None = None
+    accum_steps: int = 1
+    remat: bool = False
+    augment: bool = False
+    seed: int = 0
+    # Optimizer steps between evaluations; None: once per epoch.
+    eval_every: int | None = None
+    # Optimizer steps between checkpoints; None: at every evaluation.
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 3
+    # None: True when there is more than one device.
+    data_parallel: bool | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"A TrainConfig dict must be a dict, got {type(d).__name__}.")
+        unknown = sorted(set(d) - set(field_names()))
+        if unknown:
+            raise ValueError(
+                f"Unknown TrainConfig fields {unknown}; valid fields are: "
+                f"{', '.join(field_names())}."
+            )
+        return cls(**{k: _coerce(k, v) for k, v in d.items()})
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig)]
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _split_optional(tp) -> tuple[type, bool]:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _coerce(name: str, value):
+    """Checks a python value's type for field ``name`` (ints pass as floats)."""
+    base, optional = _split_optional(_field_types()[name])
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"TrainConfig.{name} cannot be None.")
+    ok = isinstance(value, base) and not (base is int and isinstance(value, bool))
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise ValueError(
+            f"TrainConfig.{name} must be {base.__name__}{' or None' if optional else ''}, "
+            f"got {value!r}."
+        )
+    return value
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _parse_text(name: str, text: str):
+    """Parses ``text`` as the type of field ``name``."""
+    base, optional = _split_optional(_field_types()[name])
+    raw = text.strip()
+    if optional and raw.lower() in ("none", "null", "auto"):
+        return None
+    try:
+        if base is bool:
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise ValueError
+        if base is int:
+            return int(raw)
+        if base is float:
+            return float(raw)
+        if base is dict:
+            value = json.loads(raw)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+    except ValueError:
+        kind = {bool: "true/false", int: "an integer", float: "a number"}.get(
+            base, 'a JSON object such as {"width": 8}'
+        )
+        extra = " (or none)" if optional else ""
+        raise ValueError(f"Bad value for {name}: {text!r} is not {kind}{extra}.") from None
+    return raw
+
+
+def _parse_kwarg(text: str):
+    """A model kwarg value: JSON when it parses (8, 0.5, true), else the string itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip()
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
+    """``["epochs=3", "lr=..."]`` -> a new config; ``model_kwargs.width=8`` sets one kwarg."""
+    changes: dict[str, Any] = {}
+    kwargs = dict(config.model_kwargs)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"Override {item!r} is not of the form field=value.")
+        if key.startswith("model_kwargs."):
+            kwargs[key.removeprefix("model_kwargs.")] = _parse_kwarg(value)
+            continue
+        if key not in field_names():
+            raise ValueError(
+                f"Unknown config field {key!r} in {item!r}; valid fields are: "
+                f"{', '.join(field_names())} (and model_kwargs.NAME)."
+            )
+        changes[key] = _parse_text(key, value)
+        if key == "model_kwargs":
+            kwargs = dict(changes[key])
+    changes["model_kwargs"] = kwargs
+    return dataclasses.replace(config, **changes)
+
+
+def builder_options(model: str) -> list[str]:
+    """Keyword arguments the model's builder accepts."""
+    builder = models.spec(model).builder
+    target = builder.func if isinstance(builder, functools.partial) else builder
+    fn = target.__init__ if isinstance(target, type) else target
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+    ]
+
+
+def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is None and allow_none:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _check_model(config: TrainConfig) -> None:
+    spec = models.spec(config.model)  # raises for an unknown name, listing the known ones
+    if spec.task != "classification":
+        raise ValueError(
+            f"model={config.model!r} is a {spec.task} model, but every data set here is image "
+            "classification; pick a classification model (e.g. small_cnn, resnet18)."
+        )
+    if spec.num_spatial != 2:
+        raise ValueError(
+            f"model={config.model!r} takes {spec.num_spatial}D inputs, but the data sets hold "
+            "2D images; pick a 2D model."
+        )
+    accepted = builder_options(config.model)
+    reserved = sorted(set(config.model_kwargs) & set(_RESERVED_KWARGS))
+    if reserved:
+        raise ValueError(
+            f"model_kwargs may not set {reserved}: the trainer sets them (use the layout, "
+            "precision and remat fields)."
+        )
+    unknown = sorted(set(config.model_kwargs) - set(accepted))
+    if unknown:
+        options = [a for a in accepted if a not in _RESERVED_KWARGS]
+        raise ValueError(
+            f"model_kwargs {unknown} are not options of {config.model!r}; it accepts: "
+            f"{', '.join(options)}."
+        )
+    if config.remat and "remat" not in accepted:
+        with_remat = [n for n in models.names() if "remat" in builder_options(n)]
+        raise ValueError(
+            f"remat=True is not supported by {config.model!r}; models with remat: "
+            f"{', '.join(with_remat)}. Set remat=false."
+        )
+
+
+def _check_numbers(config: TrainConfig) -> None:
+    _check_positive(config, "epochs", "batch_size", "accum_steps", "keep_checkpoints")
+    _check_positive(
+        config, "num_steps", "eval_batch_size", "eval_every", "checkpoint_every", allow_none=True
+    )
+    if config.warmup_steps is not None and config.warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
+    if not config.learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {config.learning_rate}.")
+    if not config.weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay}.")
+    if not 0 <= config.momentum < 1:
+        raise ValueError(f"momentum must lie in [0, 1), got {config.momentum}.")
+    if not 0 <= config.seed < 2**31:
+        raise ValueError(f"seed must lie in [0, 2**31), got {config.seed}.")
+
+
+def _check_names(config: TrainConfig) -> None:
+    if config.optimizer not in OPTIMIZERS:
+        raise ValueError(
+            f"Unknown optimizer {config.optimizer!r}; use one of: {', '.join(OPTIMIZERS)}."
+        )
+    if config.schedule not in SCHEDULES:
+        raise ValueError(
+            f"Unknown schedule {config.schedule!r}; use one of: {', '.join(SCHEDULES)}."
+        )
+    try:
+        layout = parse_layout(config.layout)
+    except ValueError as e:
+        raise ValueError(f"layout: {e}") from None
+    if layout not in (Layout.NHWC, Layout.NCHW):
+        raise ValueError(f"layout must be NHWC or NCHW for image training, got {config.layout!r}.")
+    try:
+        get_policy(config.precision)
+    except ValueError as e:
+        raise ValueError(f"precision: {e}") from None
+    try:
+        get_loss_scale(config.loss_scale)
+    except ValueError as e:
+        raise ValueError(f"loss_scale: {e}") from None
+    name = config.data.strip().partition(":")[0].lower().replace("-", "_")
+    if name not in _DATA_NAMES:
+        forms = ", ".join(SPEC_FORMS)
+        raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
+
+
+def _check_devices(config: TrainConfig, num_devices: int) -> None:
+    if not config.data_parallel:
+        return
+    for name in ("batch_size", "eval_batch_size"):
+        value = getattr(config, name)
+        if value % num_devices:
+            lower = max(num_devices, value - value % num_devices)
+            raise ValueError(
+                f"{name}={value} is not divisible by the {num_devices} devices it is split "
+                f"over; use a multiple of {num_devices} (e.g. {lower}) or data_parallel=false."
+            )
+
+
+def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
+    """Fills the automatic fields (loss scale, data parallel, eval batch size)."""
+    policy = get_policy(config.precision)
+    loss_scale = config.loss_scale
+    if loss_scale is None:
+        loss_scale = "dynamic" if policy.needs_loss_scaling else "none"
+    data_parallel = config.data_parallel
+    if data_parallel is None:
+        data_parallel = num_devices > 1
+    eval_batch = config.eval_batch_size
+    if eval_batch is None:
+        eval_batch = max(config.batch_size, 512)
+        if data_parallel:
+            eval_batch = -(-eval_batch // num_devices) * num_devices
+    return dataclasses.replace(
+        config, loss_scale=loss_scale, data_parallel=data_parallel, eval_batch_size=eval_batch
+    )
+
+
+def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
+    """Checks every field and returns the resolved config; raises ``ValueError`` naming the fix.
+
+    Nothing is built or compiled here, so this fails fast.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"Expected a TrainConfig, got {type(config).__name__}.")
+    for name in field_names():
+        _coerce(name, getattr(config, name))
+    _check_numbers(config)
+    _check_names(config)
+    _check_model(config)
+    config = resolve(config, num_devices)
+    _check_devices(config, num_devices)
+    return config

@@ -1,0 +1,170 @@
+"""``layoutlab train`` end to end in subprocesses, including SIGKILL mid-epoch and ``--resume``.
+
+The subprocesses inherit the 4 fake CPU devices from conftest (XLA_FLAGS), so they train
+data parallel. They share a persistent compilation cache: the resumed run compiles the same
+programs as the uninterrupted one, and reading them back saves most of its start-up.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from layoutlab.train.checkpoint import read_checkpoint
+from layoutlab.train.command import build_config, register
+from layoutlab.train.loop import train_and_evaluate
+
+# 44 batches of 32 make a digits epoch: every step here is mid-epoch 0.
+ARGS = [
+    "--data", "digits",
+    "--steps", "12",
+    "--batch-size", "32",
+    "--seed", "3",
+    "--set", "model_kwargs.width=4",
+    "--set", "model_kwargs.hidden=16",
+    "--set", "eval_every=4",
+    "--set", "keep_checkpoints=2",
+    "--quiet",
+]  # fmt: skip
+
+# Runs `layoutlab train` with train_batches patched to stop (sleep) before yielding batch
+# STOP; the flag file says the process got there. Everything else is the real CLI.
+DRIVER = """
+import pathlib, sys, time
+import layoutlab.train.loop as loop
+from layoutlab.train.command import main
+
+flag, stop = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+real = loop.train_batches
+
+def stalling(*args, **kwargs):
+    for i, batch in enumerate(real(*args, **kwargs)):
+        if i == stop:
+            flag.touch()
+            time.sleep(600)
+        yield batch
+
+loop.train_batches = stalling
+sys.exit(main(["train", *sys.argv[3:]]))
+"""
+
+
+def _cli():
+    """``python -m layoutlab.cli`` once it exists, else this package's own entry point."""
+    try:
+        from layoutlab import cli
+    except ImportError:
+        cli = None
+    if "layoutlab.train.command" in getattr(cli, "COMMANDS", ()):
+        return [sys.executable, "-m", "layoutlab.cli"]
+    return [sys.executable, "-m", "layoutlab.train.command"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, env):
+    workdir = tmp_path_factory.mktemp("cli") / "run"
+    proc = subprocess.run(
+        [*_cli(), "train", *ARGS, "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return workdir, proc
+
+
+def test_cli_writes_the_workdir(full_run):
+    workdir, proc = full_run
+    assert f"outputs in {workdir}" in proc.stdout
+    assert proc.stderr == ""  # --quiet: no bar, and no warnings or logs from orbax
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["num_steps"] == 12 and config["model_kwargs"] == {"width": 4, "hidden": 16}
+    assert config["data_parallel"] is True and config["loss_scale"] == "none"
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8, 12]
+    for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "images_per_sec"):
+        assert all(isinstance(r[key], float) for r in records), key
+    assert all(r["loss_scale"] == 1.0 and r["skipped_steps"] == 0 for r in records)
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [8, 12]  # keep_checkpoints=2
+    assert (workdir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _wait_for(paths, proc, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        if proc.poll() is not None:
+            pytest.fail(f"driver exited early ({proc.returncode}): {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {paths}")
+        time.sleep(0.05)
+
+
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(full_run, env, tmp_path):
+    reference, _ = full_run
+    workdir, flag = tmp_path / "run", tmp_path / "stalled"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(flag), "7", *ARGS, "--workdir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    # The prefetch thread asks for batch 7 once the loop has taken batch 4 (two wait in its
+    # queue), i.e. after step 4 and its checkpoint; the loop then stalls after step 7, so
+    # the kill lands mid-epoch between the checkpoints of steps 4 and 8.
+    _wait_for([flag, workdir / "checkpoints" / "4" / "layoutlab_manifest.json"], proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (workdir / "checkpoints" / "8").exists()
+
+    resumed = subprocess.run(
+        [*_cli(), "train", "--workdir", str(workdir), "--resume", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    got, meta = read_checkpoint(workdir / "checkpoints")
+    want, _ = read_checkpoint(reference / "checkpoints")
+    assert meta["step"] == 12 and got.keys() == want.keys()
+    for path in want:  # params, batch stats, dropout RNG, Adam moments, step: bit for bit
+        np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8, 12]
+
+
+def test_same_seed_in_process_is_bitwise_identical_to_the_cli_run(full_run, tmp_path):
+    reference, _ = full_run
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    config, _ = build_config(parser.parse_args(["train", *ARGS]))
+    train_and_evaluate(config, tmp_path, quiet=True)
+    got, _ = read_checkpoint(tmp_path / "checkpoints")
+    want, _ = read_checkpoint(reference / "checkpoints")
+    assert got.keys() == want.keys() and int(got[".step"]) == 12
+    for path in want:  # two runs, two processes, one seed: every array bit for bit
+        np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    init = ".params['classifier']['layers'][3]['kernel'].value"
+    assert not np.array_equal(read_checkpoint(tmp_path / "checkpoints", step=8)[0][init], got[init])

@@ -1,0 +1,212 @@
+"""The training loop in-process: determinism, data parallelism, accumulation, checkpoints.
+
+All runs use small_cnn's tiny variant on digits for a handful of steps.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from layoutlab import models, nn
+from layoutlab.train.checkpoint import (
+    Checkpointer,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    read_checkpoint,
+)
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.loop import train_and_evaluate
+
+TINY = TrainConfig(
+    model_kwargs=models.spec("small_cnn").tiny,
+    batch_size=32,
+    num_steps=6,
+    eval_every=3,
+    keep_checkpoints=2,
+)
+
+
+def _train(workdir, config=TINY, **kw):
+    record = train_and_evaluate(config, workdir, quiet=True, **kw)
+    leaves, _ = read_checkpoint(workdir / "checkpoints")
+    return record, leaves
+
+
+def _assert_bitwise_equal(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for path in a:
+        np.testing.assert_array_equal(a[path], b[path], err_msg=path)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    """TINY with seed 0 on the 4 fake devices (data parallel)."""
+    workdir = tmp_path_factory.mktemp("base")
+    record, leaves = _train(workdir)
+    return workdir, record, leaves
+
+
+def test_data_parallel_matches_one_device(base_run, tmp_path):
+    _, _, sharded = base_run
+    single_cfg = TrainConfig(**{**TINY.to_dict(), "data_parallel": False})
+    _, single = _train(tmp_path / "single", single_cfg)
+    params = [p for p in sharded if p.startswith(".params")]
+    assert params
+    # Split over 4 devices the gradient and BatchNorm sums are partial sums all-reduced in
+    # another order than one device's reduction, so float32 rounding differs (~1e-7
+    # relative per step); 6 Adam steps of lr 3e-3 amplify that to well under 1e-5.
+    # The PRNG (threefry, partitionable) gives the same dropout masks on any sharding.
+    for p in params:
+        np.testing.assert_allclose(sharded[p], single[p], rtol=1e-4, atol=1e-5, err_msg=p)
+    # The sharded run is not the single-device run bit for bit; if it were, this test
+    # would not be exercising a different reduction order.
+    assert any(not np.array_equal(sharded[p], single[p]) for p in params)
+
+
+class _Linear(nnx.Module):
+    """Flatten + Dense: no BatchNorm, no dropout, so a batch's gradient is a plain mean."""
+
+    def __init__(self, *, num_classes, layout, policy, rngs, in_channels=1):
+        del in_channels
+        self.flatten = nn.Flatten(layout=layout, policy=policy)
+        self.dense = nn.Dense(64, num_classes, policy=policy, rngs=rngs)
+
+    def __call__(self, x):
+        return self.dense(self.flatten(x))
+
+
+models.register("test_linear", description="test only: linear classifier on 8x8x1")(_Linear)
+
+
+def test_accumulation_equals_one_big_batch(tmp_path):
+    common = dict(
+        model="test_linear",
+        optimizer="sgd",
+        schedule="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        learning_rate=0.1,
+        num_steps=4,
+        eval_every=2,
+        data_parallel=False,
+    )
+    # Micro-batches 2k and 2k+1 of 16 are batch k of 32: the epoch order does not depend on
+    # the batch size, and 4 updates stay inside epoch 0.
+    _, accum = _train(tmp_path / "accum", TrainConfig(**common, batch_size=16, accum_steps=2))
+    _, big = _train(tmp_path / "big", TrainConfig(**common, batch_size=32, accum_steps=1))
+    params = [p for p in big if p.startswith(".params")]
+    # MultiSteps averages the two micro-batch means as a running mean, a different float32
+    # rounding of the same mean over 32 examples: ~1e-7 relative per step, 4 steps.
+    for p in params:
+        np.testing.assert_allclose(accum[p], big[p], rtol=1e-5, atol=1e-6, err_msg=p)
+    before = read_checkpoint(tmp_path / "big" / "checkpoints", step=2)[0]
+    assert any(not np.allclose(before[p], big[p]) for p in params)  # training moved them
+    # With BatchNorm the two differ for real (statistics over 16 vs 32 examples), which is
+    # why this uses a model without it.
+
+
+def _truncate_largest_file(step_dir):
+    files = sorted((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim = files[-1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    return victim
+
+
+def test_corrupt_checkpoint_is_named_and_the_earlier_one_resumes(base_run, tmp_path, capsys):
+    workdir, _, final = base_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    ckpt_dir = copy / "checkpoints"
+    assert sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit()) == [3, 6]
+    _truncate_largest_file(ckpt_dir / "6")
+    with pytest.raises(CorruptCheckpointError, match=f"Checkpoint {ckpt_dir / '6'} is corrupt"):
+        read_checkpoint(ckpt_dir, step=6)
+    read_checkpoint(ckpt_dir, step=3)  # the earlier one is intact
+
+    record = train_and_evaluate(TINY, copy, resume=True, quiet=True)
+    err = capsys.readouterr().err
+    assert f"warning: Checkpoint {ckpt_dir / '6'} is corrupt" in err
+    assert (ckpt_dir / "corrupt" / "6").is_dir()
+    # Resumed from step 3 and retrained 3 -> 6: the same final state as the clean run.
+    resumed, _ = read_checkpoint(ckpt_dir)
+    _assert_bitwise_equal(final, resumed)
+    assert record["step"] == 6
+    steps = [r["step"] for r in _records(copy)]
+    assert steps == [3, 6]  # the record of the lost step 6 was rewritten, not duplicated
+
+
+def _records(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_flipped_byte_is_detected(base_run, tmp_path):
+    workdir, _, _ = base_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir / "checkpoints", copy)
+    victim = max(
+        (p for p in (copy / "3").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="fails its CRC-32 check"):
+        read_checkpoint(copy, step=3)
+
+
+def test_incomplete_checkpoint_without_manifest(base_run, tmp_path):
+    workdir, _, _ = base_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir / "checkpoints", copy)
+    (copy / "6" / "layoutlab_manifest.json").unlink()
+    with pytest.raises(CorruptCheckpointError, match="is incomplete"):
+        read_checkpoint(copy, step=6)
+
+
+def test_existing_run_needs_resume(base_run):
+    workdir, _, _ = base_run
+    with pytest.raises(ValueError, match="already holds checkpoints.*--resume"):
+        train_and_evaluate(TINY, workdir, quiet=True)
+
+
+def test_resume_with_another_model_is_refused(base_run, tmp_path):
+    workdir, _, _ = base_run
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    wider = TrainConfig(**{**TINY.to_dict(), "model_kwargs": {"width": 8, "hidden": 16}})
+    with pytest.raises(IncompatibleCheckpointError, match="does not match this run's train state"):
+        train_and_evaluate(wider, copy, resume=True, quiet=True)
+    # Nothing was moved aside: the checkpoints are fine, the config is not.
+    with Checkpointer(copy / "checkpoints") as ckpt:
+        assert ckpt.steps() == [3, 6]
+
+
+def test_workdir_outputs(base_run):
+    workdir, record, _ = base_run
+    records = _records(workdir)
+    assert [r["step"] for r in records] == [3, 6]
+    keys = {"step", "epoch", "train_loss", "test_loss", "test_accuracy", "images_per_sec"}
+    keys |= {"loss_scale", "skipped_steps", "elapsed", "train_accuracy"}
+    assert keys <= set(records[-1])
+    assert records[-1]["test_accuracy"] == record["test_accuracy"]
+    assert 0.0 <= record["test_accuracy"] <= 1.0 and record["skipped_steps"] == 0
+    assert (workdir / "config.json").is_file()
+    assert (workdir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path):
+    config = TrainConfig(
+        model="test_linear", precision="fp16", num_steps=6, eval_every=3, data_parallel=False
+    )
+    record, leaves = _train(tmp_path, config)
+    assert json.loads((tmp_path / "config.json").read_text())["loss_scale"] == "dynamic"
+    kernel = ".params['dense']['kernel'].value"
+    assert leaves[kernel].dtype == np.float16 and np.isfinite(leaves[kernel]).all()
+    adam = [v for p, v in leaves.items() if p.startswith(".opt_state") and ".mu[" in p]
+    assert adam and all(v.dtype == np.float32 for v in adam)
+    earlier = read_checkpoint(tmp_path / "checkpoints", step=3)[0]
+    assert not np.array_equal(earlier[kernel], leaves[kernel])  # float16 updates landed
+    assert record["skipped_steps"] == 0 and np.isfinite(record["test_loss"])
