@@ -12,6 +12,7 @@ COMMANDS = (
     "layoutlab.models.command",
     "layoutlab.data.command",
     "layoutlab.xla.command",
+    "layoutlab.compare.command",
 )
 
 

@@ -1,0 +1,200 @@
+"""``layoutlab compare``: check a model's numerics against a reference, for CI gates.
+
+Exit codes: 0 within tolerance, 1 a tolerance exceeded, 2 bad input (one-line error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+__all__ = ["register", "run"]
+
+AGAINST = ("layout", "fp32", "numpy", "torch")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare a model's outputs, layers and gradients against a reference",
+        description=(
+            "Run a registry model and compare it with a reference holding the same weights: "
+            "the other layout, the fp32 policy, a float64 NumPy forward pass or the PyTorch "
+            "mirror. Prints the report; exits 0 when within tolerance, 1 when a tolerance is "
+            "exceeded, 2 on bad input."
+        ),
+    )
+    parser.add_argument("--model", required=True, help="registry model name, e.g. resnet18")
+    parser.add_argument("--against", required=True, choices=AGAINST, help="the reference")
+    parser.add_argument("--precision", default="fp32", help="policy of the model under test")
+    parser.add_argument("--layout", default="NHWC", help="layout of the model under test")
+    parser.add_argument("--layerwise", action="store_true", help="compare every layer's output")
+    parser.add_argument("--grads", action="store_true", help="compare every parameter gradient")
+    parser.add_argument(
+        "--mode",
+        choices=("eval", "train"),
+        default="eval",
+        help="eval: running BatchNorm stats; train: batch stats (default eval)",
+    )
+    parser.add_argument(
+        "--torch-weights",
+        metavar="FILE.pth",
+        default=None,
+        help="load these PyTorch weights into the model first",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="examples in the input (default 8; train-mode BatchNorm over very few values "
+        "per channel is ill-conditioned)",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="input height and width (default: the model's default input)",
+    )
+    parser.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
+    parser.add_argument("--tiny", action="store_true", help="the model's tiny test variant")
+    parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
+    parser.add_argument("--json", metavar="OUT.json", default=None, help="write the report")
+    parser.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="relative tolerance (with --atol; default scales with the dtype)",
+    )
+    parser.add_argument("--atol", type=float, default=None, help="absolute tolerance (with --rtol)")
+    parser.set_defaults(func=run)
+
+
+class _BadInput(ValueError):
+    pass
+
+
+def _tolerance(args):
+    from layoutlab.compare.layerwise import LayerTolerance
+
+    if (args.rtol is None) != (args.atol is None):
+        given, other = ("--rtol", "--atol") if args.rtol is not None else ("--atol", "--rtol")
+        raise _BadInput(
+            f"{given} was given without {other}: give both, or neither for the "
+            "dtype-scaled defaults."
+        )
+    if args.rtol is None:
+        return None
+    for name, value in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not (math.isfinite(value) and value >= 0):
+            raise _BadInput(f"{name} must be a finite number >= 0, got {value}.")
+    return LayerTolerance(args.rtol, args.atol)
+
+
+def _check_args(args, policy) -> None:
+    if args.batch_size < 1:
+        raise _BadInput(f"--batch-size must be >= 1, got {args.batch_size}.")
+    if args.image_size is not None and args.image_size < 1:
+        raise _BadInput(f"--image-size must be >= 1, got {args.image_size}.")
+    if args.num_classes < 1:
+        raise _BadInput(f"--num-classes must be >= 1, got {args.num_classes}.")
+    if args.against == "fp32" and policy.compute_dtype.itemsize == 4 and policy.fp32_ops:
+        raise _BadInput(
+            f"--against fp32 compares a lower-precision policy with fp32, but --precision "
+            f"{args.precision} already computes in float32; pass e.g. --precision mixed_bf16."
+        )
+    if args.against == "numpy" and args.grads:
+        raise _BadInput("--against numpy has no gradients (NumPy has no autodiff); drop --grads.")
+
+
+def _build(args):
+    import numpy as np
+    from flax import nnx
+
+    from layoutlab import models
+    from layoutlab.compare.torch_weights import load_torch_state_dict
+    from layoutlab.precision import get_policy
+
+    spec = models.spec(args.model)
+    policy = get_policy(args.precision)
+    _check_args(args, policy)
+    options = dict(spec.tiny) if args.tiny else {}
+    model = models.create(
+        args.model,
+        num_classes=args.num_classes,
+        layout=args.layout,
+        policy=policy,
+        rngs=nnx.Rngs(args.seed),
+        **options,
+    )
+    if args.torch_weights:
+        load_torch_state_dict(model, args.torch_weights)
+    layout = models.resolve_layout(args.layout, spec.num_spatial)
+    spatial = list(spec.default_input[:-1])
+    if args.image_size is not None:
+        spatial[-2:] = [args.image_size, args.image_size]
+    shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
+    x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
+    return model, x, options
+
+
+def _compare(args, model, x, options, tolerance):
+    from layoutlab.compare import references as refs
+
+    kw = dict(train=args.mode == "train", layerwise=args.layerwise, tolerance=tolerance)
+    if args.against == "layout":
+        return refs.against_layout(model, x, grads=args.grads, **kw)
+    if args.against == "fp32":
+        return refs.against_policy(model, x, grads=args.grads, **kw)
+    if args.against == "numpy":
+        return refs.against_numpy(model, x, **kw)
+    return refs.against_torch(
+        model,
+        x,
+        name=args.model,
+        model_kwargs={**options, "num_classes": args.num_classes},
+        grads=args.grads,
+        **kw,
+    )
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def run(args: argparse.Namespace) -> int:
+    from layoutlab.compare.torch_weights import StateDictKeyError, StateDictShapeError
+
+    bad_input = (ValueError, FileNotFoundError, ImportError, StateDictKeyError, StateDictShapeError)
+    try:
+        tolerance = _tolerance(args)
+        if args.against == "torch" or args.torch_weights:
+            from layoutlab.compare.torch_weights import require_torch
+
+            require_torch()
+        model, x, options = _build(args)
+        report = _compare(args, model, x, options, tolerance)
+    except bad_input as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    settings = {
+        **report.settings,
+        "model": args.model,
+        "tiny": args.tiny,
+        "precision": args.precision,
+        "input_shape": list(x.shape),
+        "seed": args.seed,
+    }
+    if args.torch_weights:
+        settings["torch_weights"] = args.torch_weights
+    report = dataclasses.replace(report, settings=settings)
+    print(report)
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                f.write(report.to_json() + "\n")
+        except OSError as err:
+            print(f"error: cannot write {args.json}: {_one_line(err)}", file=sys.stderr)
+            return 2
+    return 0 if report.passed else 1
