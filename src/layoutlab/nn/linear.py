@@ -11,6 +11,7 @@ from flax import nnx
 from layoutlab.layout import Layout, channels_first, channels_last, to_layout
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.dtypes import accumulation_dtype
+from layoutlab.nn.init import flat_uniform
 from layoutlab.precision import Policy, get_policy
 
 Dropout = nnx.Dropout
@@ -35,7 +36,7 @@ class Dense(nnx.Module):
         dtype = self.policy.param_dtype
         # PyTorch's Linear default: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
         bound = 1.0 / math.sqrt(in_features)
-        init = kernel_init or (lambda k, s, d: jax.random.uniform(k, s, d, -bound, bound))
+        init = kernel_init or (lambda k, s, d: flat_uniform(k, s, d, -bound, bound))
         self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype))
         self.bias = (
             nnx.Param(jax.random.uniform(rngs.params(), (out_features,), dtype, -bound, bound))
