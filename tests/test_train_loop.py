@@ -78,12 +78,17 @@ class _Linear(nnx.Module):
         return self.dense(self.flatten(x))
 
 
-models.register("test_linear", description="test only: linear classifier on 8x8x1")(_Linear)
+@pytest.fixture
+def linear_model():
+    """Registered only while a test runs, so registry-wide tests never see it."""
+    models.register("test_linear", description="test only: linear classifier on 8x8x1")(_Linear)
+    yield "test_linear"
+    models.unregister("test_linear")
 
 
-def test_accumulation_equals_one_big_batch(tmp_path):
+def test_accumulation_equals_one_big_batch(tmp_path, linear_model):
     common = dict(
-        model="test_linear",
+        model=linear_model,
         optimizer="sgd",
         schedule="constant",
         warmup_steps=0,
@@ -197,9 +202,9 @@ def test_workdir_outputs(base_run):
     assert (workdir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path):
+def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path, linear_model):
     config = TrainConfig(
-        model="test_linear", precision="fp16", num_steps=6, eval_every=3, data_parallel=False
+        model=linear_model, precision="fp16", num_steps=6, eval_every=3, data_parallel=False
     )
     record, leaves = _train(tmp_path, config)
     assert json.loads((tmp_path / "config.json").read_text())["loss_scale"] == "dynamic"

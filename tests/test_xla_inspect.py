@@ -191,11 +191,11 @@ class OneConv(nnx.Module):
 
 
 @pytest.fixture
-def one_conv(monkeypatch):
+def one_conv():
     name = "one_conv_probe"
-    spec = registry.ModelSpec(name, OneConv, "one 3x3 conv", default_input=(9, 9, 3))
-    monkeypatch.setitem(registry._REGISTRY, name, spec)
-    return name
+    registry.register(name, description="one 3x3 conv", default_input=(9, 9, 3))(OneConv)
+    yield name
+    registry.unregister(name)
 
 
 def _valid_taps(size: int, k: int, stride: int, pad_lo: int) -> int:

@@ -4,6 +4,14 @@
 """
 
 from layoutlab.models import cnn3d, mobilenet, resnet, small_cnn, unet, vgg  # noqa: F401
-from layoutlab.models.registry import ModelSpec, create, names, register, resolve_layout, spec
+from layoutlab.models.registry import (
+    ModelSpec,
+    create,
+    names,
+    register,
+    resolve_layout,
+    spec,
+    unregister,
+)
 
-__all__ = ["ModelSpec", "create", "names", "register", "resolve_layout", "spec"]
+__all__ = ["ModelSpec", "create", "names", "register", "resolve_layout", "spec", "unregister"]

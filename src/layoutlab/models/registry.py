@@ -45,6 +45,12 @@ def register(name: str, **spec_kw):
     return wrap
 
 
+def unregister(name: str) -> None:
+    """Remove a model added with ``register`` (for test-only and experimental models)."""
+    spec(name)  # raises with the known names if it is not there
+    del _REGISTRY[name.strip().lower()]
+
+
 def names() -> list[str]:
     return sorted(_REGISTRY)
 
