@@ -5,8 +5,8 @@ thin shell over it.
 """
 
 from layoutlab.train.checkpoint import (
-    CheckpointError,
     Checkpointer,
+    CheckpointError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     read_checkpoint,
