@@ -13,6 +13,7 @@ COMMANDS = (
     "layoutlab.data.command",
     "layoutlab.xla.command",
     "layoutlab.compare.command",
+    "layoutlab.bench.command",
 )
 
 
@@ -27,12 +28,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _autotune_train(args: argparse.Namespace) -> None:
+    """``train --autotune``: bench/ sits above train/ in the import map, so it is joined here."""
+    from layoutlab.bench.autotune import autotune_config
+    from layoutlab.data import get_dataset
+    from layoutlab.train.command import build_config
+
+    config, _ = build_config(args)
+    dataset = get_dataset(config.data, seed=config.seed)
+    args.layout, args.precision = autotune_config(
+        config.model,
+        config.batch_size,
+        dataset.image_shape,
+        model_kwargs=dict(config.model_kwargs),
+        num_classes=dataset.num_classes,
+    )
+    print(f"autotune chose layout {args.layout}, precision {args.precision}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command == "train" and args.autotune:
+        try:
+            _autotune_train(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
     return int(args.func(args) or 0)
 
 

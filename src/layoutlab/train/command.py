@@ -61,6 +61,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-eval lines")
     p.add_argument(
+        "--autotune",
+        action="store_true",
+        help="pick layout and precision by measuring them for this model, batch and input "
+        "shape (cached per shape; see `layoutlab autotune`); overrides --layout/--precision",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],

@@ -1,0 +1,57 @@
+"""Benchmarks: timed steps, sweeps beside PyTorch, results files, plots and autotuning.
+
+- ``run_sweep(SweepConfig(...))`` -> ``BenchResults`` (flat rows + machine info);
+  ``save_results``/``load_results`` write and read ``results.csv``/``results.json``;
+  ``plot_all(rows, dir)`` draws the charts; ``markdown_table(rows)`` the summary.
+- ``JaxStep``: one step compiled ahead of time and called under a recompilation guard.
+- ``autotune(model, batch_size, input_shape, ...)``: the fastest layout x precision whose
+  numerics pass, cached on disk; ``autotune_config`` for training; ``ShapeWatcher``.
+
+Names are imported lazily so ``import layoutlab.bench`` stays light (PyTorch is never
+imported unless a PyTorch configuration runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "SweepConfig": "sweep",
+    "run_sweep": "sweep",
+    "run_group": "sweep",
+    "BenchResults": "results",
+    "FIELDS": "results",
+    "save_results": "results",
+    "load_results": "results",
+    "add_torch_ratios": "results",
+    "JaxStep": "timing",
+    "RecompilationError": "timing",
+    "TimingStats": "timing",
+    "JaxRunner": "jax_runner",
+    "TorchRunner": "torch_runner",
+    "TorchUnavailable": "torch_runner",
+    "machine_info": "machine",
+    "plot_all": "plots",
+    "plot_throughput": "plots",
+    "plot_memory": "plots",
+    "plot_ratios": "plots",
+    "markdown_table": "report",
+    "AutotuneResult": "autotune",
+    "ShapeChurnWarning": "autotune",
+    "ShapeWatcher": "autotune",
+    "autotune": "autotune",
+    "autotune_config": "autotune",
+    "cache_key": "autotune",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,407 @@
+"""Autotuning, the analog of ``torch.backends.cudnn.benchmark``: measure each layout x
+precision candidate for one exact input shape and backend, keep the fastest whose numerics
+pass, and remember the choice on disk.
+
+Numerics: every candidate's eval-mode logits on the same batch are compared (with
+``layoutlab.compare.compare``) against the float32 NHWC candidate's, all built from the same
+seed, so with the same weights. The tolerance is scaled for the candidate's compute dtype:
+
+    rtol = default_tolerance(compute_dtype).rtol * sqrt(L)
+    atol = rtol * max|reference logits|
+
+``L`` is the number of weight layers (convolutions and dense layers). Each layer rounds
+its inputs and weights to the compute dtype, and independent rounding errors add like a
+random walk, so the expected error grows with ``sqrt(L)``; the per-layer unit, the dtype's
+default tolerance, is already about four unit roundoffs (bfloat16: 1.6e-2). The errors of
+the small logits are set by the scale of the large ones, hence the absolute part. On GPU,
+XLA computes float32 convolutions and matmuls in TensorFloat32 at JAX's default matmul
+precision, so float32 candidates there get float16's tolerance (TF32 keeps float16's 10
+mantissa bits) unless ``jax_default_matmul_precision`` asks for full float32. The check
+rejects broken candidates (overflow, NaN, a wrong layout), not the rounding of a dtype.
+
+Cache: one JSON file per key under ``cache_dir`` (default ``$LAYOUTLAB_AUTOTUNE_CACHE`` or
+``~/.cache/layoutlab/autotune``). The key holds the model, its options, the number of
+classes, batch size, input shape and dtype, mode, candidates, backend, device kind and the
+jax/jaxlib/flax versions. A new input shape (or batch size) is a new key, so a new search:
+a training loop that keeps seeing new shapes pays a search and a compile for each, which
+``ShapeWatcher`` warns about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from layoutlab import models
+from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_shape
+from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
+from layoutlab.bench.machine import library_versions
+from layoutlab.bench.status import OK, classify_failure
+from layoutlab.bench.sweep import resolve_input
+from layoutlab.bench.timing import summarize, timed
+from layoutlab.compare import Tolerance, compare, default_tolerance
+from layoutlab.loss_scale import NoOpLossScale
+from layoutlab.precision import get_policy
+from layoutlab.train.state import TrainState, split_model
+from layoutlab.train.steps import make_forward
+from layoutlab.xla import resolve_backend
+
+__all__ = [
+    "AutotuneResult",
+    "DEFAULT_CANDIDATES",
+    "ShapeChurnWarning",
+    "ShapeWatcher",
+    "autotune",
+    "autotune_config",
+    "cache_key",
+    "candidate_tolerance",
+    "default_cache_dir",
+    "parse_candidates",
+]
+
+DEFAULT_CANDIDATES: tuple[tuple[str, str], ...] = (
+    ("NHWC", "fp32"),
+    ("NCHW", "fp32"),
+    ("NHWC", "mixed_bf16"),
+    ("NCHW", "mixed_bf16"),
+)
+_REFERENCE = ("NHWC", "fp32")
+_NUMERICS_BATCH = 8  # examples compared; enough to catch a broken candidate
+_CACHE_FORMAT = 1
+
+
+@dataclasses.dataclass
+class AutotuneResult:
+    layout: str
+    precision: str
+    from_cache: bool
+    cache_path: str | None
+    key: dict
+    candidates: list[dict]  # one dict per candidate: timing, numerics, status
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("LAYOUTLAB_AUTOTUNE_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "layoutlab" / "autotune"
+
+
+def parse_candidates(spec: str | Sequence) -> tuple[tuple[str, str], ...]:
+    """``"NHWC:fp32,NCHW:mixed_bf16"`` (or pairs) -> canonical ``((layout, precision), ...)``."""
+    from layoutlab.layout import parse_layout
+
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        pair = item.split(":") if isinstance(item, str) else list(item)
+        if len(pair) != 2 or not all(str(p).strip() for p in pair):
+            raise ValueError(
+                f"Candidate {item!r} is not LAYOUT:PRECISION (e.g. NHWC:fp32, NCHW:mixed_bf16)."
+            )
+        layout, precision = (str(p).strip() for p in pair)
+        get_policy(precision)  # unknown precision: ValueError listing the presets
+        out.append((parse_layout(layout).name, precision))
+    if not out:
+        raise ValueError("No candidates given; e.g. NHWC:fp32,NCHW:fp32.")
+    return tuple(dict.fromkeys(out))
+
+
+def _input_shape(input_shape) -> tuple[int, ...]:
+    return parse_shape(input_shape) if isinstance(input_shape, str) else tuple(input_shape)
+
+
+def cache_key(
+    model: str,
+    batch_size: int,
+    input_shape,
+    *,
+    model_kwargs: dict | None = None,
+    num_classes: int | None = None,
+    mode: str = "train",
+    candidates: Sequence[tuple[str, str]] = DEFAULT_CANDIDATES,
+    backend: str | None = None,
+) -> dict:
+    """Everything the choice depends on, as a JSON-ready dict."""
+    kwargs = dict(model_kwargs or {})
+    given = _input_shape(input_shape)
+    spatial = models.spec(model).num_spatial
+    if len(given) != spatial + 1:
+        example = "x".join(["32"] * spatial + ["3"])
+        raise ValueError(
+            f"{model} takes {spatial} spatial sizes and a channel count (e.g. {example}); "
+            f"got input shape {format_shape(given)}."
+        )
+    shape, classes = resolve_input(model, kwargs, given[:-1], given[-1], num_classes)
+    be = resolve_backend(backend)
+    versions = library_versions()
+    return {
+        "format": _CACHE_FORMAT,
+        "model": models.spec(model).name,
+        "model_kwargs": kwargs,
+        "num_classes": classes,
+        "batch_size": int(batch_size),
+        "input_shape": format_shape(shape),
+        "input_dtype": "float32",
+        "mode": mode,
+        "candidates": [list(c) for c in candidates],
+        "backend": be.name,
+        "device_kind": be.device_kind,
+        "versions": {k: versions[k] for k in ("jax", "jaxlib", "flax")},
+    }
+
+
+def _cache_file(cache_dir: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir / f"{key['model']}-{digest}.json"
+
+
+def _read_cache(path: Path, key: dict) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent or unreadable: search again and rewrite it
+        return None
+    if not isinstance(data, dict) or data.get("key") != key or "choice" not in data:
+        return None
+    return data
+
+
+def weight_layers(model: nnx.Module) -> int:
+    """Convolution and dense kernels (parameters of rank >= 2) in ``model``."""
+    params = nnx.state(model, nnx.Param)
+    return max(1, sum(1 for p in jax.tree.leaves(params) if np.ndim(p) >= 2))
+
+
+_FULL_F32 = {"float32", "highest", "F32_F32_F32"}
+
+
+def _effective_compute_dtype(precision: str, platform: str) -> np.dtype:
+    dtype = get_policy(precision).compute_dtype
+    tf32 = platform == "gpu" and jax.config.jax_default_matmul_precision not in _FULL_F32
+    return np.dtype(np.float16) if dtype == np.float32 and tf32 else dtype
+
+
+def candidate_tolerance(
+    precision: str, layers: int, reference: np.ndarray, platform: str = "cpu"
+) -> Tolerance:
+    """The tolerance a candidate's logits must meet (see the module docstring)."""
+    base = default_tolerance(_effective_compute_dtype(precision, platform))
+    rtol = base.rtol * math.sqrt(max(1, int(layers)))
+    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    return Tolerance(rtol, rtol * scale)
+
+
+def _forward_logits(case: JaxCase, images_cl: np.ndarray, backend) -> np.ndarray:
+    defs, params, rest = split_model(build_model(case))
+    # make_forward reads only params and rest.
+    state = TrainState(jnp.zeros((), jnp.int32), params, rest, None, NoOpLossScale())
+    device = resolve_backend(backend).device
+    images = jax.device_put(layout_images(images_cl, case.layout), device)
+    out = jax.jit(make_forward(defs))(jax.device_put(state, device), images)
+    return np.asarray(out.astype(jnp.float32))
+
+
+def _measure(runner, repeats: int, warmup: int) -> tuple[dict, np.ndarray | None]:
+    fields = runner.setup()
+    for _ in range(warmup):
+        runner.step()
+    seconds = [timed(runner.step) for _ in range(repeats)]
+    stats = summarize(seconds)
+    logits = runner.logits() if hasattr(runner, "logits") else None
+    return {
+        "step_ms_median": stats.median_ms,
+        "step_ms_min": stats.min_ms,
+        "step_ms_max": stats.max_ms,
+        "compile_s": fields.get("compile_s"),
+    }, logits
+
+
+def autotune(
+    model: str,
+    batch_size: int,
+    input_shape,
+    *,
+    candidates: Sequence[tuple[str, str]] | str | None = None,
+    backend: str | None = None,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    mode: str = "train",
+    model_kwargs: dict | None = None,
+    num_classes: int | None = None,
+    repeats: int = 5,
+    warmup: int = 1,
+    runner: Callable | None = None,
+    log: Callable[[str], None] | None = None,
+) -> AutotuneResult:
+    """The fastest candidate whose numerics pass, for this exact shape and backend.
+
+    ``input_shape``: ``(*spatial, channels)`` or ``"HxWxC"``. A cached choice is returned
+    without measuring unless ``force``. ``runner(case)`` builds the runner (tests pass fakes).
+    """
+    cands = parse_candidates(candidates if candidates is not None else DEFAULT_CANDIDATES)
+    if mode not in ("infer", "train"):
+        raise ValueError(f"mode must be 'infer' or 'train', got {mode!r}.")
+    if batch_size < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(
+            f"Need batch_size >= 1, repeats >= 1, warmup >= 0; got "
+            f"{batch_size}, {repeats}, {warmup}."
+        )
+    kwargs = dict(model_kwargs or {})
+    key = cache_key(
+        model,
+        batch_size,
+        input_shape,
+        model_kwargs=kwargs,
+        num_classes=num_classes,
+        mode=mode,
+        candidates=cands,
+        backend=backend,
+    )
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = _cache_file(directory, key)
+    cached = None if force else _read_cache(path, key)
+    if cached is not None:
+        choice = cached["choice"]
+        return AutotuneResult(
+            choice["layout"], choice["precision"], True, str(path), key, cached["candidates"]
+        )
+
+    shape = parse_shape(key["input_shape"])
+    workload = make_workload(model, kwargs, shape, key["num_classes"], mode, batch_size)
+    make_runner = runner or (lambda case: JaxRunner(case, backend=backend))
+    n = min(batch_size, _NUMERICS_BATCH)
+    images = workload.images_channels_last()[:n]
+
+    results, logits = [], {}
+    for layout, precision in cands:
+        case = JaxCase(workload, models.resolve_layout(layout, len(shape) - 1).name, precision)
+        r = make_runner(case)
+        entry = {"layout": layout, "precision": precision}
+        try:
+            timing, out = _measure(r, repeats, warmup)
+            entry.update(
+                timing,
+                images_per_sec=batch_size / (timing["step_ms_median"] / 1e3),
+                status=OK,
+                error=None,
+            )
+            logits[(layout, precision)] = out[:n] if out is not None else None
+        except Exception as err:  # a failing candidate is skipped, not fatal
+            entry.update(zip(("status", "error"), classify_failure(err), strict=True))
+        finally:
+            r.close()
+        if log is not None:
+            log(_describe(entry))
+        results.append(entry)
+
+    ok = [e for e in results if e["status"] == OK]
+    if not ok:
+        raise RuntimeError(
+            "Every autotune candidate failed: "
+            + "; ".join(f"{e['layout']}:{e['precision']}: {e['error']}" for e in results)
+        )
+    _check_numerics(ok, logits, workload, images, backend)
+    passing = sorted((e for e in ok if e["numerics_passed"]), key=lambda e: e["step_ms_median"])
+    if not passing:
+        raise RuntimeError("No autotune candidate passed the numerics check against fp32 NHWC.")
+    best = passing[0]
+    for e in results:
+        e["chosen"] = e is best
+    choice = {"layout": best["layout"], "precision": best["precision"]}
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = {"key": key, "choice": choice, "candidates": results}
+    path.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    return AutotuneResult(best["layout"], best["precision"], False, str(path), key, results)
+
+
+def _check_numerics(ok, logits, workload, images, backend) -> None:
+    ref_case = JaxCase(workload, *_REFERENCE)
+    reference = logits.get(_REFERENCE)
+    if reference is None:
+        reference = _forward_logits(ref_case, images, backend)
+    layers = weight_layers(build_model(ref_case))
+    platform = resolve_backend(backend).platform
+    for e in ok:
+        out = logits.get((e["layout"], e["precision"]))
+        if out is None:
+            out = _forward_logits(JaxCase(workload, e["layout"], e["precision"]), images, backend)
+        tol = candidate_tolerance(e["precision"], layers, reference, platform)
+        report = compare(out, reference, rtol=tol.rtol, atol=tol.atol, name="logits")
+        e.update(
+            numerics_passed=bool(report.passed),
+            max_abs_error=_finite_or_none(report.max_abs_error),
+            rtol=tol.rtol,
+            atol=tol.atol,
+        )
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def _describe(e: dict) -> str:
+    what = f"{e['layout']:<5} {e['precision']:<10}"
+    if e["status"] != OK:
+        return f"{what} {e['status'].upper()}: {(e.get('error') or '')[:160]}"
+    return f"{what} median {e['step_ms_median']:.2f} ms ({e['images_per_sec']:.1f} img/s)"
+
+
+def autotune_config(model: str, batch_size: int, input_shape, **kwargs) -> tuple[str, str]:
+    """``(layout, precision)`` for a training run: ``autotune(..., mode="train")``'s choice."""
+    kwargs.setdefault("mode", "train")
+    result = autotune(model, batch_size, input_shape, **kwargs)
+    return result.layout, result.precision
+
+
+class ShapeChurnWarning(UserWarning):
+    """A run keeps meeting new input shapes; each one recompiles (and re-autotunes)."""
+
+
+class ShapeWatcher:
+    """Tracks the input shapes a loop sees and warns once when there are too many.
+
+    Two shapes are normal (full batches and the last partial one); each shape beyond
+    ``max_shapes`` costs a compile and, with autotuning, a new search.
+    """
+
+    def __init__(self, max_shapes: int = 2, *, name: str = "input"):
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be >= 1, got {max_shapes}.")
+        self.max_shapes, self.name = max_shapes, name
+        self.shapes: list[tuple[int, ...]] = []
+        self.warned = False
+
+    def observe(self, shape) -> bool:
+        """Records ``shape`` (a shape or an array); True when it is new."""
+        shape = tuple(int(s) for s in getattr(shape, "shape", shape))
+        if shape in self.shapes:
+            return False
+        self.shapes.append(shape)
+        if len(self.shapes) > self.max_shapes and not self.warned:
+            self.warned = True
+            seen = ", ".join(format_shape(s) for s in self.shapes)
+            warnings.warn(
+                ShapeChurnWarning(
+                    f"{len(self.shapes)} different {self.name} shapes so far ({seen}); each "
+                    "new shape recompiles the step and, with autotuning, runs a new search. "
+                    "Keep shapes fixed: drop or pad the last partial batch, or bucket "
+                    "variable sizes into a few shapes."
+                ),
+                stacklevel=2,
+            )
+        return True

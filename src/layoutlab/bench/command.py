@@ -1,0 +1,174 @@
+"""``layoutlab bench`` (the benchmark sweep) and ``layoutlab autotune`` (pick a layout and
+precision for one input shape)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["register"]
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(t) for t in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+
+
+def _err(message: str) -> None:
+    print(f"layoutlab: error: {message}", file=sys.stderr)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _model_kwargs(args) -> dict:
+    from layoutlab import models
+
+    kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
+    if args.stem is not None:
+        kwargs["stem"] = args.stem
+    return kwargs
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="registry name, e.g. resnet18 (see `models`)")
+    p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
+    p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
+    p.add_argument("--num-classes", type=int, help="default: 1000 for an ImageNet stem, else 10")
+    p.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.torch or args.torch_compile:
+        # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from layoutlab.bench.plots import plot_all
+    from layoutlab.bench.report import markdown_table
+    from layoutlab.bench.results import save_results
+    from layoutlab.bench.sweep import SweepConfig, run_sweep
+
+    try:
+        config = SweepConfig(
+            model=args.model,
+            layouts=_csv(args.layouts),
+            precisions=_csv(args.precisions),
+            batch_sizes=args.batch_sizes,
+            modes=_csv(args.modes),
+            model_kwargs=_model_kwargs(args),
+            image_size=args.image_size,
+            num_classes=args.num_classes,
+            backend=args.backend,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            torch=args.torch or args.torch_compile,
+            torch_compile=args.torch_compile,
+            max_step_s=args.max_step_seconds,
+            note=args.note,
+        )
+        results = run_sweep(config, log=_log)
+    except ValueError as err:
+        _err(str(err))
+        return 2
+    out = save_results(args.out, results)
+    plots = [] if args.no_plots else plot_all(results.rows, out)
+    print(markdown_table(results.rows))
+    for note in results.notes:
+        print(f"\nnote: {note}")
+    written = ["results.csv", "results.json", "machine.json"] + [p.name for p in plots]
+    print(f"\nwrote {', '.join(written)} to {out}")
+    return 0 if results.ok_rows() else 1
+
+
+def run_autotune(args: argparse.Namespace) -> int:
+    from layoutlab.bench.autotune import autotune
+
+    try:
+        result = autotune(
+            args.model,
+            args.batch_size,
+            args.input_shape,
+            candidates=args.candidates,
+            backend=args.backend,
+            cache_dir=args.cache_dir,
+            force=args.force,
+            mode=args.mode,
+            model_kwargs=_model_kwargs(args),
+            num_classes=args.num_classes,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            log=_log,
+        )
+    except (ValueError, RuntimeError) as err:
+        _err(str(err))
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    source = "cache" if result.from_cache else "measured"
+    print(f"{result.layout} {result.precision} ({source}; {result.cache_path})")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark layouts x precisions x batch sizes, optionally beside PyTorch",
+        description=(
+            "Time inference and training steps over a grid of layouts, precision policies "
+            "and batch sizes; writes results.csv, results.json, machine.json and PNG plots "
+            "to --out. With --torch, PyTorch runs the same models (contiguous and "
+            "channels_last, fp32 and autocast) interleaved with layoutlab, and "
+            "ratio_vs_torch_best is layoutlab's speed over the best PyTorch eager one."
+        ),
+    )
+    _add_model_args(p)
+    p.add_argument("--image-size", type=int, help="spatial size (default: model's; 224 ImageNet)")
+    p.add_argument("--layouts", default="NHWC,NCHW")
+    p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
+    p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")
+    p.add_argument("--modes", default="infer,train", help="infer, train or both")
+    p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
+    p.add_argument(
+        "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"
+    )
+    p.add_argument("--repeats", type=int, default=10, help="measured steps per configuration")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps after compiling")
+    p.add_argument(
+        "--max-step-seconds",
+        type=float,
+        help="skip configurations whose step takes (or is predicted to take) longer",
+    )
+    p.add_argument("--note", help="free text stored with the machine info")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=run_bench)
+
+    a = subparsers.add_parser(
+        "autotune",
+        help="pick the fastest layout and precision for one input shape (cached)",
+        description=(
+            "Measure each LAYOUT:PRECISION candidate for this model, batch size, input shape "
+            "and backend, keep the fastest whose logits match fp32 NHWC within a tolerance "
+            "scaled for its dtype, and cache the choice; later calls read the cache."
+        ),
+    )
+    _add_model_args(a)
+    a.add_argument("--batch-size", type=int, required=True)
+    a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
+    a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
+    a.add_argument("--mode", choices=("train", "infer"), default="train")
+    a.add_argument("--repeats", type=int, default=5)
+    a.add_argument("--warmup", type=int, default=1)
+    a.add_argument("--cache-dir", help="default: $LAYOUTLAB_AUTOTUNE_CACHE or ~/.cache/...")
+    a.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    a.add_argument("--json", action="store_true", help="print the full result as JSON")
+    a.set_defaults(func=run_autotune)

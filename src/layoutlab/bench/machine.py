@@ -1,0 +1,89 @@
+"""What a benchmark ran on: CPU, device, core counts, library versions, machine load."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+from pathlib import Path
+
+__all__ = ["cpu_model", "finish_machine_info", "library_versions", "machine_info"]
+
+_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def library_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (torch is not imported for this)."""
+    out: dict[str, str | None] = {}
+    for name in _LIBRARIES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # not on every platform
+        return None
+
+
+def _usable_cores() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count()
+
+
+def _torch_threads() -> int | None:
+    # Only report it when the run imported torch: importing it here would cost seconds.
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
+def machine_info(backend=None, *, note: str | None = None) -> dict:
+    """A JSON-ready description of this machine and the backend the run used."""
+    from layoutlab.xla import resolve_backend
+
+    be = resolve_backend(backend)
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": _usable_cores(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "backend": be.name,
+        "platform": be.platform,
+        "device_kind": be.device_kind,
+        "device_count": len(be.device.client.local_devices()),
+        "versions": library_versions(),
+        "torch_threads": _torch_threads(),
+        "load_average": _load(),
+        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "note": note,
+    }
+
+
+def finish_machine_info(info: dict) -> dict:
+    """Adds what is only known after the run: the load at the end, torch's thread count."""
+    out = dict(info)
+    out["load_average_end"] = _load()
+    out["finished_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    if out.get("torch_threads") is None:
+        out["torch_threads"] = _torch_threads()
+    return out

@@ -1,0 +1,143 @@
+"""PNG charts of benchmark rows (matplotlib figures rendered with Agg; no display needed).
+
+- ``plot_throughput``: images/s against batch size, one panel per mode, one line per
+  framework x layout x precision;
+- ``plot_memory``: XLA's temporary and argument bytes against batch size (PyTorch rows
+  only on GPU, where its allocator reports a peak);
+- ``plot_ratios``: layoutlab's speed over the best PyTorch eager configuration (1 = parity).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+__all__ = ["plot_all", "plot_memory", "plot_ratios", "plot_throughput"]
+
+_STYLE = {"layoutlab": "-", "torch": "--", "torch.compile": ":"}
+
+
+def _figure(**kw):
+    # A bare Figure renders with Agg and never touches pyplot's global backend or state.
+    from matplotlib.figure import Figure
+
+    return Figure(**kw)
+
+
+def _ok(rows) -> list[dict]:
+    return [r for r in rows if r.get("status") == "ok"]
+
+
+def _title(rows) -> str:
+    first = rows[0]
+    kwargs = first.get("model_kwargs") or "{}"
+    extra = "" if kwargs == "{}" else f" {kwargs}"
+    return f"{first['model']}{extra}, input {first['input_shape']}"
+
+
+def _series(rows, value) -> dict:
+    lines = defaultdict(list)
+    for r in rows:
+        v = value(r)
+        if v is not None:
+            lines[(r["framework"], r["layout"], r["precision"])].append((r["batch_size"], v))
+    return {k: sorted(v) for k, v in sorted(lines.items())}
+
+
+def _line_panels(rows, value, ylabel: str, path: Path, title: str) -> Path:
+    modes = sorted({r["mode"] for r in rows})
+    fig = _figure(figsize=(6 * len(modes), 4.2))
+    axes = fig.subplots(1, len(modes), squeeze=False)[0]
+    for ax, mode in zip(axes, modes, strict=False):
+        mode_rows = [r for r in rows if r["mode"] == mode]
+        for (fw, layout, prec), pts in _series(mode_rows, value).items():
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, _STYLE.get(fw, "-."), marker="o", label=f"{fw} {layout} {prec}")
+        ax.set_title(f"{mode}")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_throughput(rows, path) -> Path:
+    rows = _ok(rows)
+    if not rows:
+        raise ValueError("No ok rows to plot; every configuration failed.")
+    return _line_panels(
+        rows,
+        lambda r: r.get("images_per_sec"),
+        "images / s",
+        Path(path),
+        f"Throughput: {_title(rows)}",
+    )
+
+
+def plot_memory(rows, path) -> Path:
+    rows = _ok(rows)
+    if not rows:
+        raise ValueError("No ok rows to plot; every configuration failed.")
+
+    def mib(r):
+        if r["framework"] == "layoutlab":
+            parts = [r.get("temp_bytes"), r.get("argument_bytes")]
+            return None if parts[0] is None else sum(p or 0 for p in parts) / 2**20
+        peak = r.get("device_peak_bytes")
+        return None if peak is None else peak / 2**20
+
+    return _line_panels(
+        rows,
+        mib,
+        "MiB (XLA temp + arguments; torch: device peak)",
+        Path(path),
+        f"Memory: {_title(rows)}",
+    )
+
+
+def plot_ratios(rows, path) -> Path | None:
+    """Bar chart of ``ratio_vs_torch_best``; None when no row has one (no PyTorch run)."""
+    rows = [r for r in _ok(rows) if r.get("ratio_vs_torch_best") is not None]
+    if not rows:
+        return None
+    from matplotlib.ticker import FuncFormatter
+
+    rows = sorted(rows, key=lambda r: (r["mode"], r["batch_size"], r["precision"], r["layout"]))
+    labels = [f"{r['mode']} b{r['batch_size']}\n{r['layout']} {r['precision']}" for r in rows]
+    ratios = [r["ratio_vs_torch_best"] for r in rows]
+    fig = _figure(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
+    ax = fig.subplots()
+    colors = ["tab:green" if v >= 1 else "tab:red" for v in ratios]
+    ax.bar(range(len(rows)), ratios, color=colors)
+    ax.axhline(1.0, color="black", linewidth=1)
+    # Log scale: 0.5x and 2x sit at the same distance from parity.
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel("layoutlab / best PyTorch eager (images/s)")
+    ax.set_title(f"layoutlab vs PyTorch: {_title(rows)}")
+    for i, v in enumerate(ratios):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def plot_all(rows, directory) -> list[Path]:
+    """Writes throughput.png, memory.png and (with PyTorch rows) ratio_vs_torch.png."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    if not _ok(rows):
+        return []
+    paths = [
+        plot_throughput(rows, out / "throughput.png"),
+        plot_memory(rows, out / "memory.png"),
+    ]
+    ratio = plot_ratios(rows, out / "ratio_vs_torch.png")
+    return paths + ([ratio] if ratio is not None else [])

@@ -1,0 +1,173 @@
+"""Benchmark results: flat rows (one per configuration and framework) saved as CSV and JSON.
+
+``DIR/results.json`` holds ``{"machine": {...}, "notes": [...], "rows": [...]}``;
+``DIR/results.csv`` the same rows, with the machine in the sidecar ``DIR/machine.json``.
+``load_results(DIR)`` reads either back to the same ``BenchResults``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BenchResults",
+    "FIELDS",
+    "add_torch_ratios",
+    "load_results",
+    "precision_class",
+    "save_results",
+]
+
+# Column order of the CSV, with the type each column is read back as.
+_SCHEMA: dict[str, type] = {
+    "framework": str,  # layoutlab | torch | torch.compile
+    "model": str,
+    "model_kwargs": str,  # JSON of the builder's extra keywords, e.g. {"stem": "cifar"}
+    "input_shape": str,  # spatial x channels, e.g. 32x32x3
+    "num_classes": int,
+    "layout": str,  # NHWC / NCHW (torch: the memory format's physical order)
+    "memory_format": str,  # torch only: contiguous | channels_last
+    "precision": str,  # layoutlab policy name, or torch fp32 | amp_bf16 | amp_fp16
+    "precision_class": str,  # fp32 | half
+    "mode": str,  # infer | train
+    "batch_size": int,
+    "backend": str,
+    "device_kind": str,
+    "repeats": int,
+    "warmup": int,
+    "images_per_sec": float,
+    "step_ms_median": float,
+    "step_ms_min": float,
+    "step_ms_max": float,
+    "compile_s": float,
+    "flops": float,
+    "gflops_per_sec": float,
+    "temp_bytes": int,
+    "argument_bytes": int,
+    "output_bytes": int,
+    "device_peak_bytes": int,
+    "peak_rss_bytes": int,
+    "transposes": int,
+    "memory_permutations": int,
+    "converts": int,
+    "threads": int,
+    "ratio_vs_torch_best": float,
+    "torch_best": str,
+    "status": str,  # ok | oom | error | skipped
+    "error": str,
+}
+FIELDS: tuple[str, ...] = tuple(_SCHEMA)
+_HALF_TORCH = {"amp_bf16", "amp_fp16"}
+
+
+@dataclasses.dataclass
+class BenchResults:
+    machine: dict
+    rows: list[dict]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def ok_rows(self) -> list[dict]:
+        return [r for r in self.rows if r.get("status") == "ok"]
+
+
+def precision_class(precision: str) -> str:
+    """``"half"`` for a 16-bit compute dtype (layoutlab policy or torch autocast), else fp32."""
+    if precision in _HALF_TORCH:
+        return "half"
+    if precision == "fp32":
+        return "fp32"
+    from layoutlab.precision import get_policy
+
+    return "half" if get_policy(precision).is_half else "fp32"
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def full_row(row: dict) -> dict:
+    """``row`` with exactly the columns of ``FIELDS`` (missing ones None), so CSV and JSON
+    hold the same values."""
+    unknown = sorted(set(row) - set(_SCHEMA))
+    if unknown:
+        raise ValueError(f"Unknown result columns {unknown}; the columns are: {', '.join(FIELDS)}.")
+    return {name: _clean(row.get(name)) for name in FIELDS}
+
+
+def _same_workload(a: dict, b: dict) -> bool:
+    keys = ("model", "model_kwargs", "input_shape", "mode", "batch_size", "precision_class")
+    return all(a.get(k) == b.get(k) for k in keys)
+
+
+def add_torch_ratios(rows: list[dict]) -> list[dict]:
+    """Fill ``ratio_vs_torch_best`` on ok layoutlab rows: their images/s divided by the best
+    ok eager-PyTorch row for the same model, input, mode, batch and precision class."""
+    torch_rows = [r for r in rows if r.get("framework") == "torch" and r.get("status") == "ok"]
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("framework") == "layoutlab" and row.get("status") == "ok":
+            peers = [t for t in torch_rows if _same_workload(row, t)]
+            if peers:
+                best = max(peers, key=lambda t: t["images_per_sec"])
+                row["ratio_vs_torch_best"] = row["images_per_sec"] / best["images_per_sec"]
+                row["torch_best"] = f"{best['memory_format']}/{best['precision']}"
+        out.append(row)
+    return out
+
+
+def save_results(directory: str | Path, results: BenchResults) -> Path:
+    """Write ``results.json``, ``results.csv`` and ``machine.json`` under ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [full_row(r) for r in results.rows]
+    payload = {"machine": results.machine, "notes": list(results.notes), "rows": rows}
+    (out / "results.json").write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    (out / "machine.json").write_text(
+        json.dumps({"machine": results.machine, "notes": list(results.notes)}, indent=1) + "\n"
+    )
+    columns = list(FIELDS)
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: "" if r.get(k) is None else r[k] for k in columns})
+    return out
+
+
+def _parse(name: str, text: str) -> Any:
+    if text == "":
+        return None
+    kind = _SCHEMA.get(name, str)
+    if kind is int:
+        return int(text)
+    if kind is float:
+        return float(text)
+    return text
+
+
+def load_results(directory: str | Path, *, source: str = "json") -> BenchResults:
+    """Read results written by ``save_results``; ``source="csv"`` reads the CSV + sidecar."""
+    path = Path(directory)
+    if source not in ("json", "csv"):
+        raise ValueError(f"source must be 'json' or 'csv', got {source!r}.")
+    name = "results.json" if source == "json" else "results.csv"
+    if not (path / name).is_file():
+        raise FileNotFoundError(
+            f"No {name} in {path}; run `layoutlab bench --out {path}` to produce one."
+        )
+    if source == "json":
+        payload = json.loads((path / name).read_text())
+        return BenchResults(payload["machine"], payload["rows"], payload.get("notes", []))
+    side = path / "machine.json"
+    meta = json.loads(side.read_text()) if side.is_file() else {"machine": {}, "notes": []}
+    with open(path / name, newline="") as f:
+        rows = [{k: _parse(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return BenchResults(meta["machine"], rows, meta.get("notes", []))

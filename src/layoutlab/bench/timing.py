@@ -1,0 +1,136 @@
+"""Timing a jitted step: compile apart, warm-up apart, blocking clocks, a recompilation guard.
+
+``JaxStep`` lowers and compiles a step ahead of time (``jax.jit(f).lower(...).compile()``;
+that time is ``compile_s``), then calls the same ``jax.jit`` object, which reuses the
+executable. Every call blocks with ``jax.block_until_ready`` before the clock is read.
+
+The guard: the traced function bumps a Python counter each time JAX traces it, and
+``jax.monitoring`` counts trips to the XLA compiler. Any trace or compile after the AOT
+compile means the step's signature changed between calls (e.g. a state whose dtype drifts
+from int32 to float32, or a weakly typed scalar), so every step would pay a compile; the
+call raises ``RecompilationError`` instead of timing a compile as a step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from layoutlab.xla import resolve_backend, watch_compilation
+from layoutlab.xla.compile import cost_summary, memory_summary
+from layoutlab.xla.hlo import hlo_report
+
+__all__ = ["JaxStep", "RecompilationError", "TimingStats", "summarize", "timed"]
+
+
+class RecompilationError(RuntimeError):
+    """A step was traced or compiled again after its ahead-of-time compile."""
+
+
+class TimingStats(NamedTuple):
+    """Step times in milliseconds over the measured (not warm-up) runs."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+
+def summarize(seconds: Sequence[float]) -> TimingStats:
+    if not seconds:
+        raise ValueError("summarize needs at least one measured time.")
+    ms = [1e3 * s for s in seconds]
+    return TimingStats(statistics.median(ms), min(ms), max(ms), len(ms))
+
+
+def timed(call: Callable[[], Any]) -> float:
+    """Seconds one ``call()`` takes; ``call`` must block until its work is done."""
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+class JaxStep:
+    """``fn(*args)`` compiled once for ``backend`` and then called under the guard.
+
+    ``carry``: the output index fed back as argument 0 on the next call (a train step's new
+    state), or None when the arguments stay the same. ``donate_argnums`` go to ``jax.jit``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        args: Sequence[Any],
+        *,
+        donate_argnums: Sequence[int] = (),
+        carry: int | None = None,
+        backend: str | None = None,
+        name: str | None = None,
+    ):
+        self.name = name or getattr(fn, "__name__", "step")
+        self.backend = resolve_backend(backend)
+        self.traces = 0
+        self.carry = carry
+        self.outputs = None
+
+        def counted(*a):
+            self.traces += 1  # runs only while JAX traces, never in the compiled step
+            return fn(*a)
+
+        self._jitted = jax.jit(counted, donate_argnums=tuple(donate_argnums))
+        self._args = list(jax.device_put(tuple(args), self.backend.device))
+        self.compiled = None
+
+    def compile(self) -> dict:
+        """AOT lower + compile; returns timings, XLA's cost and memory analyses, HLO totals."""
+        t0 = time.perf_counter()
+        lowered = self._jitted.lower(*self._args)
+        t1 = time.perf_counter()
+        self.compiled = lowered.compile()
+        t2 = time.perf_counter()
+        memory = memory_summary(self.compiled) or {}
+        try:
+            totals = hlo_report(self.compiled.as_text()).totals()
+        except Exception:  # a runtime without optimized HLO text still gets timed
+            totals = {}
+        return {
+            "lower_s": t1 - t0,
+            "compile_s": (t1 - t0) + (t2 - t1),
+            "flops": cost_summary(self.compiled)["flops"],
+            "temp_bytes": memory.get("temp_size"),
+            "argument_bytes": memory.get("argument_size"),
+            "output_bytes": memory.get("output_size"),
+            "alias_bytes": memory.get("alias_size"),
+            "transposes": totals.get("transposes"),
+            "memory_permutations": totals.get("memory_permutations"),
+            "converts": totals.get("converts"),
+        }
+
+    def __call__(self) -> None:
+        """One step, blocked until done; raises ``RecompilationError`` if it retraced."""
+        if self.compiled is None:
+            raise RuntimeError(f"{self.name}: call compile() before running the step.")
+        traces = self.traces
+        with watch_compilation() as events:
+            out = self._jitted(*self._args)
+            jax.block_until_ready(out)
+        compiles = events.backend_compiles or 0
+        if self.traces != traces or compiles:
+            raise RecompilationError(
+                f"{self.name} was {'traced' if self.traces != traces else 'compiled'} again "
+                "after its ahead-of-time compile: the step's input signature changed between "
+                "calls (shapes, dtypes or weak types of the carried state or inputs), so "
+                "every call would recompile. Make the step return its state with the same "
+                "shapes and dtypes it takes."
+            )
+        if self.carry is not None:
+            self._args[0] = out[self.carry]
+        self.outputs = out
+
+    def close(self) -> None:
+        self._args = []
+        self.outputs = None

@@ -1,0 +1,179 @@
+"""Runs one configuration in PyTorch: the mirror of a registry model with the same weights.
+
+PyTorch is an optional extra and is imported only when a torch configuration runs.
+Memory formats: ``contiguous`` (NCHW) and ``channels_last`` (NHWC in memory). Precisions:
+``fp32``, and ``torch.autocast`` with bfloat16 (``amp_bf16``, CPU and GPU) or float16
+(``amp_fp16``, GPU; training then uses ``torch.amp.GradScaler``). Training is forward,
+cross-entropy, backward and an SGD-with-momentum step, the same update the layoutlab step
+makes. ``torch.set_num_threads`` is left at PyTorch's default and recorded in ``threads``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from layoutlab.bench.cases import TorchCase
+from layoutlab.bench.machine import cpu_model
+from layoutlab.bench.memory import peak_rss_bytes
+from layoutlab.bench.timing import timed
+
+__all__ = [
+    "TorchUnavailable",
+    "TorchRunner",
+    "build_torch_model",
+    "require_torch",
+    "torch_device",
+    "torch_precisions",
+]
+
+_LR, _MOMENTUM = 0.01, 0.9  # as layoutlab.bench.jax_runner
+
+
+class TorchUnavailable(ImportError):
+    """PyTorch (the optional ``torch`` extra) is not installed."""
+
+
+def require_torch():
+    """The ``torch`` module, or ``TorchUnavailable`` saying how to install it."""
+    try:
+        import torch
+    except ImportError as err:
+        raise TorchUnavailable(
+            "PyTorch is not installed, so the PyTorch side-by-side runs were skipped "
+            "(the layoutlab runs are unaffected). Install the extra with "
+            "`pip install 'layoutlab[torch]'` to compare against PyTorch."
+        ) from err
+    return torch
+
+
+def torch_device(platform: str) -> str:
+    """The PyTorch device for a jax platform: ``"cuda"`` for ``"gpu"``, else ``"cpu"``."""
+    if platform != "gpu":
+        return "cpu"
+    torch = require_torch()
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "The benchmark runs on GPU but this PyTorch build has no CUDA; install a CUDA "
+            "build of torch, or run without --torch."
+        )
+    return "cuda"
+
+
+def torch_precisions(device: str, precision_class: str) -> tuple[str, ...]:
+    """PyTorch precisions of a class: fp32, or autocast bf16 (+ fp16 on GPU) for half."""
+    if precision_class == "fp32":
+        return ("fp32",)
+    return ("amp_fp16", "amp_bf16") if device == "cuda" else ("amp_bf16",)
+
+
+def build_torch_model(case: TorchCase, seed: int = 0):
+    """The PyTorch mirror of ``case``'s model, loaded with the layoutlab model's weights
+    (built with the same seed, so both frameworks start from the same parameters)."""
+    from flax import nnx
+
+    from layoutlab import models
+    from layoutlab.compare.torch_mirrors import build_torch_mirror
+    from layoutlab.compare.torch_weights import to_torch_state_dict
+
+    w = case.workload
+    kwargs = {"in_channels": w.channels, **w.kwargs}
+    jax_model = models.create(
+        w.model, num_classes=w.num_classes, layout="NHWC", rngs=nnx.Rngs(seed), **kwargs
+    )
+    module = build_torch_mirror(w.model, num_classes=w.num_classes, **kwargs)
+    module.load_state_dict(to_torch_state_dict(jax_model, tensors=True))
+    return module
+
+
+class TorchRunner:
+    """Same protocol as ``JaxRunner``: ``setup``, ``step``, ``finish``, ``close``."""
+
+    def __init__(self, case: TorchCase, *, device: str = "cpu", seed: int = 0):
+        self.case, self.device, self.seed = case, device, seed
+        self._state = None
+
+    def row(self) -> dict:
+        return self.case.row()
+
+    def _memory_format(self, torch):
+        if self.case.memory_format == "contiguous":
+            return torch.contiguous_format
+        if self.case.memory_format != "channels_last":
+            raise ValueError(
+                f"Unknown memory format {self.case.memory_format!r}; "
+                "use 'contiguous' or 'channels_last'."
+            )
+        return (
+            torch.channels_last
+            if len(self.case.workload.spatial) == 2
+            else (torch.channels_last_3d)
+        )
+
+    def setup(self) -> dict:
+        torch = require_torch()
+        case, w = self.case, self.case.workload
+        fmt = self._memory_format(torch)
+        model = build_torch_model(case, self.seed).to(self.device, memory_format=fmt)
+        images = np.moveaxis(w.images_channels_last(self.seed), -1, 1)
+        x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
+        x = x.contiguous(memory_format=fmt)
+        y = torch.from_numpy(w.labels(self.seed)).long().to(self.device)
+        amp = {"fp32": None, "amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
+        if case.precision not in amp:
+            raise ValueError(f"Unknown PyTorch precision {case.precision!r}; use {list(amp)}.")
+        train = w.mode == "train"
+        model.train(train)
+        opt = torch.optim.SGD(model.parameters(), lr=_LR, momentum=_MOMENTUM) if train else None
+        use_scaler = train and case.precision == "amp_fp16"
+        scaler = torch.amp.GradScaler(self.device) if use_scaler else None
+        runnable = torch.compile(model) if case.compile else model
+        self._state = (torch, runnable, x, y, opt, scaler, amp[case.precision])
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        # torch.compile compiles on the first call: that call is the compile time. Its
+        # internals emit deprecation warnings that say nothing about this run.
+        compile_s = None
+        if case.compile:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.simplefilter("ignore", FutureWarning)
+                compile_s = timed(self.step)
+        kind = torch.cuda.get_device_name() if self.device == "cuda" else cpu_model()
+        return {
+            "compile_s": compile_s,
+            "backend": self.device,
+            "device_kind": kind,
+            "threads": torch.get_num_threads(),
+        }
+
+    def step(self) -> None:
+        torch, model, x, y, opt, scaler, dtype = self._state
+        autocast = torch.autocast(self.device, dtype=dtype, enabled=dtype is not None)
+        if opt is None:
+            with torch.inference_mode(), autocast:
+                model(x)
+        else:
+            opt.zero_grad(set_to_none=True)
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def finish(self) -> dict:
+        torch = self._state[0] if self._state else None
+        device_peak = None
+        if torch is not None and self.device == "cuda":
+            device_peak = int(torch.cuda.max_memory_allocated())
+        return {"device_peak_bytes": device_peak, "peak_rss_bytes": peak_rss_bytes()}
+
+    def close(self) -> None:
+        self._state = None

@@ -1,0 +1,157 @@
+"""Autotuning: measure, check numerics, pick, cache, hit the cache; and the shape watcher."""
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layoutlab import models
+from layoutlab.bench.autotune import (
+    ShapeChurnWarning,
+    ShapeWatcher,
+    autotune,
+    autotune_config,
+    cache_key,
+    candidate_tolerance,
+    parse_candidates,
+)
+
+TINY = models.spec("small_cnn").tiny
+SHAPE = (8, 8, 1)
+
+
+def _refuse(case):
+    raise AssertionError("measured although the choice was cached")
+
+
+def test_autotune_measures_picks_caches_and_hits(tmp_path):
+    result = autotune(
+        "small_cnn", 2, SHAPE, model_kwargs=TINY, mode="infer", repeats=2, warmup=1,
+        backend="cpu", cache_dir=tmp_path,
+    )  # fmt: skip
+    assert not result.from_cache
+    assert len(result.candidates) == 4 and all(c["status"] == "ok" for c in result.candidates)
+    # Same seed, same weights: every layout/precision agrees with fp32 NHWC within its
+    # dtype-scaled tolerance, so all four pass and the fastest is chosen.
+    assert all(c["numerics_passed"] for c in result.candidates)
+    fastest = min(result.candidates, key=lambda c: c["step_ms_median"])
+    assert (result.layout, result.precision) == (fastest["layout"], fastest["precision"])
+    assert [c["chosen"] for c in result.candidates].count(True) == 1
+    saved = json.loads(Path(result.cache_path).read_text())
+    assert saved["choice"] == {"layout": result.layout, "precision": result.precision}
+    assert saved["key"]["input_shape"] == "8x8x1" and saved["key"]["batch_size"] == 2
+
+    again = autotune(
+        "small_cnn", 2, "8x8x1", model_kwargs=TINY, mode="infer", backend="cpu",
+        cache_dir=tmp_path, runner=_refuse,
+    )  # fmt: skip
+    assert again.from_cache and (again.layout, again.precision) == (result.layout, result.precision)
+    assert again.cache_path == result.cache_path
+
+    config = autotune_config(
+        "small_cnn", 2, SHAPE, model_kwargs=TINY, mode="infer", backend="cpu",
+        cache_dir=tmp_path, runner=_refuse,
+    )  # fmt: skip
+    assert config == (result.layout, result.precision)
+
+
+class FakeRunner:
+    """Timings and logits chosen by the test; ``logits`` per (layout, precision)."""
+
+    def __init__(self, case, ms, logits, calls):
+        self.key = (case.layout, case.precision)
+        self.ms, self.out, self.calls = ms[self.key], logits[self.key], calls
+
+    def setup(self):
+        self.calls.append(self.key)
+        return {"compile_s": 0.0}
+
+    def step(self):
+        import time
+
+        time.sleep(self.ms / 1e3)
+
+    def logits(self):
+        return self.out
+
+    def close(self):
+        pass
+
+
+def test_fastest_candidate_with_broken_numerics_is_skipped(tmp_path):
+    ref = np.random.default_rng(0).standard_normal((2, 10)).astype(np.float32)
+    ms = {("NHWC", "fp32"): 40.0, ("NCHW", "fp32"): 30.0, ("NHWC", "mixed_bf16"): 1.0}
+    logits = {
+        ("NHWC", "fp32"): ref,
+        ("NCHW", "fp32"): ref + np.float32(1e-7),  # within float32 tolerance
+        ("NHWC", "mixed_bf16"): np.full_like(ref, np.nan),  # fastest, but broken
+    }
+    calls = []
+    kwargs = dict(
+        model_kwargs=TINY, mode="infer", repeats=1, warmup=0, backend="cpu", cache_dir=tmp_path,
+        candidates="NHWC:fp32,NCHW:fp32,NHWC:mixed_bf16",
+        runner=lambda case: FakeRunner(case, ms, logits, calls),
+    )  # fmt: skip
+    result = autotune("small_cnn", 2, SHAPE, **kwargs)
+    assert (result.layout, result.precision) == ("NCHW", "fp32")
+    passed = {(c["layout"], c["precision"]): c["numerics_passed"] for c in result.candidates}
+    assert passed == {("NHWC", "fp32"): True, ("NCHW", "fp32"): True,
+                      ("NHWC", "mixed_bf16"): False}  # fmt: skip
+    assert len(calls) == 3
+    # force=True searches again instead of reading the cache.
+    autotune("small_cnn", 2, SHAPE, force=True, **kwargs)
+    assert len(calls) == 6
+
+
+def test_cache_key_changes_with_shape_batch_and_options():
+    base = cache_key("small_cnn", 2, (8, 8, 1), model_kwargs=TINY, backend="cpu")
+    assert base == cache_key("small_cnn", 2, "8x8x1", model_kwargs=TINY, backend="cpu")
+    others = [
+        cache_key("small_cnn", 2, (16, 16, 1), model_kwargs=TINY, backend="cpu"),
+        cache_key("small_cnn", 4, (8, 8, 1), model_kwargs=TINY, backend="cpu"),
+        cache_key("small_cnn", 2, (8, 8, 1), model_kwargs={"width": 8}, backend="cpu"),
+        cache_key("small_cnn", 2, (8, 8, 1), model_kwargs=TINY, mode="infer", backend="cpu"),
+    ]
+    assert all(o != base for o in others)
+    for field in ("backend", "device_kind", "versions", "input_dtype"):
+        assert field in base
+    assert set(base["versions"]) == {"jax", "jaxlib", "flax"}
+
+
+def test_tolerance_scales_with_compute_dtype_and_depth():
+    ref = np.array([[4.0, -2.0]], np.float32)
+    fp32 = candidate_tolerance("fp32", 9, ref)
+    bf16 = candidate_tolerance("mixed_bf16", 9, ref)
+    # float32's default rtol is 1.3e-6 and bfloat16's 1.6e-2 (torch.testing's table),
+    # times sqrt(9 weight layers) = 3; atol is rtol times the largest |logit| (4).
+    assert fp32.rtol == pytest.approx(3 * 1.3e-6) and fp32.atol == pytest.approx(4 * 3 * 1.3e-6)
+    assert bf16.rtol == pytest.approx(3 * 1.6e-2) and bf16.atol == pytest.approx(4 * 3 * 1.6e-2)
+    # On GPU float32 convs run in TF32 by default: float16's rtol (1e-3) applies.
+    assert candidate_tolerance("fp32", 9, ref, "gpu").rtol == pytest.approx(3 * 1e-3)
+
+
+def test_bad_candidates_and_shapes_are_clear_errors():
+    with pytest.raises(ValueError, match="LAYOUT:PRECISION"):
+        parse_candidates("NHWC-fp32")
+    with pytest.raises(ValueError, match="Unknown precision policy"):
+        parse_candidates("NHWC:fp8")
+    with pytest.raises(ValueError, match="HxWxC"):
+        cache_key("small_cnn", 2, "8by8")
+    with pytest.raises(ValueError, match="2 spatial sizes and a channel count"):
+        cache_key("small_cnn", 2, "8x8")
+
+
+def test_shape_watcher_warns_once_when_shapes_keep_changing():
+    watcher = ShapeWatcher(max_shapes=2)
+    assert watcher.observe((32, 8, 8, 1)) is True
+    assert watcher.observe((32, 8, 8, 1)) is False
+    assert watcher.observe(np.zeros((7, 8, 8, 1))) is True  # a last partial batch is normal
+    with pytest.warns(ShapeChurnWarning, match="3 different input shapes"):
+        watcher.observe((16, 8, 8, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert watcher.observe((8, 8, 8, 1)) is True  # warned already: silent
+    with pytest.raises(ValueError):
+        ShapeWatcher(max_shapes=0)

@@ -1,0 +1,153 @@
+"""Result files (CSV/JSON round trip), PyTorch ratios and plots, on hand-made rows."""
+
+import json
+
+import pytest
+
+from layoutlab.bench.plots import plot_all
+from layoutlab.bench.report import markdown_table
+from layoutlab.bench.results import (
+    FIELDS,
+    BenchResults,
+    add_torch_ratios,
+    load_results,
+    save_results,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _row(framework, layout, precision, cls, mode, batch, ips, **extra):
+    row = {
+        "framework": framework,
+        "model": "small_cnn",
+        "model_kwargs": json.dumps({"width": 4}),
+        "input_shape": "8x8x1",
+        "num_classes": 10,
+        "layout": layout,
+        "memory_format": None if framework == "layoutlab" else "channels_last",
+        "precision": precision,
+        "precision_class": cls,
+        "mode": mode,
+        "batch_size": batch,
+        "images_per_sec": ips,
+        "step_ms_median": batch / ips * 1e3,
+        "step_ms_min": batch / ips * 1e3 * 0.9,
+        "step_ms_max": batch / ips * 1e3 * 1.25,
+        "status": "ok",
+        "error": None,
+    }
+    row.update(extra)
+    return row
+
+
+def _rows():
+    rows = []
+    for batch in (2, 4):
+        for mode in ("infer", "train"):
+            rows += [
+                _row(
+                    "layoutlab",
+                    "NHWC",
+                    "fp32",
+                    "fp32",
+                    mode,
+                    batch,
+                    1000.0 * batch,
+                    compile_s=0.5,
+                    flops=1.5e6,
+                    temp_bytes=4096 * batch,
+                    argument_bytes=7000,
+                    transposes=3,
+                    converts=0,
+                ),
+                _row(
+                    "layoutlab",
+                    "NHWC",
+                    "mixed_bf16",
+                    "half",
+                    mode,
+                    batch,
+                    600.0 * batch,
+                    temp_bytes=2048 * batch,
+                    argument_bytes=7000,
+                ),
+                _row(
+                    "torch",
+                    "NCHW",
+                    "fp32",
+                    "fp32",
+                    mode,
+                    batch,
+                    400.0 * batch,
+                    memory_format="contiguous",
+                ),
+                _row("torch", "NHWC", "fp32", "fp32", mode, batch, 800.0 * batch),
+                _row("torch", "NHWC", "amp_bf16", "half", mode, batch, 300.0 * batch),
+            ]
+    rows.append(
+        {
+            **_row("layoutlab", "NCHW", "fp32", "fp32", "train", 512, 1.0),
+            "status": "oom",
+            "images_per_sec": None,
+            "error": "JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory",
+        }
+    )
+    return rows
+
+
+def test_ratio_is_layoutlab_over_best_torch_of_same_precision_class():
+    rows = add_torch_ratios(_rows())
+    by = {(r["framework"], r["precision"], r["mode"], r["batch_size"]): r for r in rows}
+    fp32 = by[("layoutlab", "fp32", "train", 4)]
+    # Best fp32 PyTorch is channels_last at 800*b images/s; layoutlab runs 1000*b.
+    assert fp32["ratio_vs_torch_best"] == pytest.approx(1000 / 800)
+    assert fp32["torch_best"] == "channels_last/fp32"
+    half = by[("layoutlab", "mixed_bf16", "infer", 2)]
+    # Half is compared with half only: amp_bf16 at 300*b, not fp32's 800*b.
+    assert half["ratio_vs_torch_best"] == pytest.approx(600 / 300)
+    oom = [r for r in rows if r["status"] == "oom"][0]
+    assert oom.get("ratio_vs_torch_best") is None
+    assert all(r.get("ratio_vs_torch_best") is None for r in rows if r["framework"] == "torch")
+
+
+def test_csv_and_json_round_trip(tmp_path):
+    machine = {"cpu_model": "test cpu", "versions": {"jax": "0"}, "load_average": [1.0, 0.5]}
+    results = BenchResults(machine, add_torch_ratios(_rows()), ["a note"])
+    save_results(tmp_path, results)
+    from_json = load_results(tmp_path)
+    from_csv = load_results(tmp_path, source="csv")
+    assert from_json.machine == machine == from_csv.machine
+    assert from_json.notes == ["a note"] == from_csv.notes
+    assert from_json.rows == from_csv.rows
+    assert list(from_json.rows[0]) == list(FIELDS)
+    # Values survive exactly, None included (not "" or "None").
+    original = {k: v for k, v in results.rows[0].items()}
+    assert {k: from_csv.rows[0][k] for k in original} == original
+    assert from_csv.rows[0]["temp_bytes"] == 8192 and from_csv.rows[0]["device_peak_bytes"] is None
+
+
+def test_load_results_missing_and_bad_columns(tmp_path):
+    with pytest.raises(FileNotFoundError, match="layoutlab bench"):
+        load_results(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="Unknown result columns"):
+        save_results(tmp_path, BenchResults({}, [{**_rows()[0], "speed": 1.0}]))
+
+
+def test_plots_are_written(tmp_path):
+    paths = plot_all(add_torch_ratios(_rows()), tmp_path)
+    assert sorted(p.name for p in paths) == ["memory.png", "ratio_vs_torch.png", "throughput.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000
+    # Without PyTorch rows there is no ratio chart.
+    only_ll = [r for r in _rows() if r["framework"] == "layoutlab"]
+    names = sorted(p.name for p in plot_all(only_ll, tmp_path / "ll"))
+    assert names == ["memory.png", "throughput.png"]
+
+
+def test_markdown_table_has_one_line_per_row_and_flags_failures():
+    rows = add_torch_ratios(_rows())
+    table = markdown_table(rows).splitlines()
+    assert len(table) == 2 + len(rows)
+    assert any("**oom**" in line and "| 512 |" in line for line in table)
+    assert any("| 1.25 |" in line for line in table)  # fp32 ratio 1000/800

@@ -1,0 +1,57 @@
+"""The timing primitives: AOT compile apart, blocked calls, and the recompilation guard."""
+
+import jax.numpy as jnp
+import pytest
+
+from layoutlab.bench.timing import JaxStep, RecompilationError, summarize
+
+
+def test_compile_reports_xla_cost_and_memory():
+    a = jnp.ones((8, 8), jnp.float32)
+    step = JaxStep(lambda x, y: x @ y, (a, a), backend="cpu")
+    fields = step.compile()
+    assert fields["compile_s"] > 0
+    # An 8x8 @ 8x8 matmul is 8*8*8 multiply-adds = 2 * 8**3 flops.
+    assert fields["flops"] == 2 * 8**3
+    # Two float32 8x8 arguments.
+    assert fields["argument_bytes"] == 2 * 8 * 8 * 4
+    assert fields["transposes"] == 0 and fields["converts"] == 0
+
+
+def test_stable_step_is_traced_once_and_carries_its_state():
+    step = JaxStep(
+        lambda s: (s + 1, s * 2), (jnp.zeros((), jnp.int32),), donate_argnums=(0,), carry=0
+    )
+    step.compile()
+    for _ in range(5):
+        step()
+    assert step.traces == 1
+    # The carried counter went 0 -> 5; the second output is 2 * (value before the call).
+    new_state, doubled = step.outputs
+    assert int(new_state) == 5 and int(doubled) == 8
+
+
+def test_guard_fails_a_step_that_retraces():
+    # The state comes back as float32 while it went in as int32: the next call's
+    # signature differs, so jit would trace and compile again on every dtype change.
+    step = JaxStep(
+        lambda s: (s.astype(jnp.float32) + jnp.float32(1),), (jnp.zeros((), jnp.int32),), carry=0
+    )
+    step.compile()
+    step()  # same signature as compiled: fine
+    with pytest.raises(RecompilationError, match="traced again"):
+        step()
+
+
+def test_call_before_compile_is_refused():
+    step = JaxStep(lambda x: x + 1, (jnp.zeros((2,), jnp.float32),))
+    with pytest.raises(RuntimeError, match="compile"):
+        step()
+
+
+def test_summarize_median_min_max_in_ms():
+    stats = summarize([0.003, 0.001, 0.002, 0.010])
+    assert stats.median_ms == pytest.approx(2.5)
+    assert (stats.min_ms, stats.max_ms, stats.repeats) == (pytest.approx(1.0), 10.0, 4)
+    with pytest.raises(ValueError):
+        summarize([])
