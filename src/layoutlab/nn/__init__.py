@@ -7,6 +7,7 @@ understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D la
 from layoutlab.nn.activation import ReLU, ReLU6
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv import Conv, ConvTranspose
+from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage
 from layoutlab.nn.convert import convert_layout
 from layoutlab.nn.linear import Dense, Dropout, Flatten
 from layoutlab.nn.norm import BatchNorm, GroupNorm
@@ -30,4 +31,6 @@ __all__ = [
     "ReLU6",
     "Upsample",
     "convert_layout",
+    "set_conv_algorithm",
+    "set_kernel_storage",
 ]

@@ -1,4 +1,10 @@
-"""Convolutions in any layout: kernels are stored in the layout's own kernel order."""
+"""Convolutions in any layout: kernels are stored in the layout's own kernel order.
+
+``Conv(algorithm=...)`` picks how a 2D conv is computed (``layoutlab.nn.conv_algos``); the
+default ``"xla"`` is XLA's native convolution. ``Conv(kernel_storage="channels_last")`` keeps
+the kernel as ``HWIO`` even in a channels-first model, the order XLA:CPU computes in, so
+no kernel transpose runs on each call.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,9 @@ from jax import lax
 
 from layoutlab.layout import Layout, channels_last, convert_kernel
 from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.conv_algos import AUTO, XLA, conv2d
+from layoutlab.nn.conv_algos.choices import forced_algorithm
+from layoutlab.nn.conv_algos.registry import check_name
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
@@ -31,6 +40,12 @@ class Conv(LayoutModule):
 
     The kernel is created in channels-last order (``HWIO``) and then moved to the layout's
     kernel order, so the same ``rngs`` give the same weights in every layout.
+
+    ``algorithm``: ``"xla"`` (default), ``"auto"`` (the choice table filled by
+    ``layoutlab.bench.conv_autotune``) or a name from ``conv_algos.algorithm_names()``;
+    2D only, and grouped, dilated or unsupported shapes run natively.
+    ``kernel_storage``: ``"layout"`` (default, the layout's kernel order, which torch weight
+    import and ``convert_layout`` expect) or ``"channels_last"`` (``HWIO`` in every layout).
     """
 
     def __init__(
@@ -47,10 +62,14 @@ class Conv(LayoutModule):
         layout: Layout | str = Layout.NHWC,
         policy: Policy | str | None = None,
         kernel_init=default_kernel_init,
+        algorithm: str = XLA,
+        kernel_storage: str = "layout",
         rngs: nnx.Rngs,
     ):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
+        self.algorithm = _check_algorithm(algorithm, n)
+        self.kernel_storage = _check_storage(kernel_storage)
         if in_features % groups or out_features % groups:
             raise ValueError(
                 f"Conv: in_features ({in_features}) and out_features ({out_features}) must "
@@ -66,7 +85,7 @@ class Conv(LayoutModule):
         hwio = (*self.kernel_size, in_features // groups, out_features)
         dtype = self.policy.param_dtype
         kernel = kernel_init(rngs.params(), hwio, dtype)
-        self.kernel = nnx.Param(convert_kernel(kernel, channels_last(n), self.layout))
+        self.kernel = nnx.Param(convert_kernel(kernel, channels_last(n), self._kernel_layout()))
         fan_in = math.prod(hwio[:-1])
         self.bias = (
             nnx.Param(_bias_init(rngs.params(), (out_features,), dtype, fan_in))
@@ -74,28 +93,90 @@ class Conv(LayoutModule):
             else None
         )
 
+    def _kernel_layout(self, layout: Layout | None = None) -> Layout:
+        """The layout whose kernel order the kernel is stored in."""
+        layout = layout or self.layout
+        if self.kernel_storage == "channels_last":
+            return channels_last(layout.num_spatial)
+        return layout
+
+    @property
+    def kernel_spec(self) -> str:
+        """The stored kernel's axis order, e.g. ``"OIHW"`` or ``"HWIO"``."""
+        return self._kernel_layout().kernel_layout
+
     def _convert_params(self, src: Layout, dst: Layout) -> None:
-        self.kernel.set_value(convert_kernel(self.kernel[...], src, dst))
+        self.kernel.set_value(
+            convert_kernel(self.kernel[...], self._kernel_layout(src), self._kernel_layout(dst))
+        )
+
+    def set_kernel_storage(self, storage: str) -> None:
+        """Move the stored kernel to ``storage`` (``"layout"`` or ``"channels_last"``)."""
+        storage = _check_storage(storage)
+        src = self._kernel_layout()
+        self.kernel_storage = storage
+        self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
+
+    def _uses_algorithms(self) -> bool:
+        if self.layout.num_spatial != 2:
+            return False
+        return self.algorithm != XLA or forced_algorithm() is not None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         self.layout.check_input(
             x.shape, self.in_features, f"Conv({self.in_features}->{self.out_features})"
         )
         dtype = self.policy.compute_dtype
-        y = lax.conv_general_dilated(
-            x.astype(dtype),
-            self.kernel[...].astype(dtype),
-            window_strides=self.strides,
-            padding=self.padding,
-            rhs_dilation=self.dilation,
-            dimension_numbers=self.layout.dimension_numbers,
-            feature_group_count=self.groups,
-            preferred_element_type=accumulation_dtype(self.policy),
-        )
+        if self._uses_algorithms():
+            y = conv2d(
+                x.astype(dtype),
+                self.kernel[...].astype(dtype),
+                strides=self.strides,
+                padding=self.padding,
+                dilation=self.dilation,
+                groups=self.groups,
+                layout=self.layout.value,
+                kernel_layout=self.kernel_spec,
+                algorithm=self.algorithm,
+                preferred_element_type=accumulation_dtype(self.policy),
+            )
+        else:
+            y = lax.conv_general_dilated(
+                x.astype(dtype),
+                self.kernel[...].astype(dtype),
+                window_strides=self.strides,
+                padding=self.padding,
+                rhs_dilation=self.dilation,
+                dimension_numbers=(self.layout.value, self.kernel_spec, self.layout.value),
+                feature_group_count=self.groups,
+                preferred_element_type=accumulation_dtype(self.policy),
+            )
         if self.bias is not None:
             bias = self.bias[...].astype(y.dtype)
             y = y + bias.reshape(channel_shape(y.ndim, self.layout.channel_axis, bias.shape[0]))
         return y.astype(dtype)
+
+
+_STORAGES = ("layout", "channels_last")
+
+
+def _check_storage(storage: str) -> str:
+    if storage not in _STORAGES:
+        raise ValueError(
+            f"Unknown kernel_storage {storage!r}; use 'layout' (the layout's kernel order) "
+            "or 'channels_last' (HWIO in every layout)."
+        )
+    return storage
+
+
+def _check_algorithm(algorithm: str, num_spatial: int) -> str:
+    check_name(algorithm)
+    if num_spatial != 2 and algorithm not in (XLA, AUTO):
+        raise ValueError(
+            f"Conv algorithm {algorithm!r} is for 2D convs; a {num_spatial}D conv runs XLA's "
+            "native convolution (algorithm='xla')."
+        )
+    return algorithm
 
 
 class ConvTranspose(LayoutModule):

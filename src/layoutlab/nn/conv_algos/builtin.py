@@ -1,0 +1,51 @@
+"""The built-in algorithms, registered on import."""
+
+from __future__ import annotations
+
+from layoutlab.nn.conv_algos import pointwise, space_to_depth, winograd
+from layoutlab.nn.conv_algos.composed import Methods, core
+from layoutlab.nn.conv_algos.native import native_conv, supports_all
+from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
+
+BUILTIN = (
+    Algorithm(XLA, native_conv, supports_all, "XLA's native convolution (the default)"),
+    Algorithm(
+        "im2col",
+        core(Methods("gemm", "col2im", "gemm")),
+        plain_2d,
+        "patches @ kernel GEMM; dW by per-offset GEMMs, dX = col2im(dY W^T)",
+    ),
+    Algorithm(
+        "gemm_dw",
+        core(Methods("native", "native", "gemm")),
+        plain_2d,
+        "XLA forward and input gradient, weight gradient by per-offset GEMMs",
+    ),
+    Algorithm(
+        "winograd2",
+        core(Methods("winograd2", "winograd2", "gemm")),
+        winograd.supports,
+        "Winograd F(2x2,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
+    ),
+    Algorithm(
+        "winograd4",
+        core(Methods("winograd4", "winograd4", "gemm")),
+        winograd.supports,
+        "Winograd F(4x4,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
+    ),
+    Algorithm(
+        "pointwise",
+        pointwise.pointwise_conv,
+        pointwise.supports,
+        "1x1 conv as strided slice + dot (JAX autodiff)",
+    ),
+    Algorithm(
+        "s2d",
+        space_to_depth.space_to_depth_conv,
+        space_to_depth.supports,
+        "stride-2 conv as a stride-1 conv on a space-to-depth input (JAX autodiff)",
+    ),
+)
+
+for _alg in BUILTIN:
+    register_algorithm(_alg, replace=True)

@@ -1,0 +1,134 @@
+"""``conv2d``: one 2D conv through a chosen algorithm, in either layout."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+from layoutlab.nn.conv_algos.choices import forced_algorithm, resolve_auto
+from layoutlab.nn.conv_algos.geometry import ConvSpec, make_spec, resolve_geometry
+from layoutlab.nn.conv_algos.native import native_conv
+from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name, get_algorithm
+from layoutlab.nn.padding import Padding
+
+_DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
+_RECORDERS: list[list[ConvSpec]] = []
+
+
+@contextlib.contextmanager
+def record_conv_specs() -> Iterator[list[ConvSpec]]:
+    """Collect the ``ConvSpec`` of every ``conv2d`` traced inside (in call order)."""
+    specs: list[ConvSpec] = []
+    _RECORDERS.append(specs)
+    try:
+        yield specs
+    finally:
+        _RECORDERS.remove(specs)
+
+
+class Selection(NamedTuple):
+    """What runs for one conv: ``name``, what was asked for, and why they differ."""
+
+    name: str
+    requested: str
+    reason: str | None
+
+
+def select_algorithm(spec: ConvSpec, requested: str = XLA) -> Selection:
+    """Resolve ``requested`` (or a forced override) for ``spec``; unsupported -> ``xla``."""
+    forced = forced_algorithm()
+    asked = forced if forced is not None else check_name(requested)
+    name = resolve_auto(spec.key()) if asked == AUTO else asked
+    reason = get_algorithm(name).supports(spec)
+    if reason is not None:
+        return Selection(XLA, asked, f"{name} does not support {reason}; using xla")
+    return Selection(name, asked, None)
+
+
+def _kernel_to_hwio(kernel, kernel_layout: str):
+    if kernel_layout == "HWIO":
+        return kernel
+    return jnp.transpose(kernel, tuple(kernel_layout.index(c) for c in "HWIO"))
+
+
+def _check_kernel_layout(kernel_layout: str) -> str:
+    if sorted(kernel_layout) != sorted("HWIO"):
+        raise ValueError(f"kernel_layout must be a permutation of 'HWIO', got {kernel_layout!r}.")
+    return kernel_layout
+
+
+def conv_spec(
+    x_shape,
+    kernel_shape,
+    *,
+    strides=1,
+    padding: Padding = "SAME",
+    dilation=1,
+    groups: int = 1,
+    layout: str = "NHWC",
+    kernel_layout: str | None = None,
+    dtype="float32",
+) -> ConvSpec:
+    """The ``ConvSpec`` (and so the autotune key) of a ``conv2d`` call."""
+    layout = str(getattr(layout, "value", layout)).upper()
+    if layout not in _DEFAULT_KERNEL:
+        raise ValueError(f"conv algorithms handle 2D layouts NHWC and NCHW, got {layout!r}.")
+    klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL[layout])
+    if len(x_shape) != 4 or len(kernel_shape) != 4:
+        raise ValueError(
+            f"conv2d needs rank-4 input and kernel, got shapes {tuple(x_shape)} and "
+            f"{tuple(kernel_shape)}."
+        )
+    ksize = (kernel_shape[klay.index("H")], kernel_shape[klay.index("W")])
+    out = kernel_shape[klay.index("O")]
+    spatial = (x_shape[1], x_shape[2]) if layout == "NHWC" else (x_shape[2], x_shape[3])
+    geom = resolve_geometry(spatial, ksize, strides, padding, dilation, groups)
+    return make_spec(tuple(x_shape), out, geom, dtype, layout)
+
+
+def conv2d(
+    x,
+    kernel,
+    *,
+    strides=1,
+    padding: Padding = "SAME",
+    dilation=1,
+    groups: int = 1,
+    layout: str = "NHWC",
+    kernel_layout: str | None = None,
+    algorithm: str = XLA,
+    preferred_element_type=None,
+):
+    """2D conv of ``x`` (``layout`` NHWC or NCHW) and ``kernel`` (``kernel_layout``, by
+    default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name or ``"auto"``).
+
+    Custom algorithms compute in NHWC/HWIO; NCHW inputs and kernels are transposed in and
+    out around them (XLA's CPU conv works channels-last too).
+    """
+    layout = str(getattr(layout, "value", layout)).upper()
+    klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
+    spec = conv_spec(
+        x.shape,
+        kernel.shape,
+        strides=strides,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        layout=layout,
+        kernel_layout=klay,
+        dtype=x.dtype,
+    )
+    for recorder in _RECORDERS:
+        recorder.append(spec)
+    chosen = select_algorithm(spec, algorithm)
+    if chosen.name == XLA:
+        return native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
+    core = get_algorithm(chosen.name).core
+    w = _kernel_to_hwio(kernel, klay)
+    if layout == "NCHW":
+        y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred_element_type)
+        return jnp.transpose(y, (0, 3, 1, 2))
+    return core(x, w, spec.geometry, preferred_element_type)

@@ -1,0 +1,110 @@
+"""im2col + GEMM: the conv as one matrix product over gathered patches.
+
+Forward: ``Y[(n,h,w), o] = P[(n,h,w), (i,j,c)] @ W[(i,j,c), o]``, ``P`` built from
+``kh * kw`` strided slices of the padded input. The gradients are GEMM-shaped too:
+``dW = P^T @ dY`` (one GEMM per kernel offset), and ``dX`` is ``dY @ W^T`` scattered back
+(col2im) with ``lax.pad``, whose interior padding places stride-``s`` rows without the
+``lhs_dilation`` convolution XLA would otherwise use for a strided conv's input gradient.
+
+Half precision: operands stay in their dtype and the products accumulate in
+``preferred_element_type`` (float32); the backward casts the cotangent to the operands'
+dtype first, as autocast does.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from layoutlab.nn.conv_algos.geometry import Geometry
+
+
+def pad_input(x, padding):
+    """Zero-pad the spatial axes of an NHWC array; negative pads crop."""
+    zero = jnp.zeros((), x.dtype)
+    return lax.pad(x, zero, ((0, 0, 0), *((lo, hi, 0) for lo, hi in padding), (0, 0, 0)))
+
+
+def patches(x, geom: Geometry, out_size):
+    """``(N, Ho, Wo, kh * kw * C)`` windows of NHWC ``x``, ordered like a flattened HWIO."""
+    xp = pad_input(x, geom.padding)
+    (kh, kw), (sh, sw), (ho, wo) = geom.kernel_size, geom.strides, out_size
+    cols = [
+        lax.slice(
+            xp,
+            (0, i, j, 0),
+            (xp.shape[0], i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1, xp.shape[3]),
+            (1, sh, sw, 1),
+        )
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    return cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+
+
+def _matmul(a, b, preferred):
+    """``a @ b`` contracting ``a``'s last and ``b``'s first axis."""
+    return lax.dot_general(
+        a, b, (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=preferred
+    )
+
+
+def im2col_forward(x, w, geom: Geometry, preferred):
+    out = geom.out_size(x.shape[1:3])
+    p = patches(x, geom, out)
+    return _matmul(p, w.reshape(-1, w.shape[-1]), preferred)
+
+
+def weight_grad(x, g, geom: Geometry, w_shape, preferred):
+    """``dW[i, j] = X_ij^T dY``: one GEMM per kernel offset over all ``N * Ho * Wo`` positions.
+
+    ``X_ij`` is the strided slice of the input seen by offset ``(i, j)``, taken from a
+    channel-major copy of the input so each GEMM reads a ``(C, N*Ho*Wo)`` row-major matrix
+    (XLA:CPU hands that form to its GEMM library, and the slices fuse into its operands
+    instead of materialising ``kh * kw`` copies of the input).
+    """
+    xt = jnp.transpose(pad_input(x, geom.padding), (3, 0, 1, 2))  # (C, N, Hp, Wp)
+    (kh, kw), (sh, sw) = geom.kernel_size, geom.strides
+    ho, wo = g.shape[1:3]
+    g2 = g.reshape(-1, g.shape[-1])
+    c = xt.shape[0]
+    parts = []
+    for i in range(kh):
+        for j in range(kw):
+            xs = lax.slice(
+                xt,
+                (0, 0, i, j),
+                (c, xt.shape[1], i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1),
+                (1, 1, sh, sw),
+            )
+            parts.append(_matmul(xs.reshape(c, -1), g2, preferred))
+    return jnp.stack(parts).reshape(w_shape)
+
+
+def col2im(dp, geom: Geometry, in_size):
+    """Sum the ``kh * kw`` patch gradients back onto the (unpadded) input positions."""
+    (kh, kw), (sh, sw) = geom.kernel_size, geom.strides
+    ho, wo = dp.shape[1:3]
+    c = dp.shape[-1] // (kh * kw)
+    zero = jnp.zeros((), dp.dtype)
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            k = i * kw + j
+            part = dp[..., k * c : (k + 1) * c]
+            # Patch row h came from padded row i + h * s, i.e. input row i + h * s - lo.
+            lo_h, lo_w = i - geom.padding[0][0], j - geom.padding[1][0]
+            hi_h = in_size[0] - (lo_h + (ho - 1) * sh + 1)
+            hi_w = in_size[1] - (lo_w + (wo - 1) * sw + 1)
+            placed = lax.pad(
+                part, zero, ((0, 0, 0), (lo_h, hi_h, sh - 1), (lo_w, hi_w, sw - 1), (0, 0, 0))
+            )
+            total = placed if total is None else total + placed
+    return total
+
+
+def input_grad(g, w, geom: Geometry, in_size, preferred):
+    """``dX = col2im(dY W^T)``."""
+    w2 = w.reshape(-1, w.shape[-1])
+    dp = lax.dot_general(g, w2, (((3,), (1,)), ((), ())), preferred_element_type=preferred)
+    return col2im(dp, geom, in_size)

@@ -1,0 +1,78 @@
+"""The table of convolution algorithms, by name.
+
+An algorithm computes a 2D conv on a channels-last input (``NHWC``) with an ``HWIO`` kernel;
+``dispatch.conv2d`` moves other layouts in and out. ``supports(spec)`` returns None when
+the algorithm handles ``spec`` and otherwise the reason it does not, and the conv then
+falls back to XLA's native convolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+
+# core(x_nhwc, w_hwio, geometry, preferred_element_type) -> y_nhwc
+Core = Callable[..., object]
+Supports = Callable[[ConvSpec], "str | None"]
+
+XLA = "xla"
+AUTO = "auto"
+
+
+class Algorithm(NamedTuple):
+    name: str
+    core: Core
+    supports: Supports
+    description: str
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Add ``algorithm`` to the table (``replace=True`` to overwrite a name)."""
+    if algorithm.name in (AUTO,):
+        raise ValueError(f"{algorithm.name!r} is reserved; pick another algorithm name.")
+    if algorithm.name in _REGISTRY and not replace:
+        raise ValueError(
+            f"conv algorithm {algorithm.name!r} is already registered; pass replace=True."
+        )
+    _REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def unregister_algorithm(name: str) -> None:
+    if name == XLA:
+        raise ValueError("the native 'xla' algorithm cannot be removed.")
+    _REGISTRY.pop(name, None)
+
+
+def algorithm_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"Unknown conv algorithm {name!r}; choose one of: {', '.join((AUTO, *_REGISTRY))}."
+        )
+    return _REGISTRY[name]
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is ``"auto"`` or registered, else a ``ValueError`` listing the names."""
+    if name != AUTO:
+        get_algorithm(name)
+    return name
+
+
+def plain_2d(spec: ConvSpec) -> str | None:
+    """The restriction every custom algorithm shares: ungrouped and undilated."""
+    g: Geometry = spec.geometry
+    if g.groups != 1:
+        return f"groups={g.groups} (grouped and depthwise convs run natively)"
+    if g.dilation != (1, 1):
+        return f"dilation={g.dilation} (dilated convs run natively)"
+    return None

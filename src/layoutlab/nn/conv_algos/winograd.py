@@ -1,0 +1,160 @@
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) for stride-1 3x3 convs, as batched GEMMs.
+
+The padded input is cut into overlapping ``a x a`` tiles (``a = m + 2``) with stride ``m``;
+each tile is transformed, ``V = B^T d B``, the kernel too, ``U = G g G^T``, and for each of
+the ``a * a`` tile positions one GEMM over (tiles x in-channels) x (in x out-channels) gives
+``M``; the inverse transform ``Y = A^T M A`` yields an ``m x m`` block of outputs per tile.
+That is ``a**2 / (9 m**2)`` of the direct conv's multiplies in the GEMMs (F(2,3): 0.44,
+F(4,3): 0.25), paid for with data movement in the transforms.
+
+The transforms run in float32 whatever the compute dtype (half precision is cast for the
+GEMM only), each as one small GEMM with the Kronecker product of the 1D matrices; the
+matrices' entries up to 8 (F(4,3)) make the rounding error larger than a direct conv's,
+which the tests and benchmarks measure.
+
+Backward (``composed``): the input gradient of a stride-1 3x3 conv is again a stride-1
+3x3 conv, of ``dY`` with the kernel flipped and its channels swapped, so it runs through
+Winograd too; the weight gradient is the per-offset GEMM of ``im2col.weight_grad``.
+(JAX can also differentiate ``winograd_forward`` itself; that was measured much slower for
+F(4x4, 3x3), see ``benchmarks/conv_algos.py``.)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from layoutlab.nn.conv_algos.geometry import ConvSpec
+from layoutlab.nn.conv_algos.im2col import pad_input
+from layoutlab.nn.conv_algos.registry import plain_2d
+
+# Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2016).
+_F2 = {
+    "BT": [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+    "G": [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+    "AT": [[1, 1, 1, 0], [0, 1, -1, -1]],
+}
+_F4 = {
+    "BT": [
+        [4, 0, -5, 0, 1, 0],
+        [0, -4, -4, 1, 1, 0],
+        [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0],
+        [0, 2, -1, -2, 1, 0],
+        [0, 4, 0, -5, 0, 1],
+    ],
+    "G": [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ],
+    "AT": [
+        [1, 1, 1, 1, 1, 0],
+        [0, 1, -1, 2, -2, 0],
+        [0, 1, 1, 4, 4, 0],
+        [0, 1, -1, 8, -8, 1],
+    ],
+}
+TRANSFORMS = {2: _F2, 4: _F4}
+
+
+def matrices(m: int) -> dict[str, np.ndarray]:
+    """``BT``, ``G``, ``AT`` of F(m x m, 3 x 3) as float64 arrays."""
+    if m not in TRANSFORMS:
+        raise ValueError(f"Winograd tile size m must be 2 or 4, got {m}.")
+    return {k: np.asarray(v, np.float64) for k, v in TRANSFORMS[m].items()}
+
+
+def supports(spec: ConvSpec) -> str | None:
+    reason = plain_2d(spec)
+    if reason:
+        return reason
+    g = spec.geometry
+    if g.kernel_size != (3, 3):
+        return f"kernel {g.kernel_size} (Winograd here is for 3x3 kernels)"
+    if g.strides != (1, 1):
+        return f"strides {g.strides} (Winograd needs stride 1)"
+    return None
+
+
+def _strided_tiles(xp, m: int, tiles):
+    """``(a*a, N, th, tw, C)``: the ``a x a`` tiles of ``xp`` at stride ``m``, one strided
+    slice per position inside the tile."""
+    a = m + 2
+    th, tw = tiles
+    n, c = xp.shape[0], xp.shape[3]
+    return jnp.stack(
+        [
+            lax.slice(
+                xp, (0, i, j, 0), (n, i + (th - 1) * m + 1, j + (tw - 1) * m + 1, c), (1, m, m, 1)
+            )
+            for i in range(a)
+            for j in range(a)
+        ]
+    )
+
+
+def _apply(kron: np.ndarray, t):
+    """``kron @ t`` over the leading (tile position) axis, in float32.
+
+    The 2D transform ``B^T d B`` of every tile is one product with ``B^T (x) B^T``: a GEMM
+    with a short (36 or 16) contraction, which XLA:CPU runs faster than unrolled sums.
+    """
+    flat = t.reshape(t.shape[0], -1)
+    out = lax.dot_general(
+        jnp.asarray(kron, jnp.float32),
+        flat,
+        (((1,), (0,)), ((), ())),
+        precision=lax.Precision.HIGHEST,
+    )
+    return out.reshape(kron.shape[0], *t.shape[1:])
+
+
+def input_tiles(x, m: int, padding, out_size):
+    """``V``: ``(a*a, N * th * tw, C)`` transformed tiles, in float32, and ``(th, tw)``."""
+    bt = matrices(m)["BT"]
+    th, tw = (-(-out_size[0] // m), -(-out_size[1] // m))
+    # Pad the high side further so that th * m rows of output have a full tile each.
+    h, w = x.shape[1:3]
+    (plh, _), (plw, _) = padding
+    extra = ((plh, th * m + 2 - h - plh), (plw, tw * m + 2 - w - plw))
+    d = _strided_tiles(pad_input(x.astype(jnp.float32), extra), m, (th, tw))
+    v = _apply(np.kron(bt, bt), d)
+    return v.reshape(v.shape[0], -1, x.shape[-1]), (th, tw)
+
+
+def kernel_tiles(w, m: int):
+    """``U = G g G^T`` for each (in, out) channel pair: ``(a*a, C, O)`` in float32."""
+    g = matrices(m)["G"]
+    u = _apply(np.kron(g, g), w.astype(jnp.float32).reshape(9, *w.shape[2:]))
+    return u
+
+
+def output_tiles(mm, m: int, n: int, tiles, out_size):
+    """``Y = A^T M A`` and untile: ``(a*a, N*th*tw, O)`` -> ``(N, Ho, Wo, O)``."""
+    at = matrices(m)["AT"]
+    th, tw = tiles
+    o = mm.shape[-1]
+    y = _apply(np.kron(at, at), mm).reshape(m, m, n, th, tw, o)
+    y = jnp.transpose(y, (2, 3, 0, 4, 1, 5)).reshape(n, th * m, tw * m, o)
+    return y[:, : out_size[0], : out_size[1], :]
+
+
+def winograd_forward(x, w, padding, m: int, preferred):
+    """Stride-1 3x3 conv of NHWC ``x`` and HWIO ``w`` with explicit ``padding`` pairs."""
+    out_size = tuple(n + lo + hi - 2 for n, (lo, hi) in zip(x.shape[1:3], padding, strict=True))
+    v, tiles = input_tiles(x, m, padding, out_size)
+    u = kernel_tiles(w, m)
+    compute = x.dtype
+    mm = lax.dot_general(
+        v.astype(compute),
+        u.astype(compute),
+        (((2,), (1,)), ((0,), (0,))),
+        preferred_element_type=jnp.float32,
+    )
+    y = output_tiles(mm, m, x.shape[0], tiles, out_size)
+    return y.astype(preferred if preferred is not None else compute)
