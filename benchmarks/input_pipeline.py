@@ -25,18 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from layoutlab.bench.machine import cpu_model
 from layoutlab.data import augment, get_dataset, prefetch_to_device, train_batches
 from layoutlab.layout import Layout, parse_layout
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def init_params(key, channels: int, classes: int, width: int, layout: Layout):

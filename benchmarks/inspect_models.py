@@ -21,6 +21,7 @@ import platform
 import time
 from pathlib import Path
 
+from layoutlab.bench.machine import cpu_model
 from layoutlab.xla import inspect_model
 from layoutlab.xla.command import parse_assignments
 
@@ -37,16 +38,6 @@ COLUMNS = (
     "temp_bytes",
     "compile_seconds",
 )
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine() -> dict:

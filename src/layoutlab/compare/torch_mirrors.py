@@ -21,6 +21,7 @@ import numpy as np
 
 from layoutlab.compare.layerwise import LayerOutput
 from layoutlab.compare.torch_weights import require_torch
+from layoutlab.models.mobilenet import make_divisible
 
 torch = require_torch()
 from torch import nn  # noqa: E402
@@ -244,13 +245,6 @@ class VGG(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
-def _make_divisible(v: float, divisor: int = 8) -> int:
-    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
-    if new_v < 0.9 * v:
-        new_v += divisor
-    return new_v
-
-
 class InvertedResidual(nn.Module):
     def __init__(self, inp, oup, stride, expand_ratio):
         super().__init__()
@@ -300,13 +294,13 @@ class MobileNetV2(nn.Module):
     ):
         super().__init__()
         del remat
-        cin = _make_divisible(32 * width_mult)
-        self.last_channel = _make_divisible(last_channel * max(1.0, width_mult))
+        cin = make_divisible(32 * width_mult)
+        self.last_channel = make_divisible(last_channel * max(1.0, width_mult))
         features: list[nn.Module] = [
             Conv2dNormActivation(in_channels, cin, stride=2, activation_layer=nn.ReLU6)
         ]
         for t, c, n, s in _MOBILENET_SETTINGS:
-            cout = _make_divisible(c * width_mult)
+            cout = make_divisible(c * width_mult)
             for i in range(n):
                 features.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
                 cin = cout
