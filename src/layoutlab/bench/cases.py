@@ -95,6 +95,13 @@ class JaxCase:
     workload: Workload
     layout: str  # canonical layout name, e.g. NHWC
     precision: str  # a precision policy name or spec
+    conv_algo: str = "xla"  # a layoutlab.nn.conv_algos name; "auto" autotunes per shape
+    kernel_storage: str = "layout"  # or "channels_last": HWIO kernels in every layout
+    xla_options: tuple[tuple[str, object], ...] = ()  # sorted XLA compile options
+
+    @property
+    def compiler_options(self) -> dict | None:
+        return dict(self.xla_options) or None
 
     def row(self) -> dict:
         from layoutlab.bench.results import precision_class
@@ -105,6 +112,9 @@ class JaxCase:
             "layout": self.layout,
             "precision": self.precision,
             "precision_class": precision_class(self.precision),
+            "conv_algo": self.conv_algo,
+            "kernel_storage": self.kernel_storage,
+            "xla_options": json.dumps(dict(self.xla_options), sort_keys=True),
         }
 
 

@@ -39,6 +39,29 @@ def _model_kwargs(args) -> dict:
     return kwargs
 
 
+def _xla_options(args) -> dict:
+    from layoutlab.xla.command import parse_assignments
+
+    return parse_assignments(args.xla_option, "--xla-option")
+
+
+def _add_conv_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kernel-storage",
+        default="layout",
+        choices=("layout", "channels_last"),
+        help="conv kernel order: the layout's (default) or HWIO in every layout, which "
+        "saves NCHW models a kernel transpose per conv per call on CPU",
+    )
+    p.add_argument(
+        "--xla-option",
+        action="append",
+        metavar="NAME=VALUE",
+        help="XLA compile option for layoutlab's steps, e.g. "
+        "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT (repeatable)",
+    )
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="registry name, e.g. resnet18 (see `models`)")
     p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
@@ -73,6 +96,10 @@ def run_bench(args: argparse.Namespace) -> int:
             torch_compile=args.torch_compile,
             max_step_s=args.max_step_seconds,
             note=args.note,
+            conv_algorithms=_csv(args.conv_algos),
+            kernel_storage=args.kernel_storage,
+            xla_options=_xla_options(args),
+            conv_tune_repeats=args.conv_tune_repeats,
         )
         results = run_sweep(config, log=_log)
     except ValueError as err:
@@ -86,6 +113,45 @@ def run_bench(args: argparse.Namespace) -> int:
     written = ["results.csv", "results.json", "machine.json"] + [p.name for p in plots]
     print(f"\nwrote {', '.join(written)} to {out}")
     return 0 if results.ok_rows() else 1
+
+
+def _algorithm_list() -> str:
+    from layoutlab.nn.conv_algos import algorithm_names
+
+    return ", ".join(algorithm_names())
+
+
+def run_conv_autotune(args: argparse.Namespace) -> int:
+    from layoutlab.bench.model_convs import autotune_registry_model
+
+    try:
+        results = autotune_registry_model(
+            args.model,
+            args.batch_size,
+            args.input_shape,
+            layout=args.layout,
+            precision=args.precision,
+            objective=args.objective,
+            kernel_storage=args.kernel_storage,
+            compiler_options=_xla_options(args),
+            model_kwargs=_model_kwargs(args),
+            num_classes=args.num_classes,
+            backend=args.backend,
+            repeats=args.repeats,
+            cache=args.cache,
+            refresh=args.force,
+        )
+    except (ValueError, RuntimeError) as err:
+        _err(str(err))
+        return 2
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=1))
+        return 0
+    for r in results:
+        print(r.table())
+    cached = sum(r.from_cache for r in results)
+    print(f"\n{len(results)} conv shapes ({cached} from the cache)")
+    return 0
 
 
 def run_autotune(args: argparse.Namespace) -> int:
@@ -136,6 +202,16 @@ def register(subparsers) -> None:
     p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
     p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")
     p.add_argument("--modes", default="infer,train", help="infer, train or both")
+    p.add_argument(
+        "--conv-algos",
+        default="xla",
+        help="layoutlab conv algorithms to compare, e.g. xla,auto (auto: autotuned per conv "
+        "shape, cached; see `conv-autotune`); one of: " + _algorithm_list(),
+    )
+    p.add_argument(
+        "--conv-tune-repeats", type=int, default=3, help="timing rounds per shape for auto"
+    )
+    _add_conv_args(p)
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
     p.add_argument(
         "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"
@@ -172,3 +248,27 @@ def register(subparsers) -> None:
     a.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
     a.add_argument("--json", action="store_true", help="print the full result as JSON")
     a.set_defaults(func=run_autotune)
+
+    c = subparsers.add_parser(
+        "conv-autotune",
+        help="pick the fastest conv algorithm for every conv shape of a model (cached)",
+        description=(
+            "For each conv shape the model runs at this batch size, input shape, layout and "
+            "precision: check every conv algorithm's output and gradients against float64 "
+            "NumPy, time the passing ones (interleaved), and cache the fastest on disk. "
+            "Models with Conv(algorithm='auto') (`bench --conv-algos auto`, "
+            "`train --conv-algo auto`) then use the choices."
+        ),
+    )
+    _add_model_args(c)
+    c.add_argument("--batch-size", type=int, required=True)
+    c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
+    c.add_argument("--layout", default="NHWC")
+    c.add_argument("--precision", default="fp32", help="policy preset or spec")
+    c.add_argument("--objective", choices=("train", "inference"), default="train")
+    _add_conv_args(c)
+    c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
+    c.add_argument("--cache", help="default: $LAYOUTLAB_CONV_AUTOTUNE_CACHE or ~/.cache/...")
+    c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    c.add_argument("--json", action="store_true", help="print every result as JSON")
+    c.set_defaults(func=run_conv_autotune)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -12,12 +15,14 @@ from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.memory import device_peak_bytes, peak_rss_bytes
 from layoutlab.bench.timing import JaxStep
 from layoutlab.loss_scale import get_loss_scale
+from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_config import configure_convs
 from layoutlab.precision import get_policy
 from layoutlab.train.skip import skip_nonfinite
 from layoutlab.train.state import create_train_state
 from layoutlab.train.steps import make_forward, make_train_step
 
-__all__ = ["JaxRunner", "build_model", "layout_images"]
+__all__ = ["JaxRunner", "build_model", "layout_images", "tune_convs"]
 
 # Plain SGD with momentum, as the PyTorch runner uses, so both sides do the same update.
 _LR, _MOMENTUM = 0.01, 0.9
@@ -32,10 +37,11 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
 
 
 def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
-    """The case's model; the same ``seed`` gives the same weights in every layout."""
+    """The case's model with its conv settings; the same ``seed`` gives the same weights in
+    every layout. ``conv_algo="auto"`` convs read the choice table (see ``tune_convs``)."""
     w = case.workload
     kwargs = {"in_channels": w.channels, **w.kwargs}
-    return models.create(
+    model = models.create(
         w.model,
         num_classes=w.num_classes,
         layout=case.layout,
@@ -43,14 +49,53 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
         rngs=nnx.Rngs(seed),
         **kwargs,
     )
+    return configure_convs(model, case.conv_algo, case.kernel_storage)
+
+
+def tune_convs(
+    model: nnx.Module, case: JaxCase, images, *, backend=None, repeats: int = 3, log=None
+) -> float:
+    """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
+    runs, for its mode and XLA options; returns the seconds it took."""
+    from layoutlab.bench.conv_autotune import autotune_model
+
+    t0 = time.perf_counter()
+    results = autotune_model(
+        model,
+        images,
+        objective="train" if case.workload.mode == "train" else "inference",
+        compiler_options=case.compiler_options,
+        backend=backend,
+        repeats=repeats,
+    )
+    seconds = time.perf_counter() - t0
+    if log is not None:
+        picked = Counter(r.choice for r in results)
+        cached = sum(r.from_cache for r in results)
+        log(
+            f"conv autotune {case.layout} {case.precision} {case.workload.mode}: "
+            f"{len(results)} shapes ({cached} cached), "
+            + ", ".join(f"{n} x{k}" for n, k in picked.most_common())
+            + f" ({seconds:.1f} s)"
+        )
+    return seconds
 
 
 class JaxRunner:
     """``setup()`` compiles (row fields out), ``step()`` runs one blocked step,
     ``finish()`` reports memory, ``close()`` frees the buffers."""
 
-    def __init__(self, case: JaxCase, *, backend: str | None = None, seed: int = 0):
+    def __init__(
+        self,
+        case: JaxCase,
+        *,
+        backend: str | None = None,
+        seed: int = 0,
+        conv_tune_repeats: int = 3,
+        log=None,
+    ):
         self.case, self.backend, self.seed = case, backend, seed
+        self.conv_tune_repeats, self.log = conv_tune_repeats, log
         self.step_fn: JaxStep | None = None
 
     def row(self) -> dict:
@@ -61,8 +106,19 @@ class JaxRunner:
         policy = get_policy(case.precision)
         tx = skip_nonfinite(optax.sgd(_LR, momentum=_MOMENTUM))
         loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
-        defs, state = create_train_state(build_model(case, self.seed), tx, loss_scale)
+        model = build_model(case, self.seed)
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
+        tune_s = None
+        if case.conv_algo == AUTO:
+            tune_s = tune_convs(
+                model,
+                case,
+                images,
+                backend=self.backend,
+                repeats=self.conv_tune_repeats,
+                log=self.log,
+            )
+        defs, state = create_train_state(model, tx, loss_scale)
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"
         if w.mode == "train":
             labels = jnp.asarray(w.labels(self.seed))
@@ -74,18 +130,23 @@ class JaxRunner:
                 carry=0,
                 backend=self.backend,
                 name=name,
+                compiler_options=case.compiler_options,
             )
         else:
             # Inference needs no optimizer state: leave it out of the arguments.
             forward = make_forward(defs)
             self.step_fn = JaxStep(
-                forward, (state._replace(opt_state=None), images), backend=self.backend, name=name
+                forward,
+                (state._replace(opt_state=None), images),
+                backend=self.backend,
+                name=name,
+                compiler_options=case.compiler_options,
             )
         fields = self.step_fn.compile()
         fields.pop("lower_s")
         fields.pop("alias_bytes")
         be = self.step_fn.backend
-        return {**fields, "backend": be.name, "device_kind": be.device_kind}
+        return {**fields, "backend": be.name, "device_kind": be.device_kind, "conv_tune_s": tune_s}
 
     def step(self) -> None:
         self.step_fn()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from layoutlab.bench.results import variant
+
 __all__ = ["plot_all", "plot_memory", "plot_ratios", "plot_throughput"]
 
 _STYLE = {"layoutlab": "-", "torch": "--", "torch.compile": ":"}
@@ -40,7 +42,8 @@ def _series(rows, value) -> dict:
     for r in rows:
         v = value(r)
         if v is not None:
-            lines[(r["framework"], r["layout"], r["precision"])].append((r["batch_size"], v))
+            key = (r["framework"], r["layout"], f"{r['precision']} {variant(r)}".strip())
+            lines[key].append((r["batch_size"], v))
     return {k: sorted(v) for k, v in sorted(lines.items())}
 
 
@@ -106,8 +109,13 @@ def plot_ratios(rows, path) -> Path | None:
         return None
     from matplotlib.ticker import FuncFormatter
 
-    rows = sorted(rows, key=lambda r: (r["mode"], r["batch_size"], r["precision"], r["layout"]))
-    labels = [f"{r['mode']} b{r['batch_size']}\n{r['layout']} {r['precision']}" for r in rows]
+    rows = sorted(
+        rows, key=lambda r: (r["mode"], r["batch_size"], r["precision"], r["layout"], variant(r))
+    )
+    labels = [
+        f"{r['mode']} b{r['batch_size']}\n{r['layout']} {r['precision']}\n{variant(r)}".strip()
+        for r in rows
+    ]
     ratios = [r["ratio_vs_torch_best"] for r in rows]
     fig = _figure(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
     ax = fig.subplots()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from layoutlab.bench.results import variant
+
 __all__ = ["markdown_table"]
 
 
@@ -10,12 +12,13 @@ def _num(value, fmt: str) -> str:
 
 
 def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
-    """One line per row: configuration, images/s, median/min/max ms, compile s, ratio."""
+    """One line per row: configuration (``variant``: conv algorithm, kernel storage, XLA
+    options when not the defaults), images/s, median/min/max ms, compile s, ratio."""
     header = (
-        "| framework | mode | batch | layout | precision | images/s | step ms median "
+        "| framework | mode | batch | layout | precision | variant | images/s | step ms median "
         "(min-max) | compile s | vs PyTorch best | status |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     order = lambda r: (
         r["mode"],
         r["batch_size"],
@@ -23,6 +26,7 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
         r["framework"],
         r["layout"],
         r["precision"],
+        variant(r),
     )
     for r in sorted(rows, key=order):
         if frameworks is not None and r["framework"] not in frameworks:
@@ -34,7 +38,7 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
         status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
         lines.append(
             f"| {r['framework']} | {r['mode']} | {r['batch_size']} | {r['layout']} | "
-            f"{r['precision']} | {_num(r.get('images_per_sec'), '.1f')} | {ms} | "
+            f"{r['precision']} | {variant(r)} | {_num(r.get('images_per_sec'), '.1f')} | {ms} | "
             f"{_num(r.get('compile_s'), '.1f')} | {ratio} | {status} |"
         )
     return "\n".join(lines)

@@ -18,6 +18,7 @@ __all__ = [
     "BenchResults",
     "FIELDS",
     "add_torch_ratios",
+    "variant",
     "load_results",
     "precision_class",
     "save_results",
@@ -34,6 +35,9 @@ _SCHEMA: dict[str, type] = {
     "memory_format": str,  # torch only: contiguous | channels_last
     "precision": str,  # layoutlab policy name, or torch fp32 | amp_bf16 | amp_fp16
     "precision_class": str,  # fp32 | half
+    "conv_algo": str,  # layoutlab only: the Conv algorithm (xla, im2col, ..., auto)
+    "kernel_storage": str,  # layoutlab only: layout | channels_last
+    "xla_options": str,  # layoutlab only: JSON of the XLA compile options
     "mode": str,  # infer | train
     "batch_size": int,
     "backend": str,
@@ -45,6 +49,7 @@ _SCHEMA: dict[str, type] = {
     "step_ms_min": float,
     "step_ms_max": float,
     "compile_s": float,
+    "conv_tune_s": float,  # layoutlab, conv_algo auto: seconds autotuning (0 when cached)
     "flops": float,
     "gflops_per_sec": float,
     "temp_bytes": int,
@@ -84,6 +89,22 @@ def precision_class(precision: str) -> str:
     from layoutlab.precision import get_policy
 
     return "half" if get_policy(precision).is_half else "fp32"
+
+
+def variant(row: dict) -> str:
+    """A layoutlab row's conv and XLA settings in short, e.g. ``auto+hwio +ynn_fusion``;
+    ``""`` for defaults and for PyTorch rows."""
+    if row.get("framework") != "layoutlab":
+        return ""
+    parts = []
+    algo = row.get("conv_algo") or "xla"
+    storage = row.get("kernel_storage") or "layout"
+    if algo != "xla" or storage != "layout":
+        parts.append(algo + ("+hwio" if storage == "channels_last" else ""))
+    options = json.loads(row.get("xla_options") or "{}")
+    # Option names without their common prefix keep the label short but recognisable.
+    parts += [f"+{name.removeprefix('xla_cpu_').removeprefix('xla_gpu_')}" for name in options]
+    return " ".join(parts)
 
 
 def _clean(value: Any) -> Any:

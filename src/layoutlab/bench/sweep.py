@@ -15,18 +15,29 @@ import inspect
 import itertools
 from collections.abc import Callable, Sequence
 
+import jax
+import numpy as np
 from flax import nnx
 
 from layoutlab import models
 from layoutlab.bench.cases import MODES, JaxCase, TorchCase, Workload, make_workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.bench.results import BenchResults, add_torch_ratios, precision_class
+from layoutlab.bench.results import BenchResults, add_torch_ratios, precision_class, variant
 from layoutlab.bench.status import OK, SKIPPED, classify_failure
 from layoutlab.bench.timing import summarize, timed
+from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.xla import resolve_backend
+from layoutlab.xla.flags import normalize_flags, translate_compile_error
 
-__all__ = ["SweepConfig", "resolve_input", "run_group", "run_sweep", "validate"]
+__all__ = [
+    "SweepConfig",
+    "check_compile_options",
+    "resolve_input",
+    "run_group",
+    "run_sweep",
+    "validate",
+]
 
 MEMORY_FORMATS = ("contiguous", "channels_last")
 
@@ -34,7 +45,10 @@ MEMORY_FORMATS = ("contiguous", "channels_last")
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
     """What to measure. ``image_size``: spatial sizes (None: the model's default, 224 for
-    an ImageNet stem); ``num_classes`` None: 1000 for an ImageNet stem, else 10."""
+    an ImageNet stem); ``num_classes`` None: 1000 for an ImageNet stem, else 10.
+    ``xla_options``: XLA compile options for layoutlab's steps (and its conv autotuning),
+    e.g. ``{"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}``.
+    """
 
     model: str
     layouts: Sequence[str] = ("NHWC", "NCHW")
@@ -52,6 +66,12 @@ class SweepConfig:
     torch_compile: bool = False
     max_step_s: float | None = None  # skip configurations whose steps take longer
     note: str | None = None
+    # layoutlab's conv settings: each algorithm is one more configuration ("auto": tuned
+    # per conv shape, cached); the kernel storage and XLA compile options apply to all.
+    conv_algorithms: Sequence[str] = ("xla",)
+    kernel_storage: str = "layout"
+    xla_options: dict = dataclasses.field(default_factory=dict)
+    conv_tune_repeats: int = 3
 
 
 def _builder_default(name: str, option: str):
@@ -122,7 +142,16 @@ def validate(config: SweepConfig) -> SweepConfig:
             f"Need repeats >= 1 and warmup >= 0, got repeats={config.repeats}, "
             f"warmup={config.warmup}."
         )
-    resolve_backend(config.backend)  # unknown or absent backend: BackendError (ValueError)
+    backend = resolve_backend(config.backend)  # unknown or absent: BackendError (ValueError)
+    algos = tuple(dict.fromkeys(config.conv_algorithms))
+    if not algos:
+        raise ValueError("conv_algorithms is empty; give at least one, e.g. xla.")
+    for name in algos:
+        check_conv_options(name, None)
+    check_conv_options(None, config.kernel_storage)
+    if config.conv_tune_repeats < 1:
+        raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")
+    xla_options = check_compile_options(config.xla_options, backend.name)
     shape, classes = resolve_input(
         config.model, config.model_kwargs, config.image_size, config.channels, config.num_classes
     )
@@ -142,7 +171,25 @@ def validate(config: SweepConfig) -> SweepConfig:
         image_size=shape[:-1],
         channels=shape[-1],
         num_classes=classes,
+        conv_algorithms=algos,
+        xla_options=xla_options,
     )
+
+
+def check_compile_options(options: dict | None, backend: str | None = None) -> dict:
+    """``options`` normalised, after XLA accepted them on a one-op program: a misspelt name
+    or a badly typed value fails here, naming the flag, instead of in every configuration."""
+    opts = normalize_flags(options)
+    if opts:
+        x = jax.device_put(np.float32(1), resolve_backend(backend).device)
+        try:
+            jax.jit(lambda v: v + 1).lower(x).compile(compiler_options=opts)
+        except Exception as err:
+            translated = translate_compile_error(err, opts, backend)
+            if translated is None:
+                raise
+            raise translated from None
+    return opts
 
 
 def _interleave(*lists):
@@ -157,11 +204,13 @@ def _groups(config: SweepConfig, torch_device: str | None):
         w: Workload = make_workload(
             config.model, config.model_kwargs, shape, config.num_classes, mode, batch
         )
+        options = tuple(sorted(config.xla_options.items()))
         jax_cases = [
-            JaxCase(w, layout, p)
+            JaxCase(w, layout, p, algo, config.kernel_storage, options)
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts
+            for algo in config.conv_algorithms
         ]
         torch_cases = []
         if torch_device is not None:
@@ -285,10 +334,11 @@ def _predicted_step_s(row: dict, history: list[tuple[dict, float]]) -> tuple[flo
     earlier run of the same framework, layout and precision: the same mode at the largest
     smaller batch, else an inference run (times ``_TRAIN_OVER_INFER`` for training)."""
     keys = ("framework", "layout", "precision", "model", "model_kwargs", "input_shape")
+    keys += ("conv_algo", "kernel_storage", "xla_options", "memory_format")
     same = [
         (past, seconds)
         for past, seconds in history
-        if all(past[k] == row[k] for k in keys) and past["batch_size"] <= row["batch_size"]
+        if all(past.get(k) == row.get(k) for k in keys) and past["batch_size"] <= row["batch_size"]
     ]
     for mode in (row["mode"], "infer"):
         runs = [(p, t) for p, t in same if p["mode"] == mode]
@@ -312,7 +362,7 @@ def _skip_row(runner, guess: float, past: dict, limit: float) -> dict:
 def _describe(row: dict) -> str:
     what = (
         f"{row['framework']:<13} {row['mode']:<5} b={row['batch_size']:<4} "
-        f"{row['layout']:<5} {row['precision']:<10}"
+        f"{row['layout']:<5} {row['precision']:<10} {variant(row)}"
     )
     if row["status"] != OK:
         return f"{what} {row['status'].upper()}: {(row.get('error') or '')[:160]}"
@@ -356,7 +406,9 @@ def run_sweep(
     if jax_runner is None:
         from layoutlab.bench.jax_runner import JaxRunner
 
-        jax_runner = lambda case: JaxRunner(case, backend=config.backend)
+        jax_runner = lambda case: JaxRunner(
+            case, backend=config.backend, conv_tune_repeats=config.conv_tune_repeats, log=log
+        )
     if torch_runner is None and device is not None:
         from layoutlab.bench.torch_runner import TorchRunner
 

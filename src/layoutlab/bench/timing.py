@@ -59,6 +59,7 @@ class JaxStep:
 
     ``carry``: the output index fed back as argument 0 on the next call (a train step's new
     state), or None when the arguments stay the same. ``donate_argnums`` go to ``jax.jit``.
+    ``compiler_options``: XLA options for this executable only.
     """
 
     def __init__(
@@ -70,8 +71,10 @@ class JaxStep:
         carry: int | None = None,
         backend: str | None = None,
         name: str | None = None,
+        compiler_options: dict | None = None,
     ):
         self.name = name or getattr(fn, "__name__", "step")
+        self.compiler_options = dict(compiler_options or {}) or None
         self.backend = resolve_backend(backend)
         self.traces = 0
         self.carry = carry
@@ -81,7 +84,12 @@ class JaxStep:
             self.traces += 1  # runs only while JAX traces, never in the compiled step
             return fn(*a)
 
-        self._jitted = jax.jit(counted, donate_argnums=tuple(donate_argnums))
+        # Options given to jit (not to compile()) so that calls reuse the AOT executable.
+        self._jitted = jax.jit(
+            counted,
+            donate_argnums=tuple(donate_argnums),
+            compiler_options=self.compiler_options,
+        )
         self._args = list(jax.device_put(tuple(args), self.backend.device))
         self.compiled = None
 

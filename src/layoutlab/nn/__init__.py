@@ -7,7 +7,13 @@ understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D la
 from layoutlab.nn.activation import ReLU, ReLU6
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv import Conv, ConvTranspose
-from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage
+from layoutlab.nn.conv import KERNEL_STORAGES
+from layoutlab.nn.conv_config import (
+    check_conv_options,
+    configure_convs,
+    set_conv_algorithm,
+    set_kernel_storage,
+)
 from layoutlab.nn.convert import convert_layout
 from layoutlab.nn.linear import Dense, Dropout, Flatten
 from layoutlab.nn.norm import BatchNorm, GroupNorm
@@ -25,11 +31,14 @@ __all__ = [
     "Flatten",
     "GlobalAvgPool",
     "GroupNorm",
+    "KERNEL_STORAGES",
     "LayoutModule",
     "MaxPool",
     "ReLU",
     "ReLU6",
     "Upsample",
+    "check_conv_options",
+    "configure_convs",
     "convert_layout",
     "set_conv_algorithm",
     "set_kernel_storage",

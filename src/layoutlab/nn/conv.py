@@ -69,7 +69,7 @@ class Conv(LayoutModule):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
         self.algorithm = _check_algorithm(algorithm, n)
-        self.kernel_storage = _check_storage(kernel_storage)
+        self.kernel_storage = check_kernel_storage(kernel_storage)
         if in_features % groups or out_features % groups:
             raise ValueError(
                 f"Conv: in_features ({in_features}) and out_features ({out_features}) must "
@@ -112,7 +112,7 @@ class Conv(LayoutModule):
 
     def set_kernel_storage(self, storage: str) -> None:
         """Move the stored kernel to ``storage`` (``"layout"`` or ``"channels_last"``)."""
-        storage = _check_storage(storage)
+        storage = check_kernel_storage(storage)
         src = self._kernel_layout()
         self.kernel_storage = storage
         self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
@@ -157,11 +157,11 @@ class Conv(LayoutModule):
         return y.astype(dtype)
 
 
-_STORAGES = ("layout", "channels_last")
+KERNEL_STORAGES = ("layout", "channels_last")
 
 
-def _check_storage(storage: str) -> str:
-    if storage not in _STORAGES:
+def check_kernel_storage(storage: str) -> str:
+    if storage not in KERNEL_STORAGES:
         raise ValueError(
             f"Unknown kernel_storage {storage!r}; use 'layout' (the layout's kernel order) "
             "or 'channels_last' (HWIO in every layout)."

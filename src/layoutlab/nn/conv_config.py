@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.nn.conv import Conv
+from layoutlab.nn.conv import KERNEL_STORAGES, Conv, check_kernel_storage
 from layoutlab.nn.conv_algos.choices import force_conv_algorithm, get_choice
 from layoutlab.nn.conv_algos.dispatch import record_conv_specs
 from layoutlab.nn.conv_algos.geometry import ConvSpec
@@ -51,6 +51,28 @@ def set_kernel_storage(model: nnx.Module, storage: str) -> nnx.Module:
     """
     for _, conv in _require_convs(model, "store kernels of"):
         conv.set_kernel_storage(storage)
+    return model
+
+
+def check_conv_options(algorithm: str | None = None, kernel_storage: str | None = None) -> None:
+    """Raise ``ValueError`` naming the fix for an unknown algorithm or kernel storage, before
+    any model is built (``None``: not given)."""
+    if algorithm is not None:
+        check_name(algorithm)
+    if kernel_storage is not None:
+        check_kernel_storage(kernel_storage)
+
+
+def configure_convs(
+    model: nnx.Module, algorithm: str | None = None, kernel_storage: str | None = None
+) -> nnx.Module:
+    """``set_conv_algorithm`` and ``set_kernel_storage`` in one call; ``None`` leaves that
+    setting alone, and a model without ``Conv`` layers is fine when both are defaults
+    (``"xla"`` / ``"layout"``), so callers can pass their options through unconditionally."""
+    if algorithm is not None and (algorithm != XLA or convs(model)):
+        set_conv_algorithm(model, algorithm)
+    if kernel_storage is not None and (kernel_storage != "layout" or convs(model)):
+        set_kernel_storage(model, kernel_storage)
     return model
 
 

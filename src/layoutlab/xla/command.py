@@ -5,6 +5,7 @@ Examples::
     layoutlab inspect --model resnet18 --layout NCHW --precision mixed_bf16 --mode train
     layoutlab inspect --model resnet18 --tiny --compare-layouts --json out.json
     layoutlab inspect --model resnet18 --layout NCHW --auto-layout --dump-hlo hlo/
+    layoutlab inspect --model resnet18 --layout NCHW --kernel-storage channels_last
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def _inspect(args: argparse.Namespace):
         flags=parse_assignments(args.flag, "--flag") or None,
         model_kwargs=_model_kwargs(args),
         auto_layout=args.auto_layout,
+        conv_algorithm=args.conv_algo,
+        kernel_storage=args.kernel_storage,
     )
     if args.compare_layouts:
         return compare_model_layouts(args.model, **common)
@@ -125,6 +128,24 @@ def register(subparsers) -> None:
     p.add_argument("--image-size", type=int, default=None, help="spatial size (default: model's)")
     p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
     p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
+    p.add_argument(
+        "--conv-algo",
+        default="xla",
+        metavar="NAME",
+        help=(
+            "algorithm of every 2D conv: xla (default), auto (this process's choice table; "
+            "inspect does not autotune) or a name from layoutlab.nn.conv_algos"
+        ),
+    )
+    p.add_argument(
+        "--kernel-storage",
+        default="layout",
+        metavar="ORDER",
+        help=(
+            "conv kernel order: layout (default, the layout's own, OIHW for NCHW) or "
+            "channels_last (HWIO: no per-call kernel transposes in NCHW models on CPU)"
+        ),
+    )
     p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
     p.add_argument(
         "--model-arg",

@@ -15,6 +15,10 @@ compiles the inference forward or the full training step ahead of time with
 - fusions, XLA's flop and byte counts, the memory analysis, lowering and compile time,
   persistent-cache hit, the flags in force and the device.
 
+``conv_algorithm=`` and ``kernel_storage=`` set every conv's algorithm and kernel order first
+(``nn.configure_convs``): with ``kernel_storage="channels_last"`` a channels-first model keeps
+its kernels ``HWIO``, and the kernel transposes of every call leave the program.
+
 ``auto_layout=True`` compiles a second time with ``Layout.AUTO`` for every input and output
 and reports the layouts XLA chose for the parameters and the images, and what that removed.
 """
@@ -37,6 +41,13 @@ import optax
 from layoutlab import models
 from layoutlab.layout import channels_first, channels_last
 from layoutlab.loss_scale import get_loss_scale
+from layoutlab.nn.conv_algos import get_choice
+from layoutlab.nn.conv_config import (
+    check_conv_options,
+    configure_convs,
+    convs,
+    model_conv_specs,
+)
 from layoutlab.precision import get_policy
 from layoutlab.train.skip import skip_nonfinite
 from layoutlab.train.state import create_train_state
@@ -343,6 +354,11 @@ class ModelInspection:
     auto: CompileReport | None = None
     auto_error: str | None = None  # why the AUTO compile was refused, when it was
     kernel_shapes: set = dataclasses.field(default_factory=set, repr=False)
+    conv_algorithm: str = "xla"
+    kernel_storage: str = "layout"
+    # conv shapes with no entry in the "auto" choice table (they run xla); None unless auto
+    missing_choices: int | None = None
+    conv_shapes: int | None = None  # distinct 2D conv shapes, counted when auto
 
     # ----- derived views
 
@@ -438,6 +454,10 @@ class ModelInspection:
             "model": self.model,
             "layout": self.layout,
             "kernel_layout": self.kernel_layout,
+            "conv_algorithm": self.conv_algorithm,
+            "kernel_storage": self.kernel_storage,
+            "missing_choices": self.missing_choices,
+            "conv_shapes": self.conv_shapes,
             "precision": self.precision,
             "policy": self.policy,
             "mode": self.mode,
@@ -484,6 +504,12 @@ class ModelInspection:
     def file_stem(self) -> str:
         """``resnet18_NCHW_mixed_bf16_train_cpu``: a name for files about this report."""
         parts = (self.model, self.layout, self.precision, self.mode, self.report.platform)
+        # Non-default conv settings only, so the default names stay what they always were.
+        parts += tuple(
+            p
+            for p, default in ((self.conv_algorithm, "xla"), (self.kernel_storage, "layout"))
+            if p != default
+        )
         return "_".join(re.sub(r"[^\w.\-]+", "-", str(p)) for p in parts)
 
     def dump_hlo(self, folder: str | os.PathLike) -> list[str]:
@@ -509,6 +535,16 @@ class ModelInspection:
             f"{list(self.input_shape)}, on {self.backend} ({self.device})"
         )
 
+    def _conv_options_line(self) -> str:
+        line = f"  conv algorithm {self.conv_algorithm}; kernel storage {self.kernel_storage}"
+        if self.missing_choices is not None:
+            line += (
+                f"; auto: {self.missing_choices} of {self.conv_shapes} conv shapes have no "
+                "choice in this process's table and run xla (inspect does not autotune; fill "
+                "the table with layoutlab.bench.conv_autotune or nn.conv_algos.load_choices)"
+            )
+        return line
+
     def summary(self) -> str:
         r, t = self.report, self.totals()
         h = r.hlo
@@ -529,6 +565,7 @@ class ModelInspection:
             f"  logical layout {self.layout} (kernels {self.kernel_layout}); "
             f"{self.num_conv_kernels} conv layers, {t['convolutions']} convolutions in the "
             "compiled program",
+            self._conv_options_line(),
             f"  transposes: {t['transposes']} ({t['kernel_transposes']} kernel-shaped: conv "
             f"weights or their gradients; {t['activation_transposes']} of activations; "
             f"{t['other_transposes']} other), "
@@ -612,21 +649,44 @@ def _check_config(mode, batch_size, image_size, model_kwargs):
         )
 
 
-def build_abstract(name, layout, policy, tx, loss_scale, model_kwargs):
-    """``(defs, abstract_state)``: the model and its train state as shapes, computing nothing.
+def build_abstract(
+    name,
+    layout,
+    policy,
+    tx,
+    loss_scale,
+    model_kwargs,
+    *,
+    conv_algorithm=None,
+    kernel_storage=None,
+    images=None,
+):
+    """``(defs, abstract_state, missing)``: the model and its train state as shapes,
+    computing nothing, and, for ``conv_algorithm="auto"`` with ``images`` given,
+    ``(conv shapes with no choice, distinct conv shapes)`` (else None).
 
     Building inside ``jax.eval_shape`` skips the weight initialisation, whose many small
-    eager ops would otherwise each be compiled once; only shapes matter to a compile.
+    eager ops would otherwise each be compiled once; only shapes matter to a compile. The
+    conv settings are applied before the train state is made, so the state holds the kernels
+    in the stored order the compiled program reads.
     """
-    box = {}
+    box = {"missing": None}
 
     def build():
         model = models.create(name, layout=layout, policy=policy, **model_kwargs)
+        configure_convs(model, conv_algorithm, kernel_storage)
+        if conv_algorithm == "auto" and images is not None and _has_2d_convs(model):
+            specs = model_conv_specs(model, images)
+            box["missing"] = (sum(get_choice(s.key()) is None for s in specs), len(specs))
         box["defs"], state = create_train_state(model, tx, loss_scale)
         return state
 
     state = jax.eval_shape(build)
-    return box["defs"], state
+    return box["defs"], state, box["missing"]
+
+
+def _has_2d_convs(model) -> bool:
+    return any(conv.layout.num_spatial == 2 for _, conv in convs(model))
 
 
 def default_optimizer() -> optax.GradientTransformation:
@@ -648,10 +708,19 @@ def inspect_model(
     model_kwargs: dict | None = None,
     auto_layout: bool = False,
     num_classes: int = 10,
+    conv_algorithm: str = "xla",
+    kernel_storage: str = "layout",
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
-    ahead of time and report what XLA did with its layouts and precision."""
+    ahead of time and report what XLA did with its layouts and precision.
+
+    ``conv_algorithm`` (``"xla"``, ``"auto"`` or a name from
+    ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
+    ``"channels_last"``) are set on every conv (``nn.configure_convs``) before compiling.
+    ``"auto"`` reads this process's choice table as it stands; nothing is autotuned here.
+    """
     _check_config(mode, batch_size, image_size, model_kwargs)
+    check_conv_options(conv_algorithm, kernel_storage)
     be = resolve_backend(backend)  # fail fast, before anything is built
     s = models.spec(model)
     lay = models.resolve_layout(layout, s.num_spatial)
@@ -669,13 +738,21 @@ def inspect_model(
     loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
     tx = default_optimizer()
 
+    images = jax.ShapeDtypeStruct(shape, jnp.float32)
     t0 = time.perf_counter()
-    defs, state = build_abstract(
-        s.name, lay, policy, tx, loss_scale, dict(kwargs, num_classes=num_classes)
+    defs, state, missing = build_abstract(
+        s.name,
+        lay,
+        policy,
+        tx,
+        loss_scale,
+        dict(kwargs, num_classes=num_classes),
+        conv_algorithm=conv_algorithm,
+        kernel_storage=kernel_storage,
+        images=images,
     )
     build_seconds = time.perf_counter() - t0
 
-    images = jax.ShapeDtypeStruct(shape, jnp.float32)
     if mode == "infer":
         fn, args, donate = make_forward(defs), (state, images), ()
     else:
@@ -698,7 +775,11 @@ def inspect_model(
     return ModelInspection(
         model=s.name,
         layout=lay.value,
-        kernel_layout=lay.kernel_layout,
+        kernel_layout=(
+            channels_last(lay.num_spatial).kernel_layout
+            if kernel_storage == "channels_last"
+            else lay.kernel_layout
+        ),
         precision=str(precision),
         policy=str(policy),
         mode=mode,
@@ -712,6 +793,10 @@ def inspect_model(
         auto=auto,
         auto_error=auto_error,
         kernel_shapes=_kernel_shapes(state.params),
+        conv_algorithm=conv_algorithm,
+        kernel_storage=kernel_storage,
+        missing_choices=None if missing is None else missing[0],
+        conv_shapes=None if missing is None else missing[1],
     )
 
 
@@ -748,9 +833,16 @@ class ModelLayoutComparison:
     def summary(self) -> str:
         first = next(iter(self.inspections.values()))
         head = (
-            f"{first.model} {first.precision} {first.mode}, batch {first.batch_size}, on "
+            f"{first.model} {first.precision} {first.mode}, batch {first.batch_size}, conv "
+            f"algorithm {first.conv_algorithm}, kernel storage {first.kernel_storage}, on "
             f"{first.backend} ({first.device}): " + " vs ".join(self.inspections)
         )
+        for label, ins in self.inspections.items():
+            if ins.missing_choices is not None:
+                head += (
+                    f"\n{label}: {ins.missing_choices} of {ins.conv_shapes} conv shapes have no "
+                    "auto choice and run xla"
+                )
         return head + "\n" + self.table()
 
     def to_dict(self, **kw) -> dict:
@@ -772,7 +864,8 @@ def _cell(v) -> str:
 
 
 def compare_model_layouts(model: str, **kwargs) -> ModelLayoutComparison:
-    """``inspect_model`` in the channels-last and the channels-first layout of the model."""
+    """``inspect_model`` in the channels-last and the channels-first layout of the model;
+    ``kwargs`` (``conv_algorithm=``, ``kernel_storage=``, ...) go to both."""
     if "layout" in kwargs:
         raise ValueError("compare_model_layouts compiles both layouts; do not pass layout=.")
     s = models.spec(model)

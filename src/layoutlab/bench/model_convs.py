@@ -1,0 +1,86 @@
+"""Conv algorithm autotuning for a registry model: every conv shape it runs, one call.
+
+The Python side of ``layoutlab conv-autotune``; the choices land in the on-disk cache and in
+the table ``Conv(algorithm="auto")`` reads, so a later ``layoutlab bench --conv-algos auto``
+or ``layoutlab train --conv-algo auto`` with the same settings only reads the cache.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layoutlab import models
+from layoutlab.bench.cases import parse_shape
+from layoutlab.bench.conv_autotune import TuneResult, autotune_model
+from layoutlab.bench.sweep import check_compile_options, resolve_input
+from layoutlab.nn.conv_config import check_conv_options, configure_convs
+from layoutlab.precision import get_policy
+
+__all__ = ["autotune_registry_model"]
+
+
+def autotune_registry_model(
+    model: str,
+    batch_size: int,
+    input_shape=None,
+    *,
+    layout: str = "NHWC",
+    precision: str = "fp32",
+    objective: str = "train",
+    kernel_storage: str = "layout",
+    compiler_options: dict | None = None,
+    model_kwargs: dict | None = None,
+    num_classes: int | None = None,
+    backend: str | None = None,
+    repeats: int = 3,
+    cache=None,
+    refresh: bool = False,
+) -> list[TuneResult]:
+    """Tune the conv algorithm of every conv shape of ``model`` at this batch size, input
+    shape (``"HxWxC"`` or a tuple, channels last; None: the model's default), layout,
+    precision and XLA ``compiler_options``; returns one ``TuneResult`` per shape."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    kwargs = dict(model_kwargs or {})
+    spec = models.spec(model)
+    lay = models.resolve_layout(layout, spec.num_spatial)
+    policy = get_policy(precision)
+    check_conv_options(None, kernel_storage)
+    options = check_compile_options(compiler_options, backend) or None
+    shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
+    shape, classes = resolve_input(
+        model,
+        kwargs,
+        None if shape is None else shape[:-1],
+        None if shape is None else shape[-1],
+        num_classes,
+    )
+    # Built abstractly: only the conv shapes matter, no weights are initialised.
+    net = nnx.eval_shape(
+        lambda: configure_convs(
+            models.create(
+                model,
+                num_classes=classes,
+                layout=lay,
+                policy=policy,
+                in_channels=shape[-1],
+                rngs=nnx.Rngs(0),
+                **kwargs,
+            ),
+            None,
+            kernel_storage,
+        )
+    )
+    x = jax.ShapeDtypeStruct(lay.shape(batch_size, shape[-1], shape[:-1]), jnp.float32)
+    return autotune_model(
+        net,
+        x,
+        objective=objective,
+        compiler_options=options,
+        backend=backend,
+        repeats=repeats,
+        cache=cache,
+        refresh=refresh,
+    )

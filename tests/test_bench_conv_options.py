@@ -1,0 +1,184 @@
+"""Conv algorithms, kernel storage and XLA options in the benchmark sweep and its CLIs."""
+
+import argparse
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from layoutlab import models
+from layoutlab.bench import command
+from layoutlab.bench.jax_runner import JaxRunner, build_model
+from layoutlab.bench.results import load_results, variant
+from layoutlab.bench.sweep import SweepConfig, run_sweep
+from layoutlab.bench.timing import JaxStep
+from layoutlab.nn.conv_config import conv_settings
+
+TINY = models.spec("small_cnn").tiny
+EIGEN = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+def _cli(argv):
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"conv_algorithms": ("xla", "fft")}, "Unknown conv algorithm 'fft'"),
+        ({"conv_algorithms": ()}, "conv_algorithms is empty"),
+        ({"kernel_storage": "OIHW"}, "Unknown kernel_storage 'OIHW'"),
+        ({"xla_options": {"xla_cpu_no_such_flag": True}}, "xla_cpu_no_such_flag"),
+        ({"xla_options": {"xla_cpu_enable_fast_math": [1]}}, "use a bool, int, float or str"),
+        ({"conv_tune_repeats": 0}, "conv_tune_repeats"),
+    ],
+)
+def test_bad_conv_settings_fail_before_anything_runs(change, message):
+    config = SweepConfig("small_cnn", model_kwargs=TINY, modes=("infer",), **change)
+
+    def never(case):
+        raise AssertionError("a runner was built for an invalid sweep")
+
+    with pytest.raises(ValueError, match=message):
+        run_sweep(config, jax_runner=never)
+
+
+def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
+    seen = []
+
+    class Fake:
+        def __init__(self, case):
+            self.case = case
+            seen.append(case)
+
+        def row(self):
+            return self.case.row()
+
+        def setup(self):
+            return {}
+
+        def step(self):
+            pass
+
+        def finish(self):
+            return {}
+
+        def close(self):
+            pass
+
+    config = SweepConfig(
+        "small_cnn",
+        model_kwargs=TINY,
+        layouts=("NCHW",),
+        precisions=("fp32",),
+        modes=("infer",),
+        batch_sizes=(2,),
+        conv_algorithms=("xla", "im2col", "xla"),
+        kernel_storage="channels_last",
+        xla_options=EIGEN,
+        repeats=1,
+        warmup=0,
+    )
+    rows = run_sweep(config, jax_runner=Fake).rows
+    assert [c.conv_algo for c in seen] == ["xla", "im2col"]  # duplicates dropped
+    assert {r["kernel_storage"] for r in rows} == {"channels_last"}
+    assert all(json.loads(r["xla_options"]) == EIGEN for r in rows)
+    assert [variant(r) for r in rows] == [
+        "xla+hwio +experimental_ynn_fusion_type",
+        "im2col+hwio +experimental_ynn_fusion_type",
+    ]
+    assert variant({"framework": "torch", "conv_algo": "im2col"}) == ""
+
+
+def test_runner_applies_the_conv_settings_to_the_model_it_times():
+    config = SweepConfig(
+        "small_cnn",
+        model_kwargs=TINY,
+        layouts=("NCHW",),
+        precisions=("fp32",),
+        modes=("infer",),
+        batch_sizes=(2,),
+        conv_algorithms=("xla", "im2col"),
+        kernel_storage="channels_last",
+        repeats=1,
+        warmup=0,
+    )
+    hlo = {}
+
+    class Recording(JaxRunner):
+        def setup(self):
+            fields = super().setup()
+            hlo[self.case.conv_algo] = self.step_fn.compiled.as_text()
+            return fields
+
+    rows = run_sweep(config, jax_runner=lambda case: Recording(case, backend="cpu")).rows
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
+    # HWIO kernels in an NCHW model: every conv of the built model says so.
+    model = build_model(_case("im2col"))
+    assert set(conv_settings(model).values()) == {("im2col", "HWIO")}
+    # The setting reaches the compiled step: im2col replaces every convolution by patches
+    # and a dot, while the native algorithm keeps XLA convolutions.
+    assert " convolution(" in hlo["xla"]
+    assert " convolution(" not in hlo["im2col"]
+
+
+def _case(algo):
+    from layoutlab.bench.cases import JaxCase, make_workload
+
+    w = make_workload("small_cnn", TINY, (8, 8, 1), 10, "infer", 2)
+    return JaxCase(w, "NCHW", "fp32", algo, "channels_last")
+
+
+def test_compile_options_reach_the_executable():
+    bad = JaxStep(lambda x: x * 2, (jnp.ones(3),), compiler_options={"xla_cpu_bogus": 1})
+    with pytest.raises(Exception, match="xla_cpu_bogus"):
+        bad.compile()
+    good = JaxStep(
+        lambda x: x * 2, (jnp.ones(3),), compiler_options={"xla_cpu_enable_fast_math": False}
+    )
+    good.compile()
+    good()  # the call reuses the AOT executable: the guard would raise on a recompile
+    np.testing.assert_array_equal(np.asarray(good.outputs), np.full(3, 2.0, np.float32))
+
+
+def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "convs.json"
+    monkeypatch.setenv("LAYOUTLAB_CONV_AUTOTUNE_CACHE", str(cache))
+    common = ["--model", "small_cnn", "--tiny", "--backend", "cpu", "--kernel-storage",
+              "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false"]  # fmt: skip
+    tune = ["conv-autotune", *common, "--batch-size", "2", "--layout", "NCHW", "--repeats", "1",
+            "--objective", "inference"]  # fmt: skip
+    assert _cli(tune) == 0
+    out = capsys.readouterr().out
+    assert "(0 from the cache)" in out and "[inference] ->" in out
+    shapes = int(out.rsplit("\n", 2)[-2].split()[0])
+    assert _cli(tune) == 0  # same settings: every shape is read back from the cache
+    assert f"{shapes} conv shapes ({shapes} from the cache)" in capsys.readouterr().out
+
+    run = tmp_path / "run"
+    argv = ["bench", *common, "--layouts", "NCHW", "--precisions", "fp32", "--batch-sizes", "2",
+            "--modes", "infer", "--conv-algos", "xla,auto", "--repeats", "1", "--warmup", "0",
+            "--no-plots", "--out", str(run)]  # fmt: skip
+    assert _cli(argv) == 0
+    captured = capsys.readouterr()
+    assert f"{shapes} shapes ({shapes} cached)" in captured.err  # auto reused the tuning
+    rows = load_results(run, source="csv").rows
+    assert sorted(r["conv_algo"] for r in rows) == ["auto", "xla"]
+    assert all(r["status"] == "ok" for r in rows)
+    auto = next(r for r in rows if r["conv_algo"] == "auto")
+    assert auto["conv_tune_s"] is not None and auto["conv_tune_s"] >= 0
+    assert "| auto+hwio +enable_fast_math |" in captured.out
+
+
+def test_conv_autotune_cli_bad_input_is_a_clear_error(capsys):
+    argv = ["conv-autotune", "--model", "small_cnn", "--tiny", "--batch-size", "2",
+            "--layout", "NWHC"]  # fmt: skip
+    assert _cli(argv) == 2
+    assert "NWHC" in capsys.readouterr().err
+    argv = ["bench", "--model", "small_cnn", "--conv-algos", "fft", "--out", "unused"]
+    assert _cli(argv) == 2
+    assert "Unknown conv algorithm 'fft'" in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""``inspect_model`` / ``layoutlab inspect`` with conv settings: kernels stored channels-last
+remove the per-call kernel transposes of an NCHW model, im2col removes the convolutions,
+"auto" reports conv shapes the choice table lacks, and bad names are one-line errors."""
+
+import argparse
+import importlib
+import json
+import re
+
+import jax
+import pytest
+from flax import nnx
+
+from layoutlab import models
+from layoutlab.nn.conv_config import model_conv_specs
+from layoutlab.xla.command import register
+from layoutlab.xla.inspect import inspect_model
+
+# Tiny ResNet-18: 20 convs (stem, 8 blocks x 2, 3 downsample 1x1), 16x16 images.
+RESNET = dict(batch_size=2, image_size=16, model_kwargs=dict(models.spec("resnet18").tiny))
+RESNET_CONVS = 20
+# small_cnn tiny: 3 convs on 1x8x8 images, the cheapest model to compile.
+SMALL = dict(batch_size=2, model_kwargs=dict(models.spec("small_cnn").tiny))
+# The module (the package exports a function of the same name).
+choice_table = importlib.import_module("layoutlab.nn.conv_algos.choices")
+SMALL_CLI = ["--model", "small_cnn", "--tiny", "--batch-size", "2", "--layout", "NCHW"]
+
+
+def run_cli(argv, capsys):
+    parser = argparse.ArgumentParser(prog="layoutlab")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect", *argv])
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_channels_last_kernels_remove_per_call_kernel_transposes():
+    default = inspect_model("resnet18", layout="NCHW", **RESNET)
+    hwio = inspect_model("resnet18", layout="NCHW", kernel_storage="channels_last", **RESNET)
+    d, c = default.totals(), hwio.totals()
+    # XLA:CPU runs every conv as NHWC*HWIO, so with OIHW storage each of the 20 kernels is
+    # transposed on every call; the one other transpose is the image, NCHW -> NHWC.
+    assert d["convolutions"] == c["convolutions"] == RESNET_CONVS
+    assert d["kernel_transposes"] == RESNET_CONVS and d["transposes"] == RESNET_CONVS + 1
+    # HWIO storage is what the convs read: only the image transpose is left.
+    assert c["kernel_transposes"] == 0 and c["kernel_transpose_bytes"] == 0
+    assert c["transposes"] == c["memory_permutations"] == 1
+    # memory_permutations does not depend on kernel shapes: an independent check of the drop.
+    assert d["memory_permutations"] - c["memory_permutations"] == RESNET_CONVS
+
+    assert hwio.kernel_layout == "HWIO" and default.kernel_layout == "OIHW"
+    assert all(shape[:2] in ((3, 3), (1, 1)) for shape in hwio.kernel_shapes)
+    data = hwio.to_dict()
+    assert (data["conv_algorithm"], data["kernel_storage"]) == ("xla", "channels_last")
+    assert data["missing_choices"] is None
+    summary = hwio.summary()
+    assert "conv algorithm xla; kernel storage channels_last" in summary
+    assert "NCHW*HWIO->NCHW => NHWC*HWIO->NHWC" in summary
+    assert hwio.file_stem() == "resnet18_NCHW_fp32_infer_cpu_channels_last"
+    assert default.file_stem() == "resnet18_NCHW_fp32_infer_cpu"
+
+
+def test_im2col_leaves_no_convolutions():
+    ins = inspect_model("small_cnn", layout="NCHW", conv_algorithm="im2col", **SMALL)
+    t = ins.totals()
+    assert t["convolutions"] == 0
+    assert ins.hlo_before.totals()["convolutions"] == 0  # never written, not optimized away
+    assert ins.hlo.totals()["dots"] >= 3  # each conv became a matmul
+    assert ins.to_dict()["conv_algorithm"] == "im2col"
+    assert "conv algorithm im2col; kernel storage layout" in ins.summary()
+
+
+def test_auto_reads_the_choice_table_and_reports_missing_shapes(monkeypatch):
+    monkeypatch.setattr(choice_table, "_TABLE", {})  # this test's own, restored afterwards
+    # Abstract: eager weight init would compile many small ops.
+    kwargs = SMALL["model_kwargs"]
+    model = nnx.eval_shape(lambda: models.create("small_cnn", layout="NCHW", **kwargs))
+    specs = model_conv_specs(model, jax.ShapeDtypeStruct((2, 1, 8, 8), "float32"))
+    assert len(specs) == 3
+    choice_table.set_choice(specs[0].key(), "im2col")
+    ins = inspect_model("small_cnn", layout="NCHW", conv_algorithm="auto", **SMALL)
+    assert (ins.missing_choices, ins.conv_shapes) == (2, 3)
+    assert ins.totals()["convolutions"] == 2  # the first conv ran im2col
+    assert "auto: 2 of 3 conv shapes have no choice" in ins.summary()
+
+
+def test_cli_flags_are_used_and_shown(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    argv = [*SMALL_CLI, "--kernel-storage", "channels_last", "--conv-algo", "xla"]
+    code, out, err = run_cli([*argv, "--json", str(path)], capsys)
+    assert code == 0, err
+    assert "conv algorithm xla; kernel storage channels_last" in out
+    assert "(kernels HWIO)" in out
+    data = json.loads(path.read_text())
+    assert data["kernel_storage"] == "channels_last"
+    # small_cnn's 3 kernels, each transposed per call with OIHW storage (test_xla_cli), none here
+    assert data["totals"]["kernel_transposes"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--conv-algo", "fastest"], "Unknown conv algorithm 'fastest'; choose one of: auto, xla"),
+        (["--kernel-storage", "HWIO"], "Unknown kernel_storage 'HWIO'; use 'layout'"),
+    ],
+)
+def test_bad_conv_options_exit_2(argv, match, capsys):
+    code, out, err = run_cli([*SMALL_CLI, *argv], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert re.search(re.escape(match), lines[0]), lines[0]
+    assert "Traceback" not in err and out == ""
+
+
+def test_bad_conv_options_fail_before_building():
+    with pytest.raises(ValueError, match="Unknown kernel_storage"):
+        inspect_model("resnet18", kernel_storage="nchw", **RESNET)
