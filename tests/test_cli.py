@@ -16,6 +16,7 @@ def test_every_subcommand_is_registered():
         "compare",
         "bench",
         "autotune",
+        "conv-autotune",
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import sys
 
@@ -46,15 +47,64 @@ def _autotune_train(args: argparse.Namespace) -> None:
     print(f"autotune chose layout {args.layout}, precision {args.precision}")
 
 
+# Conv autotuning before training measures each candidate this many times (a cache-once
+# tune: medians of a few runs separate algorithms that differ enough to matter).
+_CONV_TUNE_REPEATS = 2
+_CONV_TUNE_WARMUP = 1
+
+
+def _autotune_train_convs(args: argparse.Namespace) -> None:
+    """``train --conv-algo auto``: tune every conv shape of the run's train step (cached on
+    disk) into the table its ``"auto"`` convs read when the step is traced."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from layoutlab import models
+    from layoutlab.bench.conv_autotune import autotune_model
+    from layoutlab.data import get_dataset
+    from layoutlab.nn.conv_algos import AUTO
+    from layoutlab.train.command import build_config
+    from layoutlab.train.config import validate
+    from layoutlab.train.loop import build_model, check_xla_options
+
+    config, _ = build_config(args)
+    if config.conv_algorithm != AUTO:
+        return
+    config = validate(config, jax.device_count())
+    # A rejected option would make every candidate fail to compile and cache "xla" for all.
+    check_xla_options(config.xla_options)
+    dataset = get_dataset(config.data, seed=config.seed)
+    h, w, c = dataset.image_shape
+    # The global batch: "auto" looks choices up by the shapes the jitted step traces.
+    shape = models.resolve_layout(config.layout, 2).shape(config.batch_size, c, (h, w))
+    # Abstract: the specs need shapes only, and an eager init compiles every initializer.
+    model = nnx.eval_shape(lambda: build_model(config, dataset))
+    results = autotune_model(
+        model,
+        jax.ShapeDtypeStruct(shape, jnp.float32),
+        objective="train",
+        compiler_options=config.xla_options or None,
+        repeats=_CONV_TUNE_REPEATS,
+        warmup=_CONV_TUNE_WARMUP,
+    )
+    cached = sum(r.from_cache for r in results)
+    counts = collections.Counter(r.choice for r in results)
+    summary = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+    print(f"conv autotune: {len(results)} shapes ({cached} cached): {summary}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if args.command == "train" and args.autotune:
+    if args.command == "train":
         try:
-            _autotune_train(args)
+            if args.autotune:
+                _autotune_train(args)  # layout and precision first: the conv shapes follow
+            _autotune_train_convs(args)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from layoutlab.nn import KERNEL_STORAGES
+from layoutlab.nn.conv_algos import AUTO, algorithm_names
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 
 __all__ = ["register", "run", "main"]
@@ -26,6 +28,8 @@ _FLAGS = {
     "lr": "learning_rate",
     "optimizer": "optimizer",
     "seed": "seed",
+    "conv_algo": "conv_algorithm",
+    "kernel_storage": "kernel_storage",
 }
 
 
@@ -67,11 +71,34 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "shape (cached per shape; see `layoutlab autotune`); overrides --layout/--precision",
     )
     p.add_argument(
+        "--conv-algo",
+        metavar="NAME",
+        help=f"algorithm of every 2D conv: {' | '.join((*algorithm_names(), AUTO))} "
+        f"(default {d.conv_algorithm}); '{AUTO}' first measures each conv shape of this run "
+        "(cached on disk, see $LAYOUTLAB_CONV_AUTOTUNE_CACHE) and runs the fastest",
+    )
+    p.add_argument(
+        "--kernel-storage",
+        metavar="STORAGE",
+        help=f"conv kernel order: {' | '.join(KERNEL_STORAGES)} (default {d.kernel_storage}); "
+        "channels_last keeps HWIO kernels in every layout, saving NCHW's kernel transposes",
+    )
+    p.add_argument(
+        "--xla-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="XLA compile option of the train, eval and init programs (repeatable; true/false, "
+        "numbers or text), e.g. xla_cpu_experimental_ynn_fusion_type="
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT (Eigen convs on XLA:CPU, faster NCHW training)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help=f"any config field ({', '.join(field_names())}; model_kwargs.NAME=VALUE)",
+        help=f"any config field ({', '.join(field_names())}; model_kwargs.NAME=VALUE, "
+        "xla_options.NAME=VALUE)",
     )
 
 
@@ -101,6 +128,12 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     ]
     if args.remat:
         overrides.append("remat=true")
+    for item in args.xla_option:
+        name, sep, value = item.partition("=")
+        name = name.strip().lstrip("-")  # --xla_foo=1 as in XLA_FLAGS
+        if not sep or not name:
+            raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
+        overrides.append(f"xla_options.{name}={value}")
     config = apply_overrides(config, overrides + list(args.set))
     workdir = args.workdir or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     return config, Path(workdir)

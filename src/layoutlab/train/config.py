@@ -18,6 +18,7 @@ from layoutlab import models
 from layoutlab.data import SPEC_FORMS
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.loss_scale import get_loss_scale
+from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 
 __all__ = [
@@ -71,6 +72,12 @@ class TrainConfig:
     keep_checkpoints: int = 3
     # None: True when there is more than one device.
     data_parallel: bool | None = None
+    # Every 2D conv's algorithm (layoutlab.nn.conv_algos.algorithm_names() or "auto": the
+    # autotuned per-shape choice) and its kernel storage ("layout" or "channels_last").
+    conv_algorithm: str = "xla"
+    kernel_storage: str = "layout"
+    # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs.
+    xla_options: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -165,27 +172,48 @@ def _parse_kwarg(text: str):
         return text.strip()
 
 
+def _parse_option(text: str) -> bool | int | float | str:
+    """An XLA option value: true/false (any case) -> bool, then int, then float, else str."""
+    raw = text.strip()
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+# Dict fields whose single entries ``FIELD.NAME=VALUE`` sets, with each value's parser.
+_DICT_ENTRIES = {"model_kwargs": _parse_kwarg, "xla_options": _parse_option}
+
+
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """``["epochs=3", "lr=..."]`` -> a new config; ``model_kwargs.width=8`` sets one kwarg."""
+    """``["epochs=3", "lr=..."]`` -> a new config; ``model_kwargs.width=8`` sets one kwarg
+    and ``xla_options.NAME=VALUE`` one XLA compile option."""
     changes: dict[str, Any] = {}
-    kwargs = dict(config.model_kwargs)
+    entries = {name: dict(getattr(config, name)) for name in _DICT_ENTRIES}
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"Override {item!r} is not of the form field=value.")
-        if key.startswith("model_kwargs."):
-            kwargs[key.removeprefix("model_kwargs.")] = _parse_kwarg(value)
+        field, dot, entry = key.partition(".")
+        if dot and field in _DICT_ENTRIES:
+            if not entry:
+                raise ValueError(f"Override {item!r} names no {field} entry ({field}.NAME=VALUE).")
+            entries[field][entry] = _DICT_ENTRIES[field](value)
             continue
         if key not in field_names():
             raise ValueError(
                 f"Unknown config field {key!r} in {item!r}; valid fields are: "
-                f"{', '.join(field_names())} (and model_kwargs.NAME)."
+                f"{', '.join(field_names())} (and model_kwargs.NAME, xla_options.NAME)."
             )
         changes[key] = _parse_text(key, value)
-        if key == "model_kwargs":
-            kwargs = dict(changes[key])
-    changes["model_kwargs"] = kwargs
+        if key in _DICT_ENTRIES:
+            entries[key] = dict(changes[key])
+    changes.update(entries)
     return dataclasses.replace(config, **changes)
 
 
@@ -290,6 +318,20 @@ def _check_names(config: TrainConfig) -> None:
         raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
 
 
+def _check_conv(config: TrainConfig) -> None:
+    try:
+        check_conv_options(config.conv_algorithm, config.kernel_storage)
+    except ValueError as e:
+        raise ValueError(f"conv settings: {e}") from None
+    for name, value in config.xla_options.items():
+        if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
+            raise ValueError(
+                f"xla_options must map XLA option names (str) to bool, int, float or str "
+                f"values, got {name!r}: {value!r}; e.g. "
+                '{"xla_cpu_enable_fast_math": false} (--xla-option NAME=VALUE).'
+            )
+
+
 def _check_devices(config: TrainConfig, num_devices: int) -> None:
     if not config.data_parallel:
         return
@@ -334,6 +376,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     _check_numbers(config)
     _check_names(config)
     _check_model(config)
+    _check_conv(config)
     config = resolve(config, num_devices)
     _check_devices(config, num_devices)
     return config

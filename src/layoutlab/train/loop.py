@@ -37,6 +37,8 @@ from layoutlab.data import (
 )
 from layoutlab.layout import parse_layout
 from layoutlab.loss_scale import get_loss_scale
+from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_config import configure_convs, missing_choices
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.config import TrainConfig, builder_options, validate
 from layoutlab.train.metrics import (
@@ -55,7 +57,14 @@ from layoutlab.train.skip import skipped_steps
 from layoutlab.train.state import TrainState, create_train_state, split_model
 from layoutlab.train.steps import make_eval_step, make_train_step
 
-__all__ = ["Plan", "build_model", "evaluate", "make_plan", "train_and_evaluate"]
+__all__ = [
+    "Plan",
+    "build_model",
+    "check_xla_options",
+    "evaluate",
+    "make_plan",
+    "train_and_evaluate",
+]
 
 PLOT_FILE = "metrics.png"
 CHECKPOINT_DIR = "checkpoints"
@@ -116,13 +125,20 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
 
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
-    """The configured model for ``dataset``'s classes and channels, seeded by ``config.seed``."""
+    """The configured model for ``dataset``'s classes and channels, seeded by ``config.seed``,
+    with the run's conv algorithm and kernel storage.
+
+    The kernels are initialized in the layout's order and then moved to ``kernel_storage``,
+    so both storages start from the same weights. Under ``jax.jit``/``eval_shape`` the move
+    is traced with the rest of the init: the state (and a checkpoint's abstract target) has
+    the stored kernel shapes, HWIO for ``"channels_last"``.
+    """
     kwargs = dict(config.model_kwargs)
     if "in_channels" in builder_options(config.model):
         kwargs.setdefault("in_channels", dataset.num_channels)
     if config.remat:
         kwargs["remat"] = True
-    return models.create(
+    model = models.create(
         config.model,
         num_classes=dataset.num_classes,
         layout=config.layout,
@@ -130,6 +146,39 @@ def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         rngs=nnx.Rngs(config.seed),
         **kwargs,
     )
+    return configure_convs(model, config.conv_algorithm, config.kernel_storage)
+
+
+def _xla_option_error(err: Exception, options: dict) -> ValueError | None:
+    """A ``ValueError`` naming ``options`` when XLA rejected one of them, else None."""
+    msg = str(err)
+    if not options or ("No such compile option" not in msg and "While setting option" not in msg):
+        return None
+    first = msg.strip().splitlines()[0]
+    return ValueError(
+        f"XLA rejected xla_options {options}: {first} (fix or drop the option: "
+        "--xla-option NAME=VALUE, or xla_options in config.json)"
+    )
+
+
+def _compile(lowered, options: dict, compiler_options: dict | None = None):
+    """``lowered.compile(compiler_options)`` with a rejected XLA option turned into a
+    ``ValueError`` naming the run's ``options`` instead of a runtime error."""
+    try:
+        return lowered.compile(compiler_options)
+    except (jax.errors.JaxRuntimeError, ValueError) as err:
+        clear = _xla_option_error(err, options)
+        if clear is None:
+            raise
+        raise clear from None
+
+
+def check_xla_options(options: dict) -> None:
+    """Raise the ``ValueError`` of ``train_and_evaluate`` if XLA rejects ``options`` (a name
+    it does not know, a value of the wrong type), by compiling a trivial program."""
+    if options:
+        lowered = jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0))
+        _compile(lowered, options)
 
 
 def _augment_fn(config: TrainConfig):
@@ -154,9 +203,30 @@ def _batch_spec(config: TrainConfig, dataset: Dataset, batch: int, sharding):
 
 def _compile_train_step(config, dataset, defs, tx, state, shard: Shardings):
     step = make_train_step(defs, tx, augment=_augment_fn(config))
-    jitted = jax.jit(step, donate_argnums=0, out_shardings=(shard.replicated, shard.replicated))
+    jitted = jax.jit(
+        step,
+        donate_argnums=0,
+        out_shardings=(shard.replicated, shard.replicated),
+        compiler_options=config.xla_options or None,
+    )
     images, labels = _batch_spec(config, dataset, config.batch_size, shard.batch)
-    return jitted.lower(state, images, labels).compile()
+    return _compile(jitted.lower(state, images, labels), config.xla_options)
+
+
+def _report_missing_choices(config, dataset, shard: Shardings, log) -> None:
+    """``"auto"`` convs without a choice in the process-wide table run XLA's native conv;
+    say how many, and how to tune them (bench/ sits above train/, so not from here)."""
+    if config.conv_algorithm != AUTO:
+        return
+    model = nnx.eval_shape(lambda: build_model(config, dataset))
+    images, _ = _batch_spec(config, dataset, config.batch_size, shard.batch)
+    missing = missing_choices(model, images)
+    if missing:
+        log(
+            f"conv_algorithm=auto: {len(missing)} conv shape(s) have no autotuned choice and "
+            "run XLA's native conv; `layoutlab train --conv-algo auto` tunes them, as does "
+            "layoutlab.bench.conv_autotune.autotune_model(model, x) before training."
+        )
 
 
 def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
@@ -256,7 +326,29 @@ def _abstract(init, sharding):
     )
 
 
-def _restore(ckpt: Checkpointer, abstract, plan: Plan, log) -> tuple[TrainState | None, int]:
+def _check_saved_storage(ckpt: Checkpointer, config: TrainConfig) -> None:
+    """Channels-first kernels are stored OIHW or HWIO: name a storage change on resume
+    instead of a shape mismatch (or, for square kernels, silently transposed weights)."""
+    steps = ckpt.steps()
+    if not steps or parse_layout(config.layout).is_channels_last:
+        return
+    try:
+        saved = ckpt.read_meta(steps[-1]).get("extra", {}).get("config", {})
+    except Exception:  # an unreadable checkpoint is restore_latest's to report and skip
+        return
+    storage = saved.get("kernel_storage", "layout")
+    if saved.get("layout") == config.layout and storage != config.kernel_storage:
+        raise ValueError(
+            f"{ckpt.step_dir(steps[-1])} holds conv kernels in kernel_storage={storage!r}, "
+            f"this run has kernel_storage={config.kernel_storage!r}; resume with "
+            f"--kernel-storage {storage} (the run's config.json has it)."
+        )
+
+
+def _restore(
+    ckpt: Checkpointer, abstract, plan: Plan, config: TrainConfig, log
+) -> tuple[TrainState | None, int]:
+    _check_saved_storage(ckpt, config)
     found = ckpt.restore_latest(abstract)
     if found is None:
         log(f"No checkpoint under {ckpt.directory}; starting from step 0.")
@@ -322,22 +414,30 @@ def _run(config, workdir, dataset, plan, ckpt, resume, quiet) -> dict:
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
     defs, tx, init = _make_init(config, dataset, plan)
+    _report_missing_choices(config, dataset, shard, progress_log)
     state, start = None, 0
     if resume:
-        state, start = _restore(ckpt, _abstract(init, shard.replicated), plan, progress_log)
+        abstract = _abstract(init, shard.replicated)
+        state, start = _restore(ckpt, abstract, plan, config, progress_log)
     if state is None:
         # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
         # (threefry is slow to optimize); float results may differ from an eager init by
         # an ulp (no FMA contraction), identically in every run.
+        # The run's xla_options apply too, except that init keeps its fast-compile level.
+        options = {**config.xla_options, **_INIT_COMPILER_OPTIONS}
         lowered = jax.jit(init, out_shardings=shard.replicated).lower()
-        state = lowered.compile(_INIT_COMPILER_OPTIONS)()
+        state = _compile(lowered, config.xla_options, options)()
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)
 
     t0 = time.perf_counter()
     train_step = _compile_train_step(config, dataset, defs, tx, state, shard)
-    eval_step = jax.jit(make_eval_step(defs), out_shardings=shard.replicated)
+    eval_step = jax.jit(
+        make_eval_step(defs),
+        out_shardings=shard.replicated,
+        compiler_options=config.xla_options or None,
+    )
     compile_s = time.perf_counter() - t0
 
     progress = _Progress(plan.total_steps, start, quiet)
