@@ -19,6 +19,36 @@ TINY = models.spec("small_cnn").tiny
 EIGEN = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
+class _FakeRunner:
+    """Records the case it was built for; set-up and steps do nothing."""
+
+    def __init__(self, case):
+        self.case = case
+
+    def row(self):
+        return self.case.row()
+
+    def setup(self):
+        return {}
+
+    def step(self):
+        pass
+
+    def finish(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def _recorder(seen: list):
+    def build(case):
+        seen.append(case)
+        return _FakeRunner(case)
+
+    return build
+
+
 def _cli(argv):
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers())
@@ -50,26 +80,6 @@ def test_bad_conv_settings_fail_before_anything_runs(change, message):
 def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
     seen = []
 
-    class Fake:
-        def __init__(self, case):
-            self.case = case
-            seen.append(case)
-
-        def row(self):
-            return self.case.row()
-
-        def setup(self):
-            return {}
-
-        def step(self):
-            pass
-
-        def finish(self):
-            return {}
-
-        def close(self):
-            pass
-
     config = SweepConfig(
         "small_cnn",
         model_kwargs=TINY,
@@ -83,7 +93,7 @@ def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
         repeats=1,
         warmup=0,
     )
-    rows = run_sweep(config, jax_runner=Fake).rows
+    rows = run_sweep(config, jax_runner=_recorder(seen)).rows
     assert [c.conv_algo for c in seen] == ["xla", "im2col"]  # duplicates dropped
     assert {r["kernel_storage"] for r in rows} == {"channels_last"}
     assert all(json.loads(r["xla_options"]) == EIGEN for r in rows)
@@ -182,3 +192,76 @@ def test_conv_autotune_cli_bad_input_is_a_clear_error(capsys):
     argv = ["bench", "--model", "small_cnn", "--conv-algos", "fft", "--out", "unused"]
     assert _cli(argv) == 2
     assert "Unknown conv algorithm 'fft'" in capsys.readouterr().err
+
+
+def test_cpu_fast_options_keep_reductions_off_the_slow_path():
+    import jax
+    import jax.numpy as jnp
+
+    from layoutlab.bench.sweep import check_compile_options
+    from layoutlab.xla import cpu_fast_options
+
+    train = cpu_fast_options("train")
+    assert check_compile_options(train) == train  # XLA accepts them
+    # Compiled only, never run: the size of a ResNet-18 stage-1 activation at batch 128.
+    x = jax.ShapeDtypeStruct((128, 32, 32, 64), jnp.float32)
+
+    def variance(v):  # BatchNorm's statistic: a reduction over N, H, W
+        return jnp.mean(jnp.square(v - jnp.mean(v, (0, 1, 2), keepdims=True)), (0, 1, 2))
+
+    def hlo(options):
+        return jax.jit(variance).lower(x).compile(compiler_options=options).as_text()
+
+    # Convs on Eigen alone (dots only on YNNPACK) leaves reductions to XLA's reduce-window
+    # splitting, which measured 10x slower on a BatchNorm-sized activation; the fast set
+    # hands them to YNNPACK.
+    assert "reduce-window" in hlo(EIGEN)
+    assert "reduce-window" not in hlo(train)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        cpu_fast_options("serve")
+
+
+def test_cpu_fast_flag_merges_with_explicit_options():
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "bench",
+            "--model",
+            "small_cnn",
+            "--out",
+            "x",
+            "--cpu-fast",
+            "--xla-option",
+            "xla_cpu_enable_fast_math=false",
+        ]  # fmt: skip
+    )
+    from layoutlab.xla import cpu_fast_options
+
+    fast_math_off = {"xla_cpu_enable_fast_math": False}
+    assert command._xla_options(args) == fast_math_off  # the sweep adds the per-mode ones
+    assert command._xla_options(args, "train") == {**cpu_fast_options("train"), **fast_math_off}
+    assert args.cpu_fast
+
+
+def test_cpu_fast_sweep_uses_each_modes_options():
+    from layoutlab.xla import cpu_fast_options
+
+    seen = []
+
+    config = SweepConfig(
+        "small_cnn",
+        model_kwargs=TINY,
+        layouts=("NHWC",),
+        precisions=("fp32",),
+        modes=("infer", "train"),
+        batch_sizes=(2,),
+        cpu_fast=True,
+        xla_options={"xla_cpu_enable_fast_math": False},
+        repeats=1,
+        warmup=0,
+    )
+    run_sweep(config, jax_runner=_recorder(seen))
+    by_mode = {c.workload.mode: dict(c.xla_options) for c in seen}
+    for mode in ("infer", "train"):
+        assert by_mode[mode] == {**cpu_fast_options(mode), "xla_cpu_enable_fast_math": False}

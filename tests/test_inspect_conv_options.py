@@ -71,6 +71,20 @@ def test_im2col_leaves_no_convolutions():
     assert "conv algorithm im2col; kernel storage layout" in ins.summary()
 
 
+def test_mixed_bf16_im2col_runs_bf16_gemms_where_native_convs_run_in_f32():
+    # XLA:CPU has no bf16 convolution: it converts the operands and convolves in f32. The
+    # im2col algorithm hands the same work to dots, which take the bf16 operands directly
+    # and accumulate in f32 (preferred_element_type).
+    native = inspect_model("small_cnn", layout="NHWC", precision="mixed_bf16", **SMALL)
+    gemm = inspect_model(
+        "small_cnn", layout="NHWC", precision="mixed_bf16", conv_algorithm="im2col", **SMALL
+    )
+    assert native.hlo.operand_dtypes()["convolutions"] == {"f32*f32->f32": 3}
+    assert gemm.hlo.operand_dtypes()["convolutions"] == {}
+    assert gemm.hlo.operand_dtypes()["dots"].get("bf16*bf16->f32", 0) >= 3
+    assert "operand dtypes:" in gemm.hlo.summary()
+
+
 def test_auto_reads_the_choice_table_and_reports_missing_shapes(monkeypatch):
     monkeypatch.setattr(choice_table, "_TABLE", {})  # this test's own, restored afterwards
     # Abstract: eager weight init would compile many small ops.

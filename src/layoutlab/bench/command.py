@@ -39,10 +39,13 @@ def _model_kwargs(args) -> dict:
     return kwargs
 
 
-def _xla_options(args) -> dict:
+def _xla_options(args, mode: str | None = None) -> dict:
+    """``--xla-option`` values, over ``cpu_fast_options(mode)`` with ``--cpu-fast``."""
     from layoutlab.xla.command import parse_assignments
+    from layoutlab.xla.flags import cpu_fast_options
 
-    return parse_assignments(args.xla_option, "--xla-option")
+    base = cpu_fast_options(mode) if args.cpu_fast and mode is not None else {}
+    return {**base, **parse_assignments(args.xla_option, "--xla-option")}
 
 
 def _add_conv_args(p: argparse.ArgumentParser) -> None:
@@ -58,7 +61,14 @@ def _add_conv_args(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME=VALUE",
         help="XLA compile option for layoutlab's steps, e.g. "
-        "xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT (repeatable)",
+        "xla_cpu_enable_fast_math=false (repeatable; overrides --cpu-fast)",
+    )
+    p.add_argument(
+        "--cpu-fast",
+        action="store_true",
+        help="add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured fastest "
+        "for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
+        "elementwise fusions)",
     )
 
 
@@ -99,6 +109,7 @@ def run_bench(args: argparse.Namespace) -> int:
             conv_algorithms=_csv(args.conv_algos),
             kernel_storage=args.kernel_storage,
             xla_options=_xla_options(args),
+            cpu_fast=args.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
         )
         results = run_sweep(config, log=_log)
@@ -133,7 +144,7 @@ def run_conv_autotune(args: argparse.Namespace) -> int:
             precision=args.precision,
             objective=args.objective,
             kernel_storage=args.kernel_storage,
-            compiler_options=_xla_options(args),
+            compiler_options=_xla_options(args, "train" if args.objective == "train" else "infer"),
             model_kwargs=_model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,

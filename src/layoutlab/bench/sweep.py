@@ -28,7 +28,7 @@ from layoutlab.bench.timing import summarize, timed
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.xla import resolve_backend
-from layoutlab.xla.flags import normalize_flags, translate_compile_error
+from layoutlab.xla.flags import cpu_fast_options, normalize_flags, translate_compile_error
 
 __all__ = [
     "SweepConfig",
@@ -72,6 +72,8 @@ class SweepConfig:
     kernel_storage: str = "layout"
     xla_options: dict = dataclasses.field(default_factory=dict)
     conv_tune_repeats: int = 3
+    # Add layoutlab.xla.cpu_fast_options(mode) under xla_options (which override them).
+    cpu_fast: bool = False
 
 
 def _builder_default(name: str, option: str):
@@ -152,6 +154,9 @@ def validate(config: SweepConfig) -> SweepConfig:
     if config.conv_tune_repeats < 1:
         raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")
     xla_options = check_compile_options(config.xla_options, backend.name)
+    if config.cpu_fast:
+        for mode in modes:
+            check_compile_options(_options_for(config, mode), backend.name)
     shape, classes = resolve_input(
         config.model, config.model_kwargs, config.image_size, config.channels, config.num_classes
     )
@@ -192,6 +197,12 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
     return opts
 
 
+def _options_for(config: SweepConfig, mode: str) -> dict:
+    """The XLA compile options of layoutlab's ``mode`` steps."""
+    base = cpu_fast_options(mode) if config.cpu_fast else {}
+    return {**base, **config.xla_options}
+
+
 def _interleave(*lists):
     """A1 B1 A2 B2 ...: the frameworks alternate in the timing rounds."""
     return [x for xs in itertools.zip_longest(*lists) for x in xs if x is not None]
@@ -204,7 +215,7 @@ def _groups(config: SweepConfig, torch_device: str | None):
         w: Workload = make_workload(
             config.model, config.model_kwargs, shape, config.num_classes, mode, batch
         )
-        options = tuple(sorted(config.xla_options.items()))
+        options = tuple(sorted(_options_for(config, mode).items()))
         jax_cases = [
             JaxCase(w, layout, p, algo, config.kernel_storage, options)
             for p in config.precisions

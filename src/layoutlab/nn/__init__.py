@@ -6,8 +6,7 @@ understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D la
 
 from layoutlab.nn.activation import ReLU, ReLU6
 from layoutlab.nn.base import LayoutModule
-from layoutlab.nn.conv import Conv, ConvTranspose
-from layoutlab.nn.conv import KERNEL_STORAGES
+from layoutlab.nn.conv import KERNEL_STORAGES, Conv, ConvTranspose
 from layoutlab.nn.conv_config import (
     check_conv_options,
     configure_convs,

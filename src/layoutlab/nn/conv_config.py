@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.nn.conv import KERNEL_STORAGES, Conv, check_kernel_storage
+from layoutlab.nn.conv import Conv, check_kernel_storage
 from layoutlab.nn.conv_algos.choices import force_conv_algorithm, get_choice
 from layoutlab.nn.conv_algos.dispatch import record_conv_specs
 from layoutlab.nn.conv_algos.geometry import ConvSpec

@@ -18,7 +18,13 @@ from layoutlab.xla.cache import (
     watch_compilation,
 )
 from layoutlab.xla.compile import CompileReport, compile_report
-from layoutlab.xla.flags import CPU_FLAGS, GPU_FLAGS, XlaFlagError
+from layoutlab.xla.flags import (
+    CPU_FAST_OPTIONS,
+    CPU_FLAGS,
+    GPU_FLAGS,
+    XlaFlagError,
+    cpu_fast_options,
+)
 from layoutlab.xla.formats import (
     LayoutAPIUnavailable,
     LayoutUnsupportedError,
@@ -50,6 +56,7 @@ from layoutlab.xla.inspect import (
 from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
 
 __all__ = [
+    "CPU_FAST_OPTIONS",
     "CPU_FLAGS",
     "GPU_FLAGS",
     "Backend",
@@ -74,6 +81,7 @@ __all__ = [
     "compare_table",
     "compilation_cache",
     "compile_report",
+    "cpu_fast_options",
     "conv_table",
     "decode_dim_labels",
     "diff",

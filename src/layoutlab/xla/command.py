@@ -54,6 +54,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _inspect(args: argparse.Namespace):
+    from layoutlab.xla.flags import cpu_fast_options
     from layoutlab.xla.inspect import compare_model_layouts, inspect_model
 
     common = dict(
@@ -63,7 +64,11 @@ def _inspect(args: argparse.Namespace):
         image_size=args.image_size,
         stem=args.stem,
         backend=args.backend,
-        flags=parse_assignments(args.flag, "--flag") or None,
+        flags={
+            **(cpu_fast_options(args.mode) if args.cpu_fast else {}),
+            **parse_assignments(args.flag, "--flag"),
+        }
+        or None,
         model_kwargs=_model_kwargs(args),
         auto_layout=args.auto_layout,
         conv_algorithm=args.conv_algo,
@@ -158,6 +163,11 @@ def register(subparsers) -> None:
         action="append",
         metavar="NAME=VALUE",
         help="XLA option for this compile, e.g. xla_cpu_enable_fast_math=true (repeatable)",
+    )
+    p.add_argument(
+        "--cpu-fast",
+        action="store_true",
+        help="add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured fastest",
     )
     p.add_argument(
         "--compare-layouts", action="store_true", help="compile NHWC and NCHW side by side"

@@ -16,10 +16,12 @@ import os
 import shlex
 
 __all__ = [
+    "CPU_FAST_OPTIONS",
     "CPU_FLAGS",
     "GPU_FLAGS",
     "COMMON_FLAGS",
     "XlaFlagError",
+    "cpu_fast_options",
     "flags_in_force",
     "normalize_flags",
     "parse_xla_flags",
@@ -42,10 +44,32 @@ CPU_FLAGS = {
     "xla_cpu_parallel_codegen_split_count": "split LLVM modules for parallel codegen",
     "xla_cpu_max_isa": "cap the instruction set, e.g. 'AVX2'",
     "xla_cpu_experimental_ynn_fusion_type": (
-        "which ops XLA:CPU hands to YNNPACK; LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT keeps it to "
-        "dots, so convs run on Eigen (measured faster for ResNet-18 on AVX2, see README)"
+        "comma-separated op kinds XLA:CPU hands to YNNPACK (LIBRARY_FUSION_TYPE_ + DOT, "
+        "INDIVIDUAL_DOT, INDIVIDUAL_CONVOLUTION, REDUCE, ELTWISE); leaving out "
+        "INDIVIDUAL_CONVOLUTION runs convs on Eigen (see CPU_FAST_OPTIONS)"
     ),
 }
+
+_YNN = "LIBRARY_FUSION_TYPE_"
+_YNN_KEY = "xla_cpu_experimental_ynn_fusion_type"
+# Measured on ResNet-18 (README, "Convolution algorithms and CPU speed"). Both modes run
+# convs on Eigen, whose backward is much faster than YNNPACK's, and dots on YNNPACK. A
+# training step also hands reductions and elementwise fusions to YNNPACK: otherwise XLA
+# splits every BatchNorm reduction into a slow reduce-window (10x slower on a 32 MiB
+# activation). Inference has no batch statistics, and there YNNPACK's elementwise fusions
+# measured slower than XLA's own loops.
+CPU_FAST_OPTIONS = {
+    "train": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
+    "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
+}
+
+
+def cpu_fast_options(mode: str) -> dict:
+    """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer")."""
+    if mode not in CPU_FAST_OPTIONS:
+        raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
+    return dict(CPU_FAST_OPTIONS[mode])
+
 
 GPU_FLAGS = {
     "xla_gpu_autotune_level": "0 disables conv/gemm autotuning, 4 (default) is the most thorough",

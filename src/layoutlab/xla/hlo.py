@@ -532,10 +532,25 @@ class HloReport:
             counter[key] += 1
         return dict(counter)
 
+    def operand_dtypes(self) -> dict[str, dict[str, int]]:
+        """How many convolutions and dots run on each operand/result dtype combination,
+        e.g. ``{"convolutions": {"f32*f32->f32": 20}, "dots": {"bf16*bf16->f32": 3}}``: on
+        CPU a bf16 conv shows up as f32 (XLA converts its operands), a bf16 GEMM as bf16."""
+
+        def key(op) -> str:
+            ins = "*".join(s.dtype if s else "?" for s in (op.lhs, op.rhs))
+            return f"{ins}->{op.out.dtype if op.out else '?'}"
+
+        return {
+            "convolutions": dict(collections.Counter(key(c) for c in self.convolutions)),
+            "dots": dict(collections.Counter(key(d) for d in self.dots)),
+        }
+
     def to_dict(self) -> dict:
         return {
             "module": self.module,
             "totals": self.totals(),
+            "operand_dtypes": self.operand_dtypes(),
             "op_counts": dict(self.op_counts),
             "fused_op_counts": dict(self.fused_op_counts),
             "fusion_kinds": dict(self.fusion_kinds),
@@ -562,6 +577,7 @@ class HloReport:
             f"  converts: {t['converts']} {self.conversions}, {t['convert_bytes']} bytes",
             f"  convolutions: {t['convolutions']} {self.conv_layouts()}; dots: {t['dots']}; "
             f"custom-calls: {t['custom_calls']}",
+            f"  operand dtypes: {self.operand_dtypes()}",
         ]
         return "\n".join(lines)
 

@@ -1,0 +1,151 @@
+"""layoutlab's best CPU configuration beside PyTorch eager: the table of the "beat PyTorch on
+CPU" work. ResNet-18 with the CIFAR stem (32x32, batch 128) and the ImageNet stem (224x224,
+batch 16), inference and training step, fp32 and bf16, each part one interleaved sweep.
+
+    python benchmarks/best_vs_torch_cpu.py [--parts cifar_fp32,imagenet_fp32,cifar_bf16,
+        imagenet_bf16] [--summarize-only] [--out benchmarks/results]
+
+layoutlab's side: NHWC (and NCHW for CIFAR fp32), per-shape autotuned conv algorithms
+(``auto``), HWIO kernel storage and ``layoutlab.xla.cpu_fast_options(mode)``. Each part is
+
+    layoutlab bench --model resnet18 --stem cifar --image-size 32 --batch-sizes 128 \\
+        --layouts NHWC,NCHW --precisions fp32 --modes infer,train --conv-algos auto \\
+        --conv-tune-repeats 2 --kernel-storage channels_last --cpu-fast --torch \\
+        --repeats 5 --warmup 1 --out DIR
+
+(bf16 parts: ``--precisions mixed_bf16 --repeats 3 --max-step-seconds 100``: PyTorch's
+autocast bf16 takes minutes per step on CPUs without bf16 instructions). Writes
+``<out>/resnet18_<part>_best_cpu/`` per part and ``<out>/resnet18_best_vs_torch_cpu.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from layoutlab.bench import SweepConfig, load_results, plot_all, run_sweep, save_results
+
+PARTS = {
+    "cifar_fp32": ("cifar", 32, 128, ("NHWC", "NCHW"), "fp32"),
+    "imagenet_fp32": ("imagenet", 224, 16, ("NHWC",), "fp32"),
+    "cifar_bf16": ("cifar", 32, 128, ("NHWC",), "mixed_bf16"),
+    "imagenet_bf16": ("imagenet", 224, 16, ("NHWC",), "mixed_bf16"),
+}
+
+
+def part_dir(out: Path, name: str) -> Path:
+    stem, _, batch, _, precision = PARTS[name]
+    suffix = "" if precision == "fp32" else "_bf16"
+    return out / f"resnet18_{stem}_b{batch}{suffix}_best_cpu"
+
+
+def run_part(name: str, out: Path, note: str | None) -> None:
+    stem, size, batch, layouts, precision = PARTS[name]
+    half = precision != "fp32"
+    config = SweepConfig(
+        "resnet18",
+        model_kwargs={"stem": stem},
+        image_size=size,
+        batch_sizes=(batch,),
+        layouts=layouts,
+        precisions=(precision,),
+        modes=("infer", "train"),
+        conv_algorithms=("auto",),
+        conv_tune_repeats=2,
+        kernel_storage="channels_last",
+        cpu_fast=True,
+        torch=True,
+        repeats=3 if half else 5,
+        warmup=1,
+        max_step_s=100 if half else None,
+        note=note,
+    )
+    results = run_sweep(config, log=lambda m: print(m, file=sys.stderr, flush=True))
+    directory = save_results(part_dir(out, name), results)
+    plot_all(results.rows, directory)
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "–"
+    if row["status"] != "ok":
+        return row["status"]
+    return f"{row['images_per_sec']:.1f}"
+
+
+def summarize(out: Path) -> str:
+    lines = [
+        "# ResNet-18 on CPU: layoutlab's best configuration beside PyTorch eager",
+        "",
+        "Each part is one `layoutlab bench` run, layoutlab and PyTorch timed round by round "
+        "(A B A B), so a ratio compares the same minutes of the same machine. layoutlab: "
+        "autotuned conv algorithms (`auto`), HWIO kernels, `--cpu-fast`. Throughput "
+        "in images/s; ratio = layoutlab's best / PyTorch eager's best (either memory format) "
+        "in the same precision class.",
+        "",
+        "| model | precision | mode | batch | layoutlab best | PyTorch best | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    machines = []
+    for name in PARTS:
+        directory = part_dir(out, name)
+        if not (directory / "results.json").is_file():
+            continue
+        res = load_results(directory)
+        m = res.machine
+        v = m.get("versions", {})
+        machines.append(
+            f"- `{directory.name}`: {m.get('cpu_model')}, {m.get('usable_cores')} cores, "
+            f"jax {v.get('jax')}, torch {v.get('torch')} ({m.get('torch_threads')} threads), "
+            f"load average {m.get('load_average')} at start, {m.get('load_average_end')} at "
+            f"end, {m.get('started_utc')}; {m.get('note') or ''}"
+        )
+        for mode in ("infer", "train"):
+            rows = [r for r in res.rows if r["mode"] == mode]
+            ours = [r for r in rows if r["framework"] == "layoutlab" and r["status"] == "ok"]
+            torch = [r for r in rows if r["framework"] == "torch"]
+            best = max(ours, key=lambda r: r["images_per_sec"], default=None)
+            tbest = max(
+                (r for r in torch if r["status"] == "ok"),
+                key=lambda r: r["images_per_sec"],
+                default=None,
+            )
+            ours_txt = _cell(best) + (f" ({best['layout']})" if best else "")
+            torch_txt = (
+                f"{_cell(tbest)} ({tbest['memory_format']}, {tbest['precision']})"
+                if tbest
+                else "skipped (> 100 s/step)"
+            )
+            ratio = best.get("ratio_vs_torch_best") if best else None
+            stem, size, batch, _, precision = PARTS[name]
+            lines.append(
+                f"| {stem} {size}x{size} | {precision} | {mode} | {batch} | {ours_txt} | "
+                f"{torch_txt} | {'' if ratio is None else f'**{ratio:.2f}**'} |"
+            )
+    return "\n".join(lines + ["", "Machines:", *machines, ""])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", default=",".join(PARTS))
+    p.add_argument("--summarize-only", action="store_true")
+    p.add_argument("--note", default="shared 2-core VM; layoutlab and PyTorch interleaved")
+    p.add_argument("--out", default="benchmarks/results")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        p.error(f"unknown parts {unknown}; choose from {', '.join(PARTS)}")
+    if not args.summarize_only:
+        for name in parts:
+            run_part(name, out, args.note)
+    text = summarize(out)
+    (out / "resnet18_best_vs_torch_cpu.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
