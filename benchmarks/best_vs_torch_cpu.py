@@ -5,7 +5,7 @@ batch 16), inference and training step, fp32 and bf16, each part one interleaved
     python benchmarks/best_vs_torch_cpu.py [--parts cifar_fp32,imagenet_fp32,cifar_bf16,
         imagenet_bf16] [--summarize-only] [--out benchmarks/results]
 
-layoutlab's side: NHWC (and NCHW for CIFAR fp32), per-shape autotuned conv algorithms
+layoutlab's side: NHWC (and NCHW for the fp32 parts), per-shape autotuned conv algorithms
 (``auto``), HWIO kernel storage and ``layoutlab.xla.cpu_fast_options(mode)``. Each part is
 
     layoutlab bench --model resnet18 --stem cifar --image-size 32 --batch-sizes 128 \\
@@ -28,7 +28,7 @@ from layoutlab.bench import SweepConfig, load_results, plot_all, run_sweep, save
 
 PARTS = {
     "cifar_fp32": ("cifar", 32, 128, ("NHWC", "NCHW"), "fp32"),
-    "imagenet_fp32": ("imagenet", 224, 16, ("NHWC",), "fp32"),
+    "imagenet_fp32": ("imagenet", 224, 16, ("NHWC", "NCHW"), "fp32"),
     "cifar_bf16": ("cifar", 32, 128, ("NHWC",), "mixed_bf16"),
     "imagenet_bf16": ("imagenet", 224, 16, ("NHWC",), "mixed_bf16"),
 }
