@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -53,14 +55,76 @@ class _Pool(LayoutModule):
         return dims, strides, tuple(pads)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Array:
+    """Window maximum (padding counts as ``-inf``) whose gradient goes to the first maximum
+    of each window in row-major window order, as XLA's and PyTorch's do.
+
+    The backward visits the window offsets (9 for 3x3): a strided slice of the input and an
+    equality mask against the output give each offset's share of the output gradient, and
+    those are summed per stride phase on the output grid and interleaved once. XLA:CPU
+    lowers the autodiff backward (select-and-scatter) to a variadic
+    reduce-window over four int32 index tensors the size of the input plus a scatter, which
+    took about a fifth of a ResNet-18 ImageNet-stem training step.
+    """
+    return lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+
+
+def _max_pool_fwd(x, dims, strides, pads):
+    y = max_pool(x, dims, strides, pads)
+    return y, (x, y)
+
+
+def _max_pool_bwd(dims, strides, pads, residuals, g):
+    x, y = residuals
+    if isinstance(pads, str):
+        pads = lax.padtype_to_pads(x.shape, dims, strides, pads)
+    xp = lax.pad(x, jnp.asarray(-jnp.inf, x.dtype), [(lo, hi, 0) for lo, hi in pads])
+    zero = jnp.zeros((), g.dtype)
+    # Masked output gradient per window offset, first maximum wins.
+    taken = jnp.zeros(y.shape, bool)
+    parts = {}
+    for offset in itertools.product(*(range(d) for d in dims)):
+        limit = [o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, y.shape, strict=True)]
+        hit = (lax.slice(xp, offset, limit, strides) == y) & ~taken
+        taken = taken | hit
+        parts[offset] = jnp.where(hit, g, zero)
+    # Padded input index p = s*q + r receives from offsets k = r + s*j of window q - j: each
+    # phase r is a sum of shifted output-sized arrays; the phases are interleaved once.
+    phases_shape = [-(-n // s) for n, s in zip(xp.shape, strides, strict=True)]
+    phases = []
+    for phase in itertools.product(*(range(s) for s in strides)):
+        acc = None
+        for offset, part in parts.items():
+            if any(k % s != r for k, s, r in zip(offset, strides, phase, strict=True)):
+                continue
+            shifts = [k // s for k, s in zip(offset, strides, strict=True)]
+            cfg = [
+                (j, q - n - j, 0) for j, q, n in zip(shifts, phases_shape, part.shape, strict=True)
+            ]
+            moved = lax.pad(part, zero, cfg)
+            acc = moved if acc is None else acc + moved
+        phases.append(jnp.zeros(phases_shape, g.dtype) if acc is None else acc)
+    rank = x.ndim
+    stacked = jnp.stack(phases).reshape((*strides, *phases_shape))
+    # (s_0..s_r, Q_0..Q_r) -> (Q_0, s_0, Q_1, s_1, ...) -> (Q_0*s_0, ...)
+    order = [a for d in range(rank) for a in (rank + d, d)]
+    dxp = stacked.transpose(order).reshape(
+        [q * s for q, s in zip(phases_shape, strides, strict=True)]
+    )
+    start = [lo for lo, _ in pads]
+    return (lax.slice(dxp, start, [b + n for b, n in zip(start, x.shape, strict=True)]),)
+
+
+max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
+
+
 class MaxPool(_Pool):
     """``torch.nn.MaxPool``: padding counts as ``-inf``."""
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dims, strides, pads = self._window_args(x)
-        # Python-scalar init values let JAX recognise the max/add monoids, which it needs
-        # to differentiate reduce_window.
-        return lax.reduce_window(x, -jnp.inf, lax.max, dims, strides, pads)
+        return max_pool(x, dims, strides, pads)
 
 
 class AvgPool(_Pool):
