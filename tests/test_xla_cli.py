@@ -94,6 +94,8 @@ def test_auto_layout_and_cache(tmp_path, capsys):
         (["--flag", "xla_no_such_flag=1"], "XLA does not know the flag"),
         (["--flag", "xla_cpu_enable_fast_math=maybe"], "Bad value for XLA flag"),
         (["--model-arg", "depth=3"], "unknown options \\['depth'\\]"),
+        (["--conv-algo", "fastest"], "Unknown conv algorithm 'fastest'; choose one of: auto, xla"),
+        (["--kernel-storage", "HWIO"], "Unknown kernel_storage 'HWIO'; use 'layout'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
