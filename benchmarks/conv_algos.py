@@ -43,6 +43,7 @@ import numpy as np
 
 from layoutlab.bench.conv_autotune import (
     candidate_errors,
+    candidate_fns,
     candidates_for,
     reference_conv,
     spec_inputs,
@@ -90,34 +91,16 @@ def shape_label(cin, cout, k, s, size, batch):
 
 
 def jax_fns(spec, name, inputs, options=None):
-    """Compiled ``fwd()`` and ``train()`` closures (inputs bound), and compile seconds.
-    ``name`` may carry a flag set, ``"xla@ynn_off"``: that algorithm under those options."""
+    """Compiled ``fwd()`` and ``train()`` closures (inputs bound), and compile seconds (0
+    when the autotuner's compile cache already held them). ``name`` may carry a flag set,
+    ``"xla@ynn_off"``: that algorithm under those options."""
     if "@" in name:
         name, flags = name.split("@")
         options = FLAG_SETS[flags]
     dtype = jnp.dtype(spec.dtype)
-    preferred = jnp.float32 if dtype.itemsize < 4 else None
-    g = spec.geometry
     x, w, dy = (jnp.asarray(a, dtype) for a in inputs)
-
-    def forward(a, b):
-        return ca.conv2d(
-            a,
-            b,
-            strides=g.strides,
-            padding=g.padding,
-            layout=spec.layout,
-            algorithm=name,
-            preferred_element_type=preferred,
-        )
-
-    def train(a, b, d):
-        y, vjp = jax.vjp(forward, a, b)
-        return (y, *vjp(d.astype(y.dtype)))
-
     t0 = time.perf_counter()
-    fwd_c = jax.jit(forward).lower(x, w).compile(compiler_options=options)
-    train_c = jax.jit(train).lower(x, w, dy).compile(compiler_options=options)
+    fwd_c, train_c = candidate_fns(spec, name, compiler_options=options)
     compile_s = time.perf_counter() - t0
     return (
         lambda: jax.block_until_ready(fwd_c(x, w)),

@@ -59,6 +59,7 @@ __all__ = [
     "autotune_convs",
     "autotune_model",
     "candidate_errors",
+    "candidate_fns",
     "candidates_for",
     "check_candidate",
     "conv_tolerance",
@@ -216,7 +217,7 @@ def _compiled_fns(
     return fwd, trn
 
 
-def _candidate_fns(
+def candidate_fns(
     spec: ConvSpec, name: str, device=None, compiler_options: dict | None = None
 ) -> tuple[Callable, Callable]:
     device = device if device is not None else jax.devices()[0]
@@ -272,7 +273,7 @@ def check_candidate(
     dtype = jnp.dtype(spec.dtype)
     try:
         t0 = time.perf_counter()
-        _, train = _candidate_fns(spec, name, device, compiler_options)
+        _, train = candidate_fns(spec, name, device, compiler_options)
         args = [jax.device_put(jnp.asarray(a, dtype), device) for a in inputs]
         outs = jax.block_until_ready(train(*args))
         result.compile_s = time.perf_counter() - t0
@@ -307,7 +308,7 @@ def time_candidates(
         raise ValueError(f"repeats must be >= 1, got {repeats}.")
     dtype = jnp.dtype(spec.dtype)
     x, w, dy = (jax.device_put(jnp.asarray(a, dtype), device) for a in inputs)
-    fns = {name: _candidate_fns(spec, name, device, compiler_options) for name in names}
+    fns = {name: candidate_fns(spec, name, device, compiler_options) for name in names}
     do_train = objective == "train"
     for fwd, train in fns.values():
         for _ in range(warmup):
