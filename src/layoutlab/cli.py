@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib
 import sys
 
@@ -61,7 +60,7 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
     from flax import nnx
 
     from layoutlab import models
-    from layoutlab.bench.conv_autotune import autotune_model
+    from layoutlab.bench.conv_autotune import autotune_model, summarize_results
     from layoutlab.data import get_dataset
     from layoutlab.nn.conv_algos import AUTO
     from layoutlab.train.command import build_config
@@ -88,10 +87,7 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
         repeats=_CONV_TUNE_REPEATS,
         warmup=_CONV_TUNE_WARMUP,
     )
-    cached = sum(r.from_cache for r in results)
-    counts = collections.Counter(r.choice for r in results)
-    summary = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
-    print(f"conv autotune: {len(results)} shapes ({cached} cached): {summary}")
+    print(f"conv autotune: {summarize_results(results)}")
 
 
 def main(argv: list[str] | None = None) -> int:

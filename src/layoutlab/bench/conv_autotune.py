@@ -29,6 +29,7 @@ F(4x4,3x3) in bfloat16, whose transforms magnify the operand rounding about 20x.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -68,6 +69,7 @@ __all__ = [
     "model_conv_specs",
     "reference_conv",
     "spec_inputs",
+    "summarize_results",
     "time_candidates",
 ]
 
@@ -537,6 +539,15 @@ def autotune_convs(specs: Iterable[ConvSpec], **kw) -> list[TuneResult]:
         seen.add(spec.key())
         out.append(autotune_conv(spec, cache=cache, **kw))
     return out
+
+
+def summarize_results(results: Sequence[TuneResult]) -> str:
+    """``"11 shapes (5 cached): xla x7, im2col x4"``: one line for a model's tuning."""
+    cached = sum(r.from_cache for r in results)
+    picked = collections.Counter(r.choice for r in results).most_common()
+    return f"{len(results)} shapes ({cached} cached): " + ", ".join(
+        f"{name} x{n}" for name, n in picked
+    )
 
 
 def autotune_model(model: nnx.Module, x, **kw) -> list[TuneResult]:

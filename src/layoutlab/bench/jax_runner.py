@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import jax.numpy as jnp
 import numpy as np
@@ -57,7 +56,7 @@ def tune_convs(
 ) -> float:
     """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
     runs, for its mode and XLA options; returns the seconds it took."""
-    from layoutlab.bench.conv_autotune import autotune_model
+    from layoutlab.bench.conv_autotune import autotune_model, summarize_results
 
     t0 = time.perf_counter()
     results = autotune_model(
@@ -70,13 +69,9 @@ def tune_convs(
     )
     seconds = time.perf_counter() - t0
     if log is not None:
-        picked = Counter(r.choice for r in results)
-        cached = sum(r.from_cache for r in results)
         log(
             f"conv autotune {case.layout} {case.precision} {case.workload.mode}: "
-            f"{len(results)} shapes ({cached} cached), "
-            + ", ".join(f"{n} x{k}" for n, k in picked.most_common())
-            + f" ({seconds:.1f} s)"
+            f"{summarize_results(results)} ({seconds:.1f} s)"
         )
     return seconds
 
