@@ -16,6 +16,11 @@ layoutlab's side: NHWC (and NCHW for the fp32 parts), per-shape autotuned conv a
 (bf16 parts: ``--precisions mixed_bf16 --repeats 3 --max-step-seconds 100``: PyTorch's
 autocast bf16 takes minutes per step on CPUs without bf16 instructions). Writes
 ``<out>/resnet18_<part>_best_cpu/`` per part and ``<out>/resnet18_best_vs_torch_cpu.md``.
+
+The ``*_compile`` parts are the same fp32 sweeps with ``--torch-compile`` added, so
+``torch.compile`` (inductor) runs beside eager PyTorch and layoutlab in the same rounds; they
+write ``<out>/resnet18_<stem>_b<batch>_vs_compile_cpu/`` and a second table. They are not in
+the default ``--parts`` (inductor's C++ compile adds minutes per configuration).
 """
 
 from __future__ import annotations
@@ -32,16 +37,23 @@ PARTS = {
     "cifar_bf16": ("cifar", 32, 128, ("NHWC",), "mixed_bf16"),
     "imagenet_bf16": ("imagenet", 224, 16, ("NHWC",), "mixed_bf16"),
 }
+COMPILE_PARTS = {
+    "cifar_fp32_compile": PARTS["cifar_fp32"],
+    "imagenet_fp32_compile": PARTS["imagenet_fp32"],
+}
 
 
 def part_dir(out: Path, name: str) -> Path:
+    if name in COMPILE_PARTS:
+        stem, _, batch, _, _ = COMPILE_PARTS[name]
+        return out / f"resnet18_{stem}_b{batch}_vs_compile_cpu"
     stem, _, batch, _, precision = PARTS[name]
     suffix = "" if precision == "fp32" else "_bf16"
     return out / f"resnet18_{stem}_b{batch}{suffix}_best_cpu"
 
 
 def run_part(name: str, out: Path, note: str | None) -> None:
-    stem, size, batch, layouts, precision = PARTS[name]
+    stem, size, batch, layouts, precision = {**PARTS, **COMPILE_PARTS}[name]
     half = precision != "fp32"
     config = SweepConfig(
         "resnet18",
@@ -56,6 +68,7 @@ def run_part(name: str, out: Path, note: str | None) -> None:
         kernel_storage="channels_last",
         cpu_fast=True,
         torch=True,
+        torch_compile=name in COMPILE_PARTS,
         repeats=3 if half else 5,
         warmup=1,
         max_step_s=100 if half else None,
@@ -72,6 +85,67 @@ def _cell(row: dict | None) -> str:
     if row["status"] != "ok":
         return row["status"]
     return f"{row['images_per_sec']:.1f}"
+
+
+def _machine_line(directory: Path, m: dict) -> str:
+    v = m.get("versions", {})
+    return (
+        f"- `{directory.name}`: {m.get('cpu_model')}, {m.get('usable_cores')} cores, "
+        f"jax {v.get('jax')}, torch {v.get('torch')} ({m.get('torch_threads')} threads), "
+        f"load average {m.get('load_average')} at start, {m.get('load_average_end')} at "
+        f"end, {m.get('started_utc')}; {m.get('note') or ''}"
+    )
+
+
+def _best(rows: list[dict], framework: str) -> dict | None:
+    ok = [r for r in rows if r["framework"] == framework and r["status"] == "ok"]
+    return max(ok, key=lambda r: r["images_per_sec"], default=None)
+
+
+def _labelled(row: dict | None, key: str) -> str:
+    return _cell(row) + (f" ({row[key]})" if row else "")
+
+
+def _ratio(a: dict | None, b: dict | None) -> str:
+    if a is None or b is None:
+        return ""
+    return f"**{a['images_per_sec'] / b['images_per_sec']:.2f}**"
+
+
+def summarize_compile(out: Path) -> list[str]:
+    """The stretch-goal table: layoutlab's best beside torch.compile, same rounds."""
+    lines = [
+        "",
+        "## Beside torch.compile",
+        "",
+        "The same fp32 sweeps with `--torch-compile`: layoutlab, eager PyTorch and "
+        "`torch.compile` (inductor, default mode) timed in the same rounds. Compile time is "
+        "not in the throughput (each side's first call is excluded).",
+        "",
+        "| model | mode | batch | layoutlab best | eager best | torch.compile best "
+        "| vs eager | vs torch.compile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    machines = []
+    for name, (stem, size, batch, _, _) in COMPILE_PARTS.items():
+        directory = part_dir(out, name)
+        if not (directory / "results.json").is_file():
+            continue
+        res = load_results(directory)
+        machines.append(_machine_line(directory, res.machine))
+        for mode in ("infer", "train"):
+            rows = [r for r in res.rows if r["mode"] == mode]
+            ours = _best(rows, "layoutlab")
+            eager = _best(rows, "torch")
+            compiled = _best(rows, "torch.compile")
+            lines.append(
+                f"| {stem} {size}x{size} | {mode} | {batch} | {_labelled(ours, 'layout')} | "
+                f"{_labelled(eager, 'memory_format')} | {_labelled(compiled, 'memory_format')} "
+                f"| {_ratio(ours, eager)} | {_ratio(ours, compiled)} |"
+            )
+    if not machines:
+        return []
+    return lines + ["", "Machines:", *machines]
 
 
 def summarize(out: Path) -> str:
@@ -93,14 +167,7 @@ def summarize(out: Path) -> str:
         if not (directory / "results.json").is_file():
             continue
         res = load_results(directory)
-        m = res.machine
-        v = m.get("versions", {})
-        machines.append(
-            f"- `{directory.name}`: {m.get('cpu_model')}, {m.get('usable_cores')} cores, "
-            f"jax {v.get('jax')}, torch {v.get('torch')} ({m.get('torch_threads')} threads), "
-            f"load average {m.get('load_average')} at start, {m.get('load_average_end')} at "
-            f"end, {m.get('started_utc')}; {m.get('note') or ''}"
-        )
+        machines.append(_machine_line(directory, res.machine))
         for mode in ("infer", "train"):
             rows = [r for r in res.rows if r["mode"] == mode]
             ours = [r for r in rows if r["framework"] == "layoutlab" and r["status"] == "ok"]
@@ -123,7 +190,7 @@ def summarize(out: Path) -> str:
                 f"| {stem} {size}x{size} | {precision} | {mode} | {batch} | {ours_txt} | "
                 f"{torch_txt} | {'' if ratio is None else f'**{ratio:.2f}**'} |"
             )
-    return "\n".join(lines + ["", "Machines:", *machines, ""])
+    return "\n".join(lines + ["", "Machines:", *machines, *summarize_compile(out), ""])
 
 
 def main(argv=None) -> int:
@@ -135,9 +202,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
+    known = {**PARTS, **COMPILE_PARTS}
+    unknown = sorted(set(parts) - set(known))
     if unknown:
-        p.error(f"unknown parts {unknown}; choose from {', '.join(PARTS)}")
+        p.error(f"unknown parts {unknown}; choose from {', '.join(known)}")
     if not args.summarize_only:
         for name in parts:
             run_part(name, out, args.note)
