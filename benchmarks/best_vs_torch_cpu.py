@@ -113,7 +113,7 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 
 
 def summarize_compile(out: Path) -> list[str]:
-    """The stretch-goal table: layoutlab's best beside torch.compile, same rounds."""
+    """The second table: layoutlab's best beside torch.compile, timed in the same rounds."""
     lines = [
         "",
         "## Beside torch.compile",
