@@ -97,6 +97,14 @@ def _machine_line(directory: Path, m: dict) -> str:
     )
 
 
+def _saved_parts(out: Path, names):
+    """``(name, directory, results)`` for each of ``names`` whose results are on disk."""
+    for name in names:
+        directory = part_dir(out, name)
+        if (directory / "results.json").is_file():
+            yield name, directory, load_results(directory)
+
+
 def _best(rows: list[dict], framework: str) -> dict | None:
     ok = [r for r in rows if r["framework"] == framework and r["status"] == "ok"]
     return max(ok, key=lambda r: r["images_per_sec"], default=None)
@@ -127,11 +135,8 @@ def summarize_compile(out: Path) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     machines = []
-    for name, (stem, size, batch, _, _) in COMPILE_PARTS.items():
-        directory = part_dir(out, name)
-        if not (directory / "results.json").is_file():
-            continue
-        res = load_results(directory)
+    for name, directory, res in _saved_parts(out, COMPILE_PARTS):
+        stem, size, batch, _, _ = COMPILE_PARTS[name]
         machines.append(_machine_line(directory, res.machine))
         for mode in ("infer", "train"):
             rows = [r for r in res.rows if r["mode"] == mode]
@@ -162,22 +167,12 @@ def summarize(out: Path) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     machines = []
-    for name in PARTS:
-        directory = part_dir(out, name)
-        if not (directory / "results.json").is_file():
-            continue
-        res = load_results(directory)
+    for name, directory, res in _saved_parts(out, PARTS):
         machines.append(_machine_line(directory, res.machine))
         for mode in ("infer", "train"):
             rows = [r for r in res.rows if r["mode"] == mode]
-            ours = [r for r in rows if r["framework"] == "layoutlab" and r["status"] == "ok"]
-            torch = [r for r in rows if r["framework"] == "torch"]
-            best = max(ours, key=lambda r: r["images_per_sec"], default=None)
-            tbest = max(
-                (r for r in torch if r["status"] == "ok"),
-                key=lambda r: r["images_per_sec"],
-                default=None,
-            )
+            best = _best(rows, "layoutlab")
+            tbest = _best(rows, "torch")
             ours_txt = _cell(best) + (f" ({best['layout']})" if best else "")
             torch_txt = (
                 f"{_cell(tbest)} ({tbest['memory_format']}, {tbest['precision']})"
