@@ -11,11 +11,14 @@ layoutlab's side: NHWC (and NCHW for the fp32 parts), per-shape autotuned conv a
     layoutlab bench --model resnet18 --stem cifar --image-size 32 --batch-sizes 128 \\
         --layouts NHWC,NCHW --precisions fp32 --modes infer,train --conv-algos auto \\
         --conv-tune-repeats 2 --kernel-storage channels_last --cpu-fast --torch \\
-        --repeats 5 --warmup 1 --out DIR
+        --repeats 5 --warmup 1 --keep-host-memory --out DIR
 
 (bf16 parts: ``--precisions mixed_bf16 --repeats 3 --max-step-seconds 100``: PyTorch's
 autocast bf16 takes minutes per step on CPUs without bf16 instructions). Writes
 ``<out>/resnet18_<part>_best_cpu/`` per part and ``<out>/resnet18_best_vs_torch_cpu.md``.
+
+``--keep-host-memory`` (``layoutlab.xla.keep_host_memory()``) is process-wide, so PyTorch's
+rows in the same run get it too; ``--default-malloc`` leaves glibc's malloc as it is.
 
 The ``*_compile`` parts are the same fp32 sweeps with ``--torch-compile`` added, so
 ``torch.compile`` (inductor) runs beside eager PyTorch and layoutlab in the same rounds; they
@@ -30,6 +33,7 @@ import sys
 from pathlib import Path
 
 from layoutlab.bench import SweepConfig, load_results, plot_all, run_sweep, save_results
+from layoutlab.xla import keep_host_memory
 
 PARTS = {
     "cifar_fp32": ("cifar", 32, 128, ("NHWC", "NCHW"), "fp32"),
@@ -87,13 +91,18 @@ def _cell(row: dict | None) -> str:
     return f"{row['images_per_sec']:.1f}"
 
 
+def _host_memory(m: dict) -> str:
+    # Runs from before keep_host_memory existed recorded nothing: they ran glibc's default.
+    return "kept (both frameworks)" if m.get("host_memory_kept") else "glibc default"
+
+
 def _machine_line(directory: Path, m: dict) -> str:
     v = m.get("versions", {})
     return (
         f"- `{directory.name}`: {m.get('cpu_model')}, {m.get('usable_cores')} cores, "
         f"jax {v.get('jax')}, torch {v.get('torch')} ({m.get('torch_threads')} threads), "
         f"load average {m.get('load_average')} at start, {m.get('load_average_end')} at "
-        f"end, {m.get('started_utc')}; {m.get('note') or ''}"
+        f"end, {m.get('started_utc')}; host memory {_host_memory(m)}; {m.get('note') or ''}"
     )
 
 
@@ -194,6 +203,12 @@ def main(argv=None) -> int:
     p.add_argument("--summarize-only", action="store_true")
     p.add_argument("--note", default="shared 2-core VM; layoutlab and PyTorch interleaved")
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="leave glibc's malloc as it is (default: layoutlab.xla.keep_host_memory(), for "
+        "both frameworks: the process is shared)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -202,6 +217,8 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown parts {unknown}; choose from {', '.join(known)}")
     if not args.summarize_only:
+        if not args.default_malloc:
+            keep_host_memory()  # before any part starts JAX; PyTorch's side gets it too
         for name in parts:
             run_part(name, out, args.note)
     text = summarize(out)

@@ -90,12 +90,28 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
     print(f"conv autotune: {summarize_results(results)}")
 
 
+def _keep_host_memory() -> int | None:
+    """``--keep-host-memory``: before anything starts JAX's backend (see keep_host_memory)."""
+    from layoutlab.xla.host_memory import HostMemoryError, keep_host_memory
+
+    try:
+        state = keep_host_memory()
+    except HostMemoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not state.kept:
+        print(f"note: --keep-host-memory changes nothing here: {state.how}", file=sys.stderr)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if getattr(args, "keep_host_memory", False) and (failed := _keep_host_memory()):
+        return failed
     if args.command == "train":
         try:
             if args.autotune:

@@ -58,9 +58,10 @@ def _torch_threads() -> int | None:
 
 def machine_info(backend=None, *, note: str | None = None) -> dict:
     """A JSON-ready description of this machine and the backend the run used."""
-    from layoutlab.xla import resolve_backend
+    from layoutlab.xla import host_memory_state, resolve_backend
 
     be = resolve_backend(backend)
+    host = host_memory_state()
     return {
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -74,6 +75,9 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
         "versions": library_versions(),
         "torch_threads": _torch_threads(),
         "load_average": _load(),
+        # Process-wide malloc settings change every framework's step time in the run.
+        "host_memory_kept": host.kept,
+        "host_memory": host.how,
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "note": note,
     }

@@ -6,6 +6,8 @@
 - ``compare_layouts(fn, *args)``: default vs ``Layout.AUTO`` layouts, HLO and timings
 - ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
 - ``available_backends()`` / ``resolve_backend(name)``
+- ``keep_host_memory()``: freed host memory stays in the process (XLA:CPU's per-call temp
+  buffer stops page-faulting); call before JAX starts
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 """
@@ -46,6 +48,12 @@ from layoutlab.xla.hlo import (
     hlo_report,
 )
 from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
+from layoutlab.xla.host_memory import (
+    HostMemoryError,
+    HostMemoryState,
+    host_memory_state,
+    keep_host_memory,
+)
 from layoutlab.xla.inspect import (
     ConvRow,
     ModelInspection,
@@ -68,6 +76,8 @@ __all__ = [
     "DotOp",
     "HloParseError",
     "HloReport",
+    "HostMemoryError",
+    "HostMemoryState",
     "LayoutAPIUnavailable",
     "LayoutComparison",
     "LayoutUnsupportedError",
@@ -88,7 +98,9 @@ __all__ = [
     "disable_compilation_cache",
     "enable_compilation_cache",
     "hlo_report",
+    "host_memory_state",
     "inspect_model",
+    "keep_host_memory",
     "layout_api",
     "major_to_minor_for",
     "parse_hlo",

@@ -33,6 +33,18 @@ BUILTIN = (
         winograd.supports,
         "Winograd F(4x4,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
     ),
+    # Winograd forward and dX with XLA's own weight gradient: on XLA:CPU with convs on Eigen
+    # (cpu_fast_options) the native dW beats the per-offset GEMMs, while Winograd's fewer
+    # multiplies still pay in the two 3x3 stride-1 convs (README, "Convolution algorithms").
+    *(
+        Algorithm(
+            f"winograd{m}_xla_dw",
+            core(Methods(f"winograd{m}", f"winograd{m}", "native")),
+            winograd.supports,
+            f"Winograd F({m}x{m},3x3) forward and dX, XLA's native weight gradient",
+        )
+        for m in (2, 4)
+    ),
     Algorithm(
         "pointwise",
         pointwise.pointwise_conv,

@@ -1,0 +1,124 @@
+"""``keep_host_memory``: XLA:CPU's per-call temp buffer stops page-faulting once freed host
+memory stays in the process.
+
+The positive checks run in fresh interpreters: the setting has to come before JAX starts its
+backend, and this test process started it at collection (conftest).
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from layoutlab import cli
+from layoutlab.xla import HostMemoryError, host_memory_state, keep_host_memory
+from layoutlab.xla.host_memory import ENV_SETTING
+
+glibc_only = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="the malloc settings exist on Linux with glibc only",
+)
+
+# A jitted sort of 36 MB: XLA:CPU allocates a temp buffer of that size on every call, above
+# glibc's largest mmap threshold (32 MiB), so by default each call maps it fresh.
+_PROBE = """
+import json, resource, sys
+from layoutlab.xla import keep_host_memory, host_memory_state
+if sys.argv[1] == "keep":
+    keep_host_memory()
+import jax, jax.numpy as jnp
+f = jax.jit(lambda x: jnp.sort(x * 2.0)[::1024].sum())
+x = jnp.arange(9 * 2**20, dtype=jnp.float32)
+temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"temp": temp, "faults": faults, "state": list(host_memory_state())}))
+"""
+
+
+def _probe(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_kept_host_memory_stops_the_temp_buffer_faulting():
+    default, kept = _probe("default"), _probe("keep")
+    assert default["state"] == [False, "default glibc malloc"]
+    assert kept["state"] == [True, "mallopt"]
+    pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
+    assert pages > 8000  # the probe really has a temp buffer above the mmap threshold
+    # The first calls grow the heap; after that a call reuses it. Steady state: the last
+    # three calls. Without the setting each call faults the whole buffer again (one fault
+    # per page, unless transparent huge pages back the mapping: then faults are cheap too
+    # and the comparison says nothing).
+    if min(default["faults"][3:]) < pages / 2:
+        pytest.skip("this kernel backs fresh mappings with huge pages; nothing to compare")
+    assert max(kept["faults"][3:]) < pages / 100, kept
+    assert min(default["faults"][3:]) > pages / 2, default
+
+
+@glibc_only
+def test_too_late_is_a_clear_error():
+    if host_memory_state().kept:
+        pytest.skip("GLIBC_TUNABLES already keeps host memory in this process")
+    with pytest.raises(HostMemoryError, match="before JAX starts its backend") as err:
+        keep_host_memory()
+    assert "GLIBC_TUNABLES=" in str(err.value)
+    assert host_memory_state().kept is False  # nothing was changed half-way
+
+
+@glibc_only
+def test_cli_flag_too_late_exits_with_the_fix(capsys):
+    if host_memory_state().kept:
+        pytest.skip("GLIBC_TUNABLES already keeps host memory in this process")
+    code = cli.main(["bench", "--model", "small_cnn", "--keep-host-memory", "--out", "unused"])
+    assert code == 2
+    assert "before JAX starts its backend" in capsys.readouterr().err
+
+
+def test_environment_setting_names_every_tunable():
+    # The fallback printed in the error must carry all three settings keep_host_memory sets.
+    for tunable in ("arena_max=1", "mmap_max=0", "trim_threshold="):
+        assert f"glibc.malloc.{tunable}" in ENV_SETTING
+
+
+@glibc_only
+def test_bench_records_kept_host_memory(tmp_path):
+    out = tmp_path / "bench"
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    args = [
+        "bench", "--model", "small_cnn", "--tiny", "--layouts", "NHWC", "--precisions",
+        "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
+        "--keep-host-memory", "--no-plots", "--out", str(out),
+    ]  # fmt: skip
+    code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
+    machine = json.loads((out / "machine.json").read_text())["machine"]
+    assert machine["host_memory_kept"] is True
+    assert machine["host_memory"] == "mallopt"
+
+
+def test_train_bench_and_conv_autotune_take_the_flag():
+    parser = cli.build_parser()
+    for argv in (
+        ["train", "--keep-host-memory"],
+        ["bench", "--model", "resnet18", "--out", "x", "--keep-host-memory"],
+        ["conv-autotune", "--model", "resnet18", "--batch-size", "2", "--keep-host-memory"],
+    ):
+        assert parser.parse_args(argv).keep_host_memory is True
+        assert parser.parse_args(argv[:-1]).keep_host_memory is False
