@@ -16,6 +16,9 @@ COMMANDS = (
     "layoutlab.bench.command",
 )
 
+# The commands that run steps over and over, where a per-call temp buffer's page faults add up.
+KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "conv-autotune")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -25,6 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)
+    # Defined here, beside main(), which applies it before any command starts JAX.
+    for name in KEEP_HOST_MEMORY_COMMANDS:
+        subparsers.choices[name].add_argument(
+            "--keep-host-memory",
+            action="store_true",
+            help="keep freed host memory in the process (glibc malloc settings, see "
+            "layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its temp buffer on "
+            "every call; process-wide, so PyTorch in the same process gets it too",
+        )
     return parser
 
 

@@ -72,16 +72,6 @@ def _add_conv_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_keep_host_memory(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--keep-host-memory",
-        action="store_true",
-        help="keep freed host memory in the process (glibc malloc settings, see "
-        "layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its temp buffer on "
-        "every call; process-wide, so PyTorch in the same run gets it too",
-    )
-
-
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="registry name, e.g. resnet18 (see `models`)")
     p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
@@ -245,7 +235,6 @@ def register(subparsers) -> None:
         help="skip configurations whose step takes (or is predicted to take) longer",
     )
     p.add_argument("--note", help="free text stored with the machine info")
-    _add_keep_host_memory(p)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run_bench)
@@ -290,7 +279,6 @@ def register(subparsers) -> None:
     c.add_argument("--objective", choices=("train", "inference"), default="train")
     _add_conv_args(c)
     c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
-    _add_keep_host_memory(c)
     c.add_argument("--cache", help="default: $LAYOUTLAB_CONV_AUTOTUNE_CACHE or ~/.cache/...")
     c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
     c.add_argument("--json", action="store_true", help="print every result as JSON")

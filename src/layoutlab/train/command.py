@@ -93,12 +93,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT (Eigen convs on XLA:CPU, faster NCHW training)",
     )
     p.add_argument(
-        "--keep-host-memory",
-        action="store_true",
-        help="keep freed host memory in the process (see layoutlab.xla.keep_host_memory): "
-        "XLA:CPU stops page-faulting its temp buffer on every step",
-    )
-    p.add_argument(
         "--set",
         action="append",
         default=[],
