@@ -5,8 +5,8 @@ batch 128) on every call, from its own worker threads. glibc serves an allocatio
 from a fresh ``mmap`` and returns it with ``munmap`` when it is freed, so each call
 page-faults the whole buffer again and the kernel zeroes every page: about 370,000 minor
 faults and 0.8 s of system time per step on a 2-core machine. ``keep_host_memory()`` sets
-three glibc ``mallopt`` parameters so that freed memory stays in the heap and the next call
-reuses it:
+three glibc ``mallopt`` parameters so that freed memory stays in the heap and later calls
+reuse it (the first few calls still grow the heap to its peak):
 
 - ``M_ARENA_MAX=1``: one arena for every thread. A worker thread's own arena cannot hold a
   1.4 GB block and glibc then maps it fresh whatever ``M_MMAP_MAX`` says.
@@ -102,7 +102,8 @@ def keep_host_memory() -> HostMemoryState:
     changes nothing and says so in ``how``."""
     global _applied
     state = host_memory_state()
-    if state.kept or _glibc() is None:
+    libc = _glibc()
+    if state.kept or libc is None:
         return state
     if _backend_started():
         raise HostMemoryError(
@@ -110,7 +111,6 @@ def keep_host_memory() -> HostMemoryState:
             "already chose their malloc arenas. Call it first thing (before any jax "
             f"computation or jax.devices()), or start Python with {ENV_SETTING}."
         )
-    libc = _glibc()
     for param, value in _SETTINGS:
         if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
             raise HostMemoryError(f"glibc refused mallopt({param}, {value}).")
