@@ -36,17 +36,9 @@ from layoutlab.xla.formats import (
     physical_format,
     place_in_formats,
 )
-from layoutlab.xla.hlo import (
-    ConvOp,
-    DataMoveOp,
-    DotOp,
-    HloReport,
-    compare_table,
-    conv_table,
-    decode_dim_labels,
-    diff,
-    hlo_report,
-)
+from layoutlab.xla.hlo import HloReport, compare_table, conv_table, diff, hlo_report
+from layoutlab.xla.hlo_extract import decode_dim_labels
+from layoutlab.xla.hlo_ops import ConvOp, DataMoveOp, DotOp
 from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
 from layoutlab.xla.host_memory import (
     HostMemoryError,

@@ -55,7 +55,8 @@ from layoutlab.train.steps import make_forward, make_train_step
 from layoutlab.xla.backends import resolve_backend
 from layoutlab.xla.compile import CompileReport, compile_report
 from layoutlab.xla.formats import LayoutAPIUnavailable, LayoutUnsupportedError
-from layoutlab.xla.hlo import ConvOp, DataMoveOp, HloReport
+from layoutlab.xla.hlo import HloReport
+from layoutlab.xla.hlo_ops import ConvOp, DataMoveOp
 
 __all__ = [
     "MODES",
