@@ -217,6 +217,17 @@ def _is_dot(ins: Instruction) -> bool:
     return ins.opcode == "custom-call" and ("gemm" in target or "matmul" in target)
 
 
+def _call_site(ins: Instruction, fusion: str | None) -> dict:
+    """The fields a conv or dot record starts with: which instruction, where it runs."""
+    return dict(
+        name=ins.name,
+        opcode=ins.opcode,
+        target=_unquote(ins.attrs.get("custom_call_target")),
+        computation=ins.computation,
+        fusion=fusion,
+    )
+
+
 def _conv(ins: Instruction, fusion: str | None) -> ConvOp:
     labels = ins.attrs.get("dim_labels")
     lhs, rhs, out = _operand(ins, 0), _operand(ins, 1), first_array(ins.shape)
@@ -229,11 +240,7 @@ def _conv(ins: Instruction, fusion: str | None) -> ConvOp:
             "output": physical_order(logical["output"], out),
         }
     return ConvOp(
-        name=ins.name,
-        opcode=ins.opcode,
-        target=_unquote(ins.attrs.get("custom_call_target")),
-        computation=ins.computation,
-        fusion=fusion,
+        **_call_site(ins, fusion),
         dim_labels=labels,
         lhs=lhs,
         rhs=rhs,
@@ -248,11 +255,7 @@ def _conv(ins: Instruction, fusion: str | None) -> ConvOp:
 
 def _dot(ins: Instruction, fusion: str | None) -> DotOp:
     return DotOp(
-        name=ins.name,
-        opcode=ins.opcode,
-        target=_unquote(ins.attrs.get("custom_call_target")),
-        computation=ins.computation,
-        fusion=fusion,
+        **_call_site(ins, fusion),
         lhs=_operand(ins, 0),
         rhs=_operand(ins, 1),
         out=first_array(ins.shape),
