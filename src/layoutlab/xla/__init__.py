@@ -20,6 +20,7 @@ from layoutlab.xla.cache import (
     watch_compilation,
 )
 from layoutlab.xla.compile import CompileReport, compile_report
+from layoutlab.xla.conv_rows import ConvRow
 from layoutlab.xla.flags import (
     CPU_FAST_OPTIONS,
     CPU_FLAGS,
@@ -46,14 +47,10 @@ from layoutlab.xla.host_memory import (
     host_memory_state,
     keep_host_memory,
 )
-from layoutlab.xla.inspect import (
-    ConvRow,
-    ModelInspection,
-    ModelLayoutComparison,
-    compare_model_layouts,
-    inspect_model,
-)
+from layoutlab.xla.inspect import inspect_model
+from layoutlab.xla.inspection import ModelInspection
 from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
+from layoutlab.xla.model_layout_comparison import ModelLayoutComparison, compare_model_layouts
 
 __all__ = [
     "CPU_FAST_OPTIONS",

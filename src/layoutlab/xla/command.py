@@ -55,7 +55,8 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _inspect(args: argparse.Namespace):
     from layoutlab.xla.flags import cpu_fast_options
-    from layoutlab.xla.inspect import compare_model_layouts, inspect_model
+    from layoutlab.xla.inspect import inspect_model
+    from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
     common = dict(
         precision=args.precision,
@@ -81,7 +82,8 @@ def _inspect(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Run ``layoutlab inspect``; bad input prints one ``error: ...`` line and returns 2."""
-    from layoutlab.xla.inspect import ModelLayoutComparison, write_text
+    from layoutlab.xla.inspection import write_text
+    from layoutlab.xla.model_layout_comparison import ModelLayoutComparison
 
     try:
         if args.cache_dir:
