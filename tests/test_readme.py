@@ -27,7 +27,10 @@ def _blocks() -> list[tuple[str, str]]:
     for m in _FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         heading = ""
-        for h in re.finditer(r"^#+ (.+)$", text[: m.start()], re.M):
+        # Headings outside code blocks only: a "# comment" inside one is not a heading.
+        for h in re.finditer(
+            r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text[: m.start()], flags=re.S | re.M), re.M
+        ):
             heading = h.group(1)
         slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
         out.append((f"L{line}-{slug}", m.group(1)))
