@@ -242,7 +242,8 @@ def test_nonfinite_step_changes_nothing_and_training_continues(batches):
     bad, metrics = step(state, _poison(batches[3][0]), batches[3][1])
     assert not bool(metrics["grads_finite"])
     assert _tree_bits_equal(bad.params, state.params)
-    assert _tree_bits_equal(bad.model_state, state.model_state)  # batch stats of the bad batch discarded
+    # The batch stats of the bad batch are discarded.
+    assert _tree_bits_equal(bad.model_state, state.model_state)
     assert _tree_bits_equal(bad.opt_state.inner_state, state.opt_state.inner_state)
     assert int(skipped_steps(bad.opt_state)) == before_skipped + 1
     assert float(bad.loss_scale.loss_scale) == scale / 2  # GradScaler's backoff

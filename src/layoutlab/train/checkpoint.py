@@ -313,10 +313,13 @@ class Checkpointer:
         """
         for step in reversed(self.steps()):
             try:
-                return self.restore(step, target), step
+                state = self.restore(step, target)
             except CorruptCheckpointError as e:
                 moved = self.quarantine(step)
                 self.log(f"warning: {e} Moved it to {moved}; trying the previous checkpoint.")
+                continue
+            self._prune(step)  # what a kill before the last deletion left
+            return state, step
         return None
 
     def close(self) -> None:

@@ -113,14 +113,40 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _saved_config(workdir: Path) -> TrainConfig:
+    """The run's config for ``--resume``: its ``config.json``, else its newest readable
+    checkpoint's; an error if it has neither."""
+    path = workdir / "config.json"
+    if path.is_file():
+        saved, source = path.read_text(), str(path)
+        try:
+            saved = json.loads(saved)
+        except ValueError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it.") from None
+    else:
+        from layoutlab.train.checkpoint import newest_meta
+        from layoutlab.train.loop import CHECKPOINT_DIR
+
+        found = newest_meta(workdir / CHECKPOINT_DIR)
+        if found is None or not isinstance(found[0].get("extra", {}).get("config"), dict):
+            raise ValueError(
+                f"Nothing to resume in {workdir}: it has no config.json and no checkpoint; "
+                "check --workdir, or start a new run there without --resume."
+            )
+        saved, source = found[0]["extra"]["config"], f"checkpoint {found[1]}"
+    try:
+        return TrainConfig.from_dict(saved)
+    except ValueError as e:
+        raise ValueError(f"The saved config in {source} is not usable: {e}") from None
+
+
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     """The config from defaults (or the workdir's config.json on --resume) plus the flags."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
-    saved = Path(args.workdir) / "config.json" if args.workdir else None
-    if args.resume and saved is not None and saved.is_file():
-        config = TrainConfig.from_dict(json.loads(saved.read_text()))
+    if args.resume:
+        config = _saved_config(Path(args.workdir))
     overrides = [
         f"{field}={getattr(args, flag)}"
         for flag, field in _FLAGS.items()

@@ -1,4 +1,5 @@
-"""``evaluate``: loss and accuracy of a train state over a data set's whole test split."""
+"""``evaluate``: loss and accuracy of a train state over a data set's whole test split, and
+the host-side scalars (loss scale, skipped steps) that go into the same record."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import jax
 from layoutlab.data import Dataset, epoch_batches
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.sharding import Shardings
+from layoutlab.train.skip import skipped_steps
+from layoutlab.train.state import TrainState
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "host_scalars"]
 
 
 def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
@@ -34,4 +37,11 @@ def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Sha
     return {
         "test_loss": float(total["loss_sum"]) / count,
         "test_accuracy": int(total["correct"]) / count,
+    }
+
+
+def host_scalars(state: TrainState) -> dict:
+    return {
+        "loss_scale": float(state.loss_scale.loss_scale),
+        "skipped_steps": int(skipped_steps(state.opt_state)),
     }

@@ -39,7 +39,7 @@ from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, missing_choices
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.config import TrainConfig, builder_options, validate
-from layoutlab.train.evaluation import evaluate
+from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -54,8 +54,7 @@ from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.sharding import Shardings, make_shardings
-from layoutlab.train.skip import skipped_steps
-from layoutlab.train.state import TrainState, create_train_state, split_model
+from layoutlab.train.state import create_train_state, split_model
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
 from layoutlab.train.steps import make_eval_step, make_train_step
 from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
@@ -84,6 +83,18 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
             f"model_kwargs.in_channels={channels} but {config.data!r} has "
             f"{dataset.num_channels} channels; drop in_channels (it is set from the data)."
         )
+    # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
+    # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
+    images, _ = _batch_spec(config, dataset, 2, None)
+    try:
+        model = nnx.eval_shape(lambda: build_model(config, dataset))
+        nnx.eval_shape(lambda m, x: m(x), model, images)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
+            f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
+        ) from None
 
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
@@ -202,13 +213,6 @@ def _abstract(init, sharding):
     )
 
 
-def _host_scalars(state: TrainState) -> dict:
-    return {
-        "loss_scale": float(state.loss_scale.loss_scale),
-        "skipped_steps": int(skipped_steps(state.opt_state)),
-    }
-
-
 def train_and_evaluate(
     config: TrainConfig, workdir: str | Path, *, resume: bool = False, quiet: bool = False
 ) -> dict:
@@ -225,8 +229,8 @@ def train_and_evaluate(
     config = validate(config, jax.device_count())
     workdir = Path(workdir)
     dataset = get_dataset(config.data)
-    _check_dataset(config, dataset)
     schedule = make_step_schedule(config, dataset)
+    _check_dataset(config, dataset)
     try:
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
@@ -321,7 +325,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
 def _eval_record(run: _Run, state, step: int) -> dict:
     record = {"step": step, "epoch": run.schedule.epoch(step)}
     record.update(evaluate(run.eval_step, state, run.dataset, run.config, run.shard))
-    record.update(_host_scalars(state))
+    record.update(host_scalars(state))
     return record
 
 
