@@ -38,6 +38,7 @@ from layoutlab.train.manifest import (
     verify_manifest,
     write_manifest,
 )
+from layoutlab.train.save_guard import quiet_failed_save
 
 __all__ = [
     "MANIFEST",
@@ -228,13 +229,14 @@ class Checkpointer:
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
         meta.update(key_impls=impls, extra=extra or {})
         _kill_point("before_save", step)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"leaves": leaves}), meta=ocp.args.JsonSave(meta)
-            ),
-        )
-        self._manager.wait_until_finished()
+        with quiet_failed_save():
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"leaves": leaves}), meta=ocp.args.JsonSave(meta)
+                ),
+            )
+            self._manager.wait_until_finished()
         _kill_point("after_save", step)
         step_dir = self.step_dir(step)
         if self._main:

@@ -15,6 +15,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -29,12 +30,30 @@ class WorkdirError(ValueError):
     """The workdir cannot be used: in use by another run, or the filesystem refused."""
 
 
+# tensorstore (under orbax) reports a failed write as a ValueError with the errno inside.
+_TENSORSTORE_OS_ERROR = re.compile(r"os_error_code='?(\d+)")
+_QUOTED_PATH = re.compile(r'"(/[^"]*)"')
+
+
+def _tensorstore_oserror(exc: BaseException) -> OSError | None:
+    message = str(exc)
+    code = _TENSORSTORE_OS_ERROR.search(message)
+    if code is None:
+        return None
+    path = _QUOTED_PATH.search(message)
+    # Name the checkpoint step, not orbax's temporary directory inside it.
+    where = path and re.sub(r"\.orbax-checkpoint-tmp.*$", "", path.group(1))
+    return OSError(int(code.group(1)), os.strerror(int(code.group(1))), where)
+
+
 def _find_oserror(exc: BaseException | None) -> OSError | None:
     """The first ``OSError`` in ``exc``'s cause/context chain (orbax wraps them)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, OSError):
             return exc
+        if (found := _tensorstore_oserror(exc)) is not None:
+            return found
         seen.add(id(exc))
         if isinstance(exc, BaseExceptionGroup):
             found = [e for e in map(_find_oserror, exc.exceptions) if e is not None]
