@@ -10,7 +10,6 @@ The killed runs are subprocesses; the resumes run in this process.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,16 +37,6 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 train_and_evaluate(TrainConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], quiet=True)
 """
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return {
-        **os.environ,
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
 
 
 @pytest.fixture(scope="module")

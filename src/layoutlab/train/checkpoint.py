@@ -38,7 +38,7 @@ from layoutlab.train.manifest import (
     verify_manifest,
     write_manifest,
 )
-from layoutlab.train.save_guard import quiet_failed_save
+from layoutlab.train.orbax_failures import quiet_orbax_failure
 
 __all__ = [
     "MANIFEST",
@@ -182,9 +182,11 @@ def _check_stored(manager, step: int, step_dir: Path, meta: dict) -> None:
 
 def _read_leaves(manager, step: int, step_dir: Path, abstract: list) -> list:
     try:
-        restored = manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract}))
-        )
+        with quiet_orbax_failure():  # a damaged step without a manifest fails half way
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract})),
+            )
         return restored["state"]["leaves"]
     except Exception as e:
         raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
@@ -229,7 +231,7 @@ class Checkpointer:
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
         meta.update(key_impls=impls, extra=extra or {})
         _kill_point("before_save", step)
-        with quiet_failed_save():
+        with quiet_orbax_failure():
             self._manager.save(
                 step,
                 args=ocp.args.Composite(

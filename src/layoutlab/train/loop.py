@@ -223,8 +223,8 @@ def train_and_evaluate(
     ``resume=True`` continues from the newest checkpoint that restores (corrupt ones are
     moved to ``checkpoints/corrupt/`` with a warning), after checking that ``config`` changes
     nothing the run may not change (``train.resume``). Every config error is raised as a
-    ``ValueError`` before anything is compiled, and so is every filesystem error
-    (``WorkdirError``, naming the path and the fix).
+    ``ValueError`` before anything is compiled; a filesystem error is raised as a
+    ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
     config = validate(config, jax.device_count())
     workdir = Path(workdir)
@@ -242,7 +242,7 @@ def train_and_evaluate(
                 return _run(config, workdir, dataset, schedule, ckpt, resume, quiet)
             finally:
                 ckpt.close()
-    except (WorkdirError, KeyboardInterrupt):
+    except WorkdirError:
         raise
     except Exception as e:
         error = filesystem_error(e, workdir)
