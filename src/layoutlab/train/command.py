@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -114,26 +113,18 @@ def register(subparsers) -> None:
 
 
 def _saved_config(workdir: Path) -> TrainConfig:
-    """The run's config for ``--resume``: its ``config.json``, else its newest readable
-    checkpoint's; an error if it has neither."""
-    path = workdir / "config.json"
-    if path.is_file():
-        saved, source = path.read_text(), str(path)
-        try:
-            saved = json.loads(saved)
-        except ValueError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); fix or delete it.") from None
-    else:
-        from layoutlab.train.checkpoint import newest_meta
-        from layoutlab.train.loop import CHECKPOINT_DIR
+    """The run's config for ``--resume``: its ``config.json`` (where you may edit what may
+    change), else its newest readable checkpoint's; an error if it has neither."""
+    from layoutlab.train.loop import CHECKPOINT_DIR
+    from layoutlab.train.resume import saved_run_config
 
-        found = newest_meta(workdir / CHECKPOINT_DIR)
-        if found is None or not isinstance(found[0].get("extra", {}).get("config"), dict):
-            raise ValueError(
-                f"Nothing to resume in {workdir}: it has no config.json and no checkpoint; "
-                "check --workdir, or start a new run there without --resume."
-            )
-        saved, source = found[0]["extra"]["config"], f"checkpoint {found[1]}"
+    found = saved_run_config(workdir, workdir / CHECKPOINT_DIR, prefer_config_json=True)
+    if found is None:
+        raise ValueError(
+            f"Nothing to resume in {workdir}: it has no config.json and no checkpoint; "
+            "check --workdir, or start a new run there without --resume."
+        )
+    saved, source = found
     try:
         return TrainConfig.from_dict(saved)
     except ValueError as e:

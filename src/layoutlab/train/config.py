@@ -229,8 +229,9 @@ def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) 
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
 
 
-def _check_float(config: TrainConfig, name: str, low: float, high: float | None = None, *,
-                 low_open: bool = False) -> None:
+def _check_float(
+    config: TrainConfig, name: str, low: float, high: float | None = None, *, low_open: bool = False
+) -> None:
     """``getattr(config, name)`` must be finite and in ``[low, high)`` (``(low, ...`` when
     ``low_open``); NaN and infinities fail every comparison that lets a value through."""
     value = getattr(config, name)

@@ -48,9 +48,7 @@ def _crc32(path: Path) -> int:
 
 
 def _files(step_dir: Path) -> list[Path]:
-    return sorted(
-        p for p in step_dir.rglob("*") if p.is_file() and p.name not in (MANIFEST, _TMP)
-    )
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name not in (MANIFEST, _TMP))
 
 
 def has_manifest(step_dir: Path) -> bool:

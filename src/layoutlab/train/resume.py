@@ -50,20 +50,37 @@ class ResumeError(ValueError):
     """A resume that would change the run, or that has no run to continue."""
 
 
-def saved_run_config(workdir: Path, checkpoint_dir: Path) -> tuple[dict, str] | None:
-    """``(config dict, where it came from)``: the newest readable checkpoint's config, else
-    ``config.json``, else None."""
-    found = newest_meta(checkpoint_dir)
-    if found is not None and isinstance(found[0].get("extra", {}).get("config"), dict):
-        return found[0]["extra"]["config"], f"checkpoint {found[1]}"
-    path = workdir / CONFIG_FILE
-    if path.is_file():
+def saved_run_config(
+    workdir: Path, checkpoint_dir: Path, *, prefer_config_json: bool = False
+) -> tuple[dict, str] | None:
+    """``(config dict, where it came from)`` of the run in ``workdir``, or None: the newest
+    readable checkpoint's config (what a resume continues) or ``config.json``, whichever
+    ``prefer_config_json`` puts first."""
+
+    def from_checkpoint():
+        found = newest_meta(checkpoint_dir)
+        if found is not None and isinstance(found[0].get("extra", {}).get("config"), dict):
+            return found[0]["extra"]["config"], f"checkpoint {found[1]}"
+        return None
+
+    def from_config_json():
+        path = workdir / CONFIG_FILE
+        if not path.is_file():
+            return None
         try:
             saved = json.loads(path.read_text())
         except ValueError as e:
             raise ResumeError(f"{path} is not valid JSON ({e}); fix or delete it.") from None
-        if isinstance(saved, dict):
-            return saved, str(path)
+        return (saved, str(path)) if isinstance(saved, dict) else None
+
+    order = (
+        (from_config_json, from_checkpoint)
+        if prefer_config_json
+        else (from_checkpoint, from_config_json)
+    )
+    for source in order:
+        if (found := source()) is not None:
+            return found
     return None
 
 
