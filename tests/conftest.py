@@ -33,3 +33,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The environment for training subprocesses of one test module: they share a persistent
+    compilation cache, so a resumed or repeated run reads its programs back."""
+    cache = tmp_path_factory.mktemp("jax_cache")
+    return {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }

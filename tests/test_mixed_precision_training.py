@@ -242,7 +242,8 @@ def test_nonfinite_step_changes_nothing_and_training_continues(batches):
     bad, metrics = step(state, _poison(batches[3][0]), batches[3][1])
     assert not bool(metrics["grads_finite"])
     assert _tree_bits_equal(bad.params, state.params)
-    assert _tree_bits_equal(bad.rest, state.rest)  # batch stats of the bad batch discarded
+    # The batch stats of the bad batch are discarded.
+    assert _tree_bits_equal(bad.model_state, state.model_state)
     assert _tree_bits_equal(bad.opt_state.inner_state, state.opt_state.inner_state)
     assert int(skipped_steps(bad.opt_state)) == before_skipped + 1
     assert float(bad.loss_scale.loss_scale) == scale / 2  # GradScaler's backoff
@@ -267,7 +268,7 @@ def test_skipped_micro_step_does_not_poison_the_accumulator(batches):
     s2, metrics = step(s1, _poison(x2), y2)
     assert not bool(metrics["grads_finite"])
     assert _tree_bits_equal(s2.params, s1.params)
-    assert _tree_bits_equal(s2.rest, s1.rest)
+    assert _tree_bits_equal(s2.model_state, s1.model_state)
     assert _tree_bits_equal(multi(s2), multi(s1))  # accumulator and mini-step untouched
     assert int(skipped_steps(s2.opt_state)) == 1
 
@@ -278,7 +279,7 @@ def test_skipped_micro_step_does_not_poison_the_accumulator(batches):
     assert int(multi(s3).mini_step) == 0 and int(multi(s3).gradient_step) == 1
     assert not _tree_bits_equal(s3.params, s1.params)  # the accumulated update was applied
     assert _tree_bits_equal(s3.params, clean.params)
-    assert _tree_bits_equal(s3.rest, clean.rest)
+    assert _tree_bits_equal(s3.model_state, clean.model_state)
     assert _tree_bits_equal(multi(s3), multi(clean))
     acc = multi(s3).acc_grads
     assert all(np.all(np.isfinite(a)) for a in jax.tree.leaves(acc))

@@ -7,7 +7,6 @@ programs as the uninterrupted one, and reading them back saves most of its start
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -64,16 +63,6 @@ def _cli():
     if "layoutlab.train.command" in getattr(cli, "COMMANDS", ()):
         return [sys.executable, "-m", "layoutlab.cli"]
     return [sys.executable, "-m", "layoutlab.train.command"]
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("jax_cache")
-    return {
-        **os.environ,
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    }
 
 
 @pytest.fixture(scope="module")

@@ -94,7 +94,7 @@ def test_bad_overrides_name_the_field(item, message):
         ({"remat": True}, "remat=True is not supported by 'small_cnn'.*resnet18"),
         ({"model_kwargs": {"depth": 3}}, r"model_kwargs \['depth'\] are not options"),
         ({"model_kwargs": {"layout": "NCHW"}}, "model_kwargs may not set"),
-        ({"learning_rate": 0.0}, "learning_rate must be > 0"),
+        ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
         ({"schedule": "step"}, "Unknown schedule 'step'"),
         ({"seed": -1}, "seed must lie in"),
     ],

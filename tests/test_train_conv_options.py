@@ -163,7 +163,7 @@ def test_channels_last_checkpoint_resumes_bit_for_bit(conv_run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(conv_run, copy)
     shutil.rmtree(copy / "checkpoints" / "3")
-    with pytest.raises(ValueError, match="kernel_storage='channels_last'.*--kernel-storage"):
+    with pytest.raises(ValueError, match="kernel_storage='layout'.*with kernel_storage='channels_"):
         loop.train_and_evaluate(_config(), copy, resume=True, quiet=True)
     record = loop.train_and_evaluate(_config(**CONV), copy, resume=True, quiet=True)
     assert record["step"] == 3

@@ -162,12 +162,16 @@ def test_flipped_byte_is_detected(base_run, tmp_path):
         read_checkpoint(copy, step=3)
 
 
-def test_incomplete_checkpoint_without_manifest(base_run, tmp_path):
-    workdir, _, _ = base_run
+def test_checkpoint_without_manifest_is_verified_by_reading(base_run, tmp_path):
+    """A kill between orbax's commit and the manifest leaves a whole step without one: it is
+    read when its stored arrays match its recorded shapes, and refused when they do not."""
+    workdir, _, final = base_run
     copy = tmp_path / "copy"
     shutil.copytree(workdir / "checkpoints", copy)
     (copy / "6" / "layoutlab_manifest.json").unlink()
-    with pytest.raises(CorruptCheckpointError, match="is incomplete"):
+    _assert_bitwise_equal(final, read_checkpoint(copy, step=6)[0])
+    _truncate_largest_file(copy / "6")
+    with pytest.raises(CorruptCheckpointError, match=f"Checkpoint {copy / '6'}"):
         read_checkpoint(copy, step=6)
 
 
@@ -182,8 +186,13 @@ def test_resume_with_another_model_is_refused(base_run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(workdir, copy)
     wider = TrainConfig(**{**TINY.to_dict(), "model_kwargs": {"width": 8, "hidden": 16}})
-    with pytest.raises(IncompatibleCheckpointError, match="does not match this run's train state"):
+    with pytest.raises(ValueError, match="with model_kwargs=.*may not change within a run"):
         train_and_evaluate(wider, copy, resume=True, quiet=True)
+    # A checkpoint whose config does not say so is still refused, by its arrays' shapes.
+    with Checkpointer(copy / "checkpoints") as ckpt:
+        state = nnx.eval_shape(lambda: models.create("small_cnn", width=8, hidden=16))
+        with pytest.raises(IncompatibleCheckpointError, match="does not match this run's"):
+            ckpt.restore(6, nnx.state(state))
     # Nothing was moved aside: the checkpoints are fine, the config is not.
     with Checkpointer(copy / "checkpoints") as ckpt:
         assert ckpt.steps() == [3, 6]

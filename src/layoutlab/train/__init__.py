@@ -16,14 +16,18 @@ from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.metrics import read_records
 from layoutlab.train.optim import make_optimizer, make_schedule
 from layoutlab.train.plot import plot_metrics
+from layoutlab.train.resume import ResumeError
 from layoutlab.train.sharding import make_shardings
+from layoutlab.train.workdir import WorkdirError
 
 __all__ = [
     "CheckpointError",
     "Checkpointer",
     "CorruptCheckpointError",
     "IncompatibleCheckpointError",
+    "ResumeError",
     "TrainConfig",
+    "WorkdirError",
     "apply_overrides",
     "make_optimizer",
     "make_schedule",

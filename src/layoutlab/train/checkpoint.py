@@ -2,22 +2,25 @@
 
 Layout of ``<dir>/<step>/``: orbax's ``state`` item (the flattened leaves), its ``meta`` item
 (JSON: the leaves' tree paths, shapes and dtypes, plus caller data such as the config) and
-``layoutlab_manifest.json``: size and CRC-32 of every file orbax wrote, added once the save
-has committed. orbax makes a save atomic (it writes a temporary directory and renames it); the
-manifest makes a checkpoint whose files were later truncated or altered detectable *before*
-orbax reads it. A step without a manifest was interrupted between the two and counts as
-incomplete.
+``layoutlab_manifest.json`` (``train.manifest``: size and CRC-32 of every file orbax wrote).
+
+Commit order, so that a kill at any instant leaves a usable checkpoint for any
+``max_to_keep >= 1``: (1) orbax saves the step (atomically: a temporary directory renamed
+into place); (2) the manifest is written and checked; (3) only then are steps beyond
+``max_to_keep`` deleted, each first renamed into ``deleting/`` so none is ever half there.
+orbax's own retention is off (it would delete old steps inside (1)). A step that orbax
+committed but that has no manifest (a kill between (1) and (2)) is verified by reading it:
+its stored arrays must have the recorded shapes and dtypes and restore; then it is used.
 
 PRNG key arrays are stored as their raw ``key_data`` and wrapped again on restore.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import signal
 import sys
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,83 +29,48 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from layoutlab.train.manifest import (
+    MANIFEST,
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    has_manifest,
+    verify_manifest,
+    write_manifest,
+)
+from layoutlab.train.orbax_failures import quiet_orbax_failure
+
 __all__ = [
+    "MANIFEST",
     "CheckpointError",
     "Checkpointer",
     "CorruptCheckpointError",
     "IncompatibleCheckpointError",
+    "newest_meta",
     "read_checkpoint",
 ]
 
-MANIFEST = "layoutlab_manifest.json"
 QUARANTINE = "corrupt"  # unusable checkpoints are moved to <dir>/corrupt/<step>
-_CHUNK = 1 << 20
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be restored."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A checkpoint's files are missing, truncated or altered, or its save never finished."""
-
-
-class IncompatibleCheckpointError(CheckpointError):
-    """A checkpoint holds a different state (another model, optimizer or precision)."""
+TRASH = "deleting"  # old steps are renamed here, then removed
+# Tests only: "POINT" or "POINT@STEP" kills this process with SIGKILL at that point of save().
+KILL_HOOK_ENV = "LAYOUTLAB_TEST_CHECKPOINT_KILL"
+KILL_POINTS = ("before_save", "after_save", "after_manifest", "during_delete")
+# TrainState.model_state was called ``rest`` before; its checkpoints still restore.
+_RENAMED_PATHS = ((".rest", ".model_state"),)
 
 
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def _files(step_dir: Path) -> list[Path]:
-    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
-
-
-def write_manifest(step_dir: Path) -> None:
-    files = {
-        str(p.relative_to(step_dir)): {"size": p.stat().st_size, "crc32": _crc32(p)}
-        for p in _files(step_dir)
-    }
-    tmp = step_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"files": files}, indent=1))
-    os.replace(tmp, step_dir / MANIFEST)
-
-
-def verify_manifest(step_dir: Path) -> None:
-    """Raises ``CorruptCheckpointError`` naming ``step_dir`` unless every file checks out."""
-    manifest = step_dir / MANIFEST
-    if not manifest.is_file():
-        raise CorruptCheckpointError(
-            f"Checkpoint {step_dir} is incomplete: it has no {MANIFEST} (the run was probably "
-            "killed while saving it)."
-        )
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir}: unreadable {MANIFEST} ({e}).") from e
-    for name, want in files.items():
-        path = step_dir / name
-        if not path.is_file():
-            raise CorruptCheckpointError(f"Checkpoint {step_dir} is corrupt: {name} is missing.")
-        size = path.stat().st_size
-        if size != want["size"]:
-            raise CorruptCheckpointError(
-                f"Checkpoint {step_dir} is corrupt: {name} has {size} bytes, "
-                f"{want['size']} were written."
-            )
-        if _crc32(path) != want["crc32"]:
-            raise CorruptCheckpointError(
-                f"Checkpoint {step_dir} is corrupt: {name} fails its CRC-32 check."
-            )
+def _kill_point(point: str, step: int) -> None:
+    """The crash-test hook: nothing happens unless the test's environment variable names it."""
+    wanted = os.environ.get(KILL_HOOK_ENV)
+    if not wanted:
+        return
+    name, _, at = wanted.partition("@")
+    if name == point and (not at or int(at) == step):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _is_key(x) -> bool:
@@ -128,8 +96,18 @@ def _stored_dtype(name: str):
     return jnp.uint32 if name.startswith("key<") else jnp.dtype(name)
 
 
+def _saved_paths(meta: dict) -> list[str]:
+    paths = []
+    for path in meta["paths"]:
+        for old, new in _RENAMED_PATHS:
+            if path == old or path.startswith((old + "[", old + ".")):
+                path = new + path[len(old) :]
+        paths.append(path)
+    return paths
+
+
 def _check_compatible(step_dir: Path, meta: dict, paths, shapes, dtypes) -> None:
-    saved = list(zip(meta["paths"], meta["shapes"], meta["dtypes"], strict=True))
+    saved = list(zip(_saved_paths(meta), meta["shapes"], meta["dtypes"], strict=True))
     want = list(zip(paths, shapes, dtypes, strict=True))
     if saved == want:
         return
@@ -148,16 +126,70 @@ def _check_compatible(step_dir: Path, meta: dict, paths, shapes, dtypes) -> None
     )
 
 
-def _options(max_to_keep: int | None, writing: bool = True):
+def _options(writing: bool = True):
     # Synchronous saves: save() returns once the checkpoint is committed, so the manifest
     # can be written right after, and the next (buffer-donating) step cannot race it.
+    # max_to_keep=None: retention is ours (see the module docstring).
     # Readers leave the directory alone (orbax's read_only mode logs warnings instead).
     return ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
+        max_to_keep=None,
         create=writing,
         enable_async_checkpointing=False,
         cleanup_tmp_directories=writing,
     )
+
+
+def _open_manager(directory: Path, writing: bool) -> ocp.CheckpointManager:
+    # Handlers named up front: a fresh manager otherwise knows no handler for ``state`` and
+    # returns no metadata for a step it did not save itself.
+    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(directory, options=_options(writing), item_handlers=handlers)
+
+
+def _read_meta(manager, step: int, step_dir: Path) -> dict:
+    """The step's ``meta`` item, its files verified first when it has a manifest."""
+    if has_manifest(step_dir):
+        verify_manifest(step_dir)
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = dict(meta["meta"])
+    except Exception as e:  # orbax raises many types; all mean the same here
+        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+    missing = [k for k in ("paths", "shapes", "dtypes") if k not in meta]
+    if missing:
+        raise CorruptCheckpointError(f"Checkpoint {step_dir}: its meta lacks {missing}.")
+    return meta
+
+
+def _check_stored(manager, step: int, step_dir: Path, meta: dict) -> None:
+    """For a step without a manifest: the arrays orbax stored have the shapes and dtypes its
+    meta records (restoring into other shapes could pad or cut them silently)."""
+    try:
+        stored = jax.tree.leaves(manager.item_metadata(step)["state"]["leaves"])
+        got = [(tuple(x.shape), np.dtype(x.dtype)) for x in stored]
+    except Exception as e:
+        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+    want = [
+        (tuple(s), np.dtype(_stored_dtype(d)))
+        for s, d in zip(meta["shapes"], meta["dtypes"], strict=True)
+    ]
+    if got != want:
+        raise CorruptCheckpointError(
+            f"Checkpoint {step_dir} is incomplete: it has no {MANIFEST} and its stored arrays "
+            "do not match its recorded shapes."
+        )
+
+
+def _read_leaves(manager, step: int, step_dir: Path, abstract: list) -> list:
+    try:
+        with quiet_orbax_failure():  # a damaged step without a manifest fails half way
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract})),
+            )
+        return restored["state"]["leaves"]
+    except Exception as e:
+        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
 
 
 class Checkpointer:
@@ -170,11 +202,15 @@ class Checkpointer:
         max_to_keep: int | None = 3,
         log: Callable[[str], None] = _stderr,
     ):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}.")
         self.directory = Path(directory).absolute()
+        self.max_to_keep = max_to_keep
         self.log = log
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=_options(max_to_keep), item_names=("state", "meta")
-        )
+        self._main = jax.process_index() == 0
+        self._manager = _open_manager(self.directory, writing=True)
+        if self._main:  # what a kill during deletion left
+            shutil.rmtree(self.directory / TRASH, ignore_errors=True)
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -183,7 +219,8 @@ class Checkpointer:
         return self.directory / str(step)
 
     def save(self, step: int, state, extra: dict | None = None) -> Path:
-        """Saves ``state`` as ``step`` (synchronously) and writes its manifest."""
+        """Saves ``state`` as ``step`` (synchronously), writes and checks its manifest, and
+        only then deletes the steps beyond ``max_to_keep``."""
         leaves, paths, shapes, dtypes = _describe(state)
         impls = {
             p: str(jax.random.key_impl(x)) for p, x in zip(paths, leaves, strict=True) if _is_key(x)
@@ -193,27 +230,41 @@ class Checkpointer:
         leaves = jax.device_get([jax.random.key_data(x) if _is_key(x) else x for x in leaves])
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
         meta.update(key_impls=impls, extra=extra or {})
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave({"leaves": leaves}), meta=ocp.args.JsonSave(meta)
-            ),
-        )
-        self._manager.wait_until_finished()
-        if jax.process_index() == 0:
-            write_manifest(self.step_dir(step))
-        return self.step_dir(step)
+        _kill_point("before_save", step)
+        with quiet_orbax_failure():
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave({"leaves": leaves}), meta=ocp.args.JsonSave(meta)
+                ),
+            )
+            self._manager.wait_until_finished()
+        _kill_point("after_save", step)
+        step_dir = self.step_dir(step)
+        if self._main:
+            write_manifest(step_dir)
+            verify_manifest(step_dir)
+        _kill_point("after_manifest", step)
+        self._prune(step)
+        return step_dir
+
+    def _prune(self, newest: int) -> None:
+        """Deletes the oldest steps beyond ``max_to_keep``; ``newest`` is verified."""
+        if self.max_to_keep is None or not self._main:
+            return
+        old = [s for s in self.steps() if s != newest][: -self.max_to_keep + 1 or None]
+        if not old:
+            return
+        trash = self.directory / TRASH
+        trash.mkdir(exist_ok=True)
+        for step in old:
+            os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
+            _kill_point("during_delete", newest)
+        shutil.rmtree(trash)
+        self._manager.reload()
 
     def read_meta(self, step: int) -> dict:
-        step_dir = self.step_dir(step)
-        verify_manifest(step_dir)
-        try:
-            restored = self._manager.restore(
-                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-            )
-            return dict(restored["meta"])
-        except Exception as e:  # orbax raises many types; all mean the same here
-            raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        return _read_meta(self._manager, step, self.step_dir(step))
 
     def restore(self, step: int, target):
         """The state saved at ``step``, shaped, typed and sharded like ``target``.
@@ -222,21 +273,25 @@ class Checkpointer:
         ``jax.eval_shape``), so nothing needs initializing before a restore.
         """
         step_dir = self.step_dir(step)
+        verified = has_manifest(step_dir)
         meta = self.read_meta(step)
         leaves, paths, shapes, dtypes = _describe(target)
         _check_compatible(step_dir, meta, paths, shapes, dtypes)
+        if not verified:
+            _check_stored(self._manager, step, step_dir, meta)
         abstract = [_stored_spec(x) for x in leaves]
-        try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract})),
-            )["state"]["leaves"]
-        except Exception as e:
-            raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        restored = _read_leaves(self._manager, step, step_dir, abstract)
+        if not verified:
+            if self._main:
+                write_manifest(step_dir)
+            self.log(
+                f"note: checkpoint {step_dir} had no {MANIFEST} (the run was killed right after "
+                "saving it); it reads back whole, so it is used and its manifest written now."
+            )
         impls = meta.get("key_impls", {})
         values = [
             jax.random.wrap_key_data(r, impl=impls[p]) if _is_key(x) else r
-            for r, x, p in zip(restored, leaves, paths, strict=True)
+            for r, x, p in zip(restored, leaves, _saved_paths(meta), strict=True)
         ]
         return jax.tree.unflatten(jax.tree.structure(target), values)
 
@@ -247,14 +302,14 @@ class Checkpointer:
         while dest.exists():
             dest = self.directory / QUARANTINE / f"{step}.{n}"
             n += 1
-        if jax.process_index() == 0:
+        if self._main:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(self.step_dir(step)), str(dest))
         self._manager.reload()
         return dest
 
     def restore_latest(self, target):
-        """``(state, step)`` from the newest checkpoint that restores, or ``None`` if none exist.
+        """``(state, step)`` from the newest checkpoint that restores, or ``None`` if none does.
 
         A corrupt or incomplete newer checkpoint is moved to ``corrupt/`` with a warning and
         the one before it is tried. An incompatible one raises at once: older ones hold the
@@ -262,15 +317,13 @@ class Checkpointer:
         """
         for step in reversed(self.steps()):
             try:
-                return self.restore(step, target), step
+                state = self.restore(step, target)
             except CorruptCheckpointError as e:
                 moved = self.quarantine(step)
                 self.log(f"warning: {e} Moved it to {moved}; trying the previous checkpoint.")
-        if (self.directory / QUARANTINE).exists() and not self.steps():
-            raise CorruptCheckpointError(
-                f"No checkpoint under {self.directory} restores (the unusable ones are in "
-                f"{self.directory / QUARANTINE}); start a new run without --resume."
-            )
+                continue
+            self._prune(step)  # what a kill before the last deletion left
+            return state, step
         return None
 
     def close(self) -> None:
@@ -288,14 +341,13 @@ def read_checkpoint(directory: str | os.PathLike, step: int | None = None):
 
     ``step=None`` reads the newest one. Paths are ``TrainState`` key paths such as
     ``".params['classifier']..."``; PRNG keys appear as their uint32 key data. Works on any
-    device count: arrays are read onto the first local device.
+    device count: arrays are read onto the first local device. A step without a manifest is
+    read only if its stored arrays match its recorded shapes.
     """
     directory = Path(directory).absolute()
     if not directory.is_dir():
         raise FileNotFoundError(f"No checkpoint directory {directory}.")
-    manager = ocp.CheckpointManager(
-        directory, options=_options(None, writing=False), item_names=("state", "meta")
-    )
+    manager = _open_manager(directory, writing=False)
     try:
         steps = sorted(manager.all_steps())
         if not steps:
@@ -304,22 +356,34 @@ def read_checkpoint(directory: str | os.PathLike, step: int | None = None):
         if step not in steps:
             raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; have {steps}.")
         step_dir = directory / str(step)
-        verify_manifest(step_dir)
+        meta = _read_meta(manager, step, step_dir)
+        if not has_manifest(step_dir):
+            _check_stored(manager, step, step_dir, meta)
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        try:
-            meta = dict(
-                manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-            )
-            abstract = [
-                jax.ShapeDtypeStruct(tuple(shape), _stored_dtype(dtype), sharding=device)
-                for shape, dtype in zip(meta["shapes"], meta["dtypes"], strict=True)
-            ]
-            leaves = manager.restore(
-                step,
-                args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract})),
-            )["state"]["leaves"]
-        except Exception as e:
-            raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        abstract = [
+            jax.ShapeDtypeStruct(tuple(shape), _stored_dtype(dtype), sharding=device)
+            for shape, dtype in zip(meta["shapes"], meta["dtypes"], strict=True)
+        ]
+        leaves = _read_leaves(manager, step, step_dir, abstract)
     finally:
         manager.close()
-    return dict(zip(meta["paths"], (np.asarray(x) for x in leaves), strict=True)), meta
+    paths = _saved_paths(meta)
+    return dict(zip(paths, (np.asarray(x) for x in leaves), strict=True)), meta
+
+
+def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
+    """``(meta, step_dir)`` of the newest step under ``directory`` whose meta reads (its
+    manifest checked where it has one), or None; reads only, moves nothing."""
+    directory = Path(directory).absolute()
+    if not directory.is_dir():
+        return None
+    manager = _open_manager(directory, writing=False)
+    try:
+        for step in sorted(manager.all_steps(), reverse=True):
+            try:
+                return _read_meta(manager, step, directory / str(step)), directory / str(step)
+            except CorruptCheckpointError:
+                continue
+    finally:
+        manager.close()
+    return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -113,14 +112,32 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _saved_config(workdir: Path) -> TrainConfig:
+    """The run's config for ``--resume``: its ``config.json`` (where you may edit what may
+    change), else its newest readable checkpoint's; an error if it has neither."""
+    from layoutlab.train.loop import CHECKPOINT_DIR
+    from layoutlab.train.resume import saved_run_config
+
+    found = saved_run_config(workdir, workdir / CHECKPOINT_DIR, prefer_config_json=True)
+    if found is None:
+        raise ValueError(
+            f"Nothing to resume in {workdir}: it has no config.json and no checkpoint; "
+            "check --workdir, or start a new run there without --resume."
+        )
+    saved, source = found
+    try:
+        return TrainConfig.from_dict(saved)
+    except ValueError as e:
+        raise ValueError(f"The saved config in {source} is not usable: {e}") from None
+
+
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     """The config from defaults (or the workdir's config.json on --resume) plus the flags."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
-    saved = Path(args.workdir) / "config.json" if args.workdir else None
-    if args.resume and saved is not None and saved.is_file():
-        config = TrainConfig.from_dict(json.loads(saved.read_text()))
+    if args.resume:
+        config = _saved_config(Path(args.workdir))
     overrides = [
         f"{field}={getattr(args, flag)}"
         for flag, field in _FLAGS.items()

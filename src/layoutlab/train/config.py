@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
+import math
 import types
 import typing
 from typing import Any
 
-from layoutlab import models
 from layoutlab.data import SPEC_FORMS
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
+from layoutlab.train.model_checks import builder_options, check_model
 
 __all__ = [
     "OPTIMIZERS",
+    "builder_options",
     "SCHEDULES",
     "TrainConfig",
     "apply_overrides",
@@ -32,8 +33,7 @@ __all__ = [
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
-# Builder arguments the loop sets itself (remat has its own field).
-_RESERVED_KWARGS = ("num_classes", "layout", "policy", "rngs", "remat")
+AUTO_LOSS_SCALE = "auto"
 _DATA_NAMES = tuple(sorted({form.split(":")[0].split("[")[0] for form in SPEC_FORMS}))
 
 
@@ -46,8 +46,9 @@ class TrainConfig:
     data: str = "digits"
     layout: str = "NHWC"
     precision: str = "fp32"
-    # None: "dynamic" when the policy computes in float16, else "none".
-    loss_scale: str | None = None
+    # "auto": "dynamic" when the policy computes in float16, else "none". None means "none"
+    # (no scaling), never the automatic choice.
+    loss_scale: str | None = "auto"
     optimizer: str = "adamw"
     learning_rate: float = 0.003
     momentum: float = 0.9
@@ -137,6 +138,8 @@ def _parse_text(name: str, text: str):
     """Parses ``text`` as the type of field ``name``."""
     base, optional = _split_optional(_field_types()[name])
     raw = text.strip()
+    if name == "loss_scale":  # "none" is a loss scale of its own, not "not given"
+        return raw
     if optional and raw.lower() in ("none", "null", "auto"):
         return None
     try:
@@ -217,18 +220,6 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     return dataclasses.replace(config, **changes)
 
 
-def builder_options(model: str) -> list[str]:
-    """Keyword arguments the model's builder accepts."""
-    builder = models.spec(model).builder
-    target = builder.func if isinstance(builder, functools.partial) else builder
-    fn = target.__init__ if isinstance(target, type) else target
-    return [
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
-    ]
-
-
 def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) -> None:
     for name in names:
         value = getattr(config, name)
@@ -238,37 +229,20 @@ def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) 
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
 
 
-def _check_model(config: TrainConfig) -> None:
-    spec = models.spec(config.model)  # raises for an unknown name, listing the known ones
-    if spec.task != "classification":
+def _check_float(
+    config: TrainConfig, name: str, low: float, high: float | None = None, *, low_open: bool = False
+) -> None:
+    """``getattr(config, name)`` must be finite and in ``[low, high)`` (``(low, ...`` when
+    ``low_open``); NaN and infinities fail every comparison that lets a value through."""
+    value = getattr(config, name)
+    ok = math.isfinite(value) and (value > low if low_open else value >= low)
+    ok = ok and (high is None or value < high)
+    if not ok:
+        where = f"{'>' if low_open else '>='} {low:g}"
+        where += "" if high is None else f" and < {high:g}"
+        default = getattr(TrainConfig(), name)
         raise ValueError(
-            f"model={config.model!r} is a {spec.task} model, but every data set here is image "
-            "classification; pick a classification model (e.g. small_cnn, resnet18)."
-        )
-    if spec.num_spatial != 2:
-        raise ValueError(
-            f"model={config.model!r} takes {spec.num_spatial}D inputs, but the data sets hold "
-            "2D images; pick a 2D model."
-        )
-    accepted = builder_options(config.model)
-    reserved = sorted(set(config.model_kwargs) & set(_RESERVED_KWARGS))
-    if reserved:
-        raise ValueError(
-            f"model_kwargs may not set {reserved}: the trainer sets them (use the layout, "
-            "precision and remat fields)."
-        )
-    unknown = sorted(set(config.model_kwargs) - set(accepted))
-    if unknown:
-        options = [a for a in accepted if a not in _RESERVED_KWARGS]
-        raise ValueError(
-            f"model_kwargs {unknown} are not options of {config.model!r}; it accepts: "
-            f"{', '.join(options)}."
-        )
-    if config.remat and "remat" not in accepted:
-        with_remat = [n for n in models.names() if "remat" in builder_options(n)]
-        raise ValueError(
-            f"remat=True is not supported by {config.model!r}; models with remat: "
-            f"{', '.join(with_remat)}. Set remat=false."
+            f"{name} must be a finite number {where}, got {value!r}; e.g. {name}={default:g}."
         )
 
 
@@ -279,12 +253,9 @@ def _check_numbers(config: TrainConfig) -> None:
     )
     if config.warmup_steps is not None and config.warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
-    if not config.learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got {config.learning_rate}.")
-    if not config.weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {config.weight_decay}.")
-    if not 0 <= config.momentum < 1:
-        raise ValueError(f"momentum must lie in [0, 1), got {config.momentum}.")
+    _check_float(config, "learning_rate", 0.0, low_open=True)
+    _check_float(config, "weight_decay", 0.0)
+    _check_float(config, "momentum", 0.0, 1.0)
     if not 0 <= config.seed < 2**31:
         raise ValueError(f"seed must lie in [0, 2**31), got {config.seed}.")
 
@@ -308,10 +279,11 @@ def _check_names(config: TrainConfig) -> None:
         get_policy(config.precision)
     except ValueError as e:
         raise ValueError(f"precision: {e}") from None
-    try:
-        get_loss_scale(config.loss_scale)
-    except ValueError as e:
-        raise ValueError(f"loss_scale: {e}") from None
+    if config.loss_scale != AUTO_LOSS_SCALE:
+        try:
+            get_loss_scale(config.loss_scale)
+        except ValueError as e:
+            raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
     name = config.data.strip().partition(":")[0].lower().replace("-", "_")
     if name not in _DATA_NAMES:
         forms = ", ".join(SPEC_FORMS)
@@ -350,6 +322,8 @@ def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     policy = get_policy(config.precision)
     loss_scale = config.loss_scale
     if loss_scale is None:
+        loss_scale = "none"
+    elif loss_scale == AUTO_LOSS_SCALE:
         loss_scale = "dynamic" if policy.needs_loss_scaling else "none"
     data_parallel = config.data_parallel
     if data_parallel is None:
@@ -375,7 +349,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
         _coerce(name, getattr(config, name))
     _check_numbers(config)
     _check_names(config)
-    _check_model(config)
+    check_model(config)
     _check_conv(config)
     config = resolve(config, num_devices)
     _check_devices(config, num_devices)

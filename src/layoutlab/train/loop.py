@@ -13,6 +13,7 @@ as the uninterrupted run would have, bit for bit on a deterministic backend.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -23,16 +24,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from tqdm.auto import tqdm
 
 from layoutlab import models
 from layoutlab.data import (
     Dataset,
     augment,
-    epoch_batches,
     get_dataset,
     prefetch_to_device,
-    steps_per_epoch,
     train_batches,
 )
 from layoutlab.layout import parse_layout
@@ -41,6 +39,7 @@ from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, missing_choices
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.config import TrainConfig, builder_options, validate
+from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -52,17 +51,21 @@ from layoutlab.train.metrics import (
 )
 from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
+from layoutlab.train.progress import Progress, bar_postfix, format_record
+from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.sharding import Shardings, make_shardings
-from layoutlab.train.skip import skipped_steps
-from layoutlab.train.state import TrainState, create_train_state, split_model
+from layoutlab.train.state import create_train_state, split_model
+from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
 from layoutlab.train.steps import make_eval_step, make_train_step
+from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
+from layoutlab.train.xla_compile import compile_with_options
 
 __all__ = [
-    "Plan",
+    "StepSchedule",
     "build_model",
     "check_xla_options",
     "evaluate",
-    "make_plan",
+    "make_step_schedule",
     "train_and_evaluate",
 ]
 
@@ -73,48 +76,6 @@ _INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 _FETCH_EVERY = 10
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Step counts of a run, all in optimizer steps except ``steps_per_epoch`` (batches)."""
-
-    steps_per_epoch: int
-    total_steps: int
-    eval_every: int
-    checkpoint_every: int
-    accum_steps: int
-
-    def epoch(self, step: int) -> float:
-        return round(step * self.accum_steps / self.steps_per_epoch, 3)
-
-
-def make_plan(config: TrainConfig, dataset: Dataset) -> Plan:
-    n_train = dataset.split("train")[0].shape[0]
-    if config.batch_size > n_train:
-        raise ValueError(
-            f"batch_size={config.batch_size} is larger than the {n_train} training examples "
-            f"of {dataset.name}; use a batch_size <= {n_train}."
-        )
-    spe = steps_per_epoch(dataset, "train", config.batch_size)
-    per_epoch = spe // config.accum_steps
-    if config.num_steps is not None:
-        total = config.num_steps
-    else:
-        total = config.epochs * spe // config.accum_steps
-        if total < 1:
-            raise ValueError(
-                f"epochs={config.epochs} of {spe} batches give no optimizer step with "
-                f"accum_steps={config.accum_steps}; raise epochs or lower accum_steps."
-            )
-    eval_every = config.eval_every or max(1, per_epoch)
-    return Plan(
-        steps_per_epoch=spe,
-        total_steps=total,
-        eval_every=eval_every,
-        checkpoint_every=config.checkpoint_every or eval_every,
-        accum_steps=config.accum_steps,
-    )
-
-
 def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
     channels = config.model_kwargs.get("in_channels")
     if channels is not None and channels != dataset.num_channels:
@@ -122,6 +83,18 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
             f"model_kwargs.in_channels={channels} but {config.data!r} has "
             f"{dataset.num_channels} channels; drop in_channels (it is set from the data)."
         )
+    # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
+    # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
+    images, _ = _batch_spec(config, dataset, 2, None)
+    try:
+        model = nnx.eval_shape(lambda: build_model(config, dataset))
+        nnx.eval_shape(lambda m, x: m(x), model, images)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
+            f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
+        ) from None
 
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
@@ -149,36 +122,12 @@ def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
     return configure_convs(model, config.conv_algorithm, config.kernel_storage)
 
 
-def _xla_option_error(err: Exception, options: dict) -> ValueError | None:
-    """A ``ValueError`` naming ``options`` when XLA rejected one of them, else None."""
-    msg = str(err)
-    if not options or ("No such compile option" not in msg and "While setting option" not in msg):
-        return None
-    first = msg.strip().splitlines()[0]
-    return ValueError(
-        f"XLA rejected xla_options {options}: {first} (fix or drop the option: "
-        "--xla-option NAME=VALUE, or xla_options in config.json)"
-    )
-
-
-def _compile(lowered, options: dict, compiler_options: dict | None = None):
-    """``lowered.compile(compiler_options)`` with a rejected XLA option turned into a
-    ``ValueError`` naming the run's ``options`` instead of a runtime error."""
-    try:
-        return lowered.compile(compiler_options)
-    except (jax.errors.JaxRuntimeError, ValueError) as err:
-        clear = _xla_option_error(err, options)
-        if clear is None:
-            raise
-        raise clear from None
-
-
 def check_xla_options(options: dict) -> None:
     """Raise the ``ValueError`` of ``train_and_evaluate`` if XLA rejects ``options`` (a name
     it does not know, a value of the wrong type), by compiling a trivial program."""
     if options:
         lowered = jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0))
-        _compile(lowered, options)
+        compile_with_options(lowered, options)
 
 
 def _augment_fn(config: TrainConfig):
@@ -210,7 +159,7 @@ def _compile_train_step(config, dataset, defs, tx, state, shard: Shardings):
         compiler_options=config.xla_options or None,
     )
     images, labels = _batch_spec(config, dataset, config.batch_size, shard.batch)
-    return _compile(jitted.lower(state, images, labels), config.xla_options)
+    return compile_with_options(jitted.lower(state, images, labels), config.xla_options)
 
 
 def _report_missing_choices(config, dataset, shard: Shardings, log) -> None:
@@ -229,69 +178,7 @@ def _report_missing_choices(config, dataset, shard: Shardings, log) -> None:
         )
 
 
-def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
-    """Loss and accuracy over the whole test split, the last partial batch included.
-
-    Full batches are split over the devices; the remainder (any size) runs replicated, which
-    costs one more compile of the eval step and keeps every example counted once.
-    """
-    total = None
-    for images, labels in epoch_batches(
-        dataset,
-        "test",
-        config.eval_batch_size,
-        layout=config.layout,
-        shuffle=False,
-        drop_last=False,
-    ):
-        full = images.shape[0] == config.eval_batch_size
-        sharding = shard.batch if full else shard.replicated
-        out = jax.device_get(eval_step(state, *jax.device_put((images, labels), sharding)))
-        total = out if total is None else {k: total[k] + out[k] for k in total}
-    count = int(total["count"])
-    return {
-        "test_loss": float(total["loss_sum"]) / count,
-        "test_accuracy": int(total["correct"]) / count,
-    }
-
-
-class _Progress:
-    """The tqdm bar plus per-eval lines; silent when ``quiet``."""
-
-    def __init__(self, total: int, initial: int, quiet: bool):
-        self.quiet = quiet
-        self.bar = tqdm(
-            total=total,
-            initial=initial,
-            unit="step",
-            dynamic_ncols=True,
-            disable=quiet or not sys.stderr.isatty(),
-            file=sys.stderr,
-        )
-
-    def update(self, n: int, postfix: dict | None) -> None:
-        self.bar.update(n)
-        if postfix is not None:
-            self.bar.set_postfix(postfix, refresh=False)
-
-    def write(self, line: str) -> None:
-        if not self.quiet:
-            tqdm.write(line, file=sys.stdout)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _format_record(r: dict) -> str:
-    return (
-        f"step {r['step']} (epoch {r['epoch']:g}): train_loss {r['train_loss']:.4f} "
-        f"test_loss {r['test_loss']:.4f} test_accuracy {r['test_accuracy']:.4f} "
-        f"images/s {r['images_per_sec']:.0f} loss_scale {r['loss_scale']:g}"
-    )
-
-
-def _prepare_workdir(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
-    workdir.mkdir(parents=True, exist_ok=True)
+def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
     ckpt = Checkpointer(workdir / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints)
     if ckpt.steps() and not resume:
         ckpt.close()
@@ -302,14 +189,14 @@ def _prepare_workdir(workdir: Path, config: TrainConfig, resume: bool) -> Checkp
     return ckpt
 
 
-def _make_init(config, dataset, plan):
+def _make_init(config, dataset, schedule):
     """``(defs, tx, init)``: ``init()`` builds the initial ``TrainState``; run it under jit.
 
     Building the model eagerly would compile every initializer op separately (dozens of small
     compiles); under ``jax.jit`` the whole init is one program, and ``jax.eval_shape(init)``
     gives the abstract state a checkpoint is restored into without running it at all.
     """
-    tx = make_optimizer(config, plan.total_steps)
+    tx = make_optimizer(config, schedule.total_steps)
     loss_scale = get_loss_scale(config.loss_scale)
     defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(config, dataset)))
 
@@ -326,71 +213,42 @@ def _abstract(init, sharding):
     )
 
 
-def _check_saved_storage(ckpt: Checkpointer, config: TrainConfig) -> None:
-    """Channels-first kernels are stored OIHW or HWIO: name a storage change on resume
-    instead of a shape mismatch (or, for square kernels, silently transposed weights)."""
-    steps = ckpt.steps()
-    if not steps or parse_layout(config.layout).is_channels_last:
-        return
-    try:
-        saved = ckpt.read_meta(steps[-1]).get("extra", {}).get("config", {})
-    except Exception:  # an unreadable checkpoint is restore_latest's to report and skip
-        return
-    storage = saved.get("kernel_storage", "layout")
-    if saved.get("layout") == config.layout and storage != config.kernel_storage:
-        raise ValueError(
-            f"{ckpt.step_dir(steps[-1])} holds conv kernels in kernel_storage={storage!r}, "
-            f"this run has kernel_storage={config.kernel_storage!r}; resume with "
-            f"--kernel-storage {storage} (the run's config.json has it)."
-        )
-
-
-def _restore(
-    ckpt: Checkpointer, abstract, plan: Plan, config: TrainConfig, log
-) -> tuple[TrainState | None, int]:
-    _check_saved_storage(ckpt, config)
-    found = ckpt.restore_latest(abstract)
-    if found is None:
-        log(f"No checkpoint under {ckpt.directory}; starting from step 0.")
-        return None, 0
-    state, step = found
-    if int(state.step) != step * plan.accum_steps:
-        raise ValueError(
-            f"Checkpoint {ckpt.step_dir(step)} is at micro-step {int(state.step)}, expected "
-            f"{step * plan.accum_steps} for accum_steps={plan.accum_steps}; resume with the "
-            "accum_steps of the run that wrote it."
-        )
-    log(f"Resuming from {ckpt.step_dir(step)} (step {step}).")
-    return state, step
-
-
-def _host_scalars(state: TrainState) -> dict:
-    return {
-        "loss_scale": float(state.loss_scale.loss_scale),
-        "skipped_steps": int(skipped_steps(state.opt_state)),
-    }
-
-
 def train_and_evaluate(
     config: TrainConfig, workdir: str | Path, *, resume: bool = False, quiet: bool = False
 ) -> dict:
     """Trains ``config`` with outputs in ``workdir``; returns the final metrics record.
 
     ``workdir`` receives ``config.json``, ``metrics.jsonl``, ``metrics.png`` and
-    ``checkpoints/``. ``resume=True`` continues from the newest checkpoint that restores
-    (corrupt ones are moved to ``checkpoints/corrupt/`` with a warning). Every config error
-    is raised as a ``ValueError`` before anything is compiled.
+    ``checkpoints/``, and is locked while the run writes it (``train.workdir``).
+    ``resume=True`` continues from the newest checkpoint that restores (corrupt ones are
+    moved to ``checkpoints/corrupt/`` with a warning), after checking that ``config`` changes
+    nothing the run may not change (``train.resume``). Every config error is raised as a
+    ``ValueError`` before anything is compiled; a filesystem error is raised as a
+    ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
     config = validate(config, jax.device_count())
     workdir = Path(workdir)
     dataset = get_dataset(config.data)
+    schedule = make_step_schedule(config, dataset)
     _check_dataset(config, dataset)
-    plan = make_plan(config, dataset)
-    ckpt = _prepare_workdir(workdir, config, resume)
     try:
-        return _run(config, workdir, dataset, plan, ckpt, resume, quiet)
-    finally:
-        ckpt.close()
+        make_workdir(workdir, create=not resume)
+        main = jax.process_index() == 0
+        with WorkdirLock(workdir) if main else contextlib.nullcontext():
+            if resume:
+                config = check_resume(config, workdir, workdir / CHECKPOINT_DIR)
+            ckpt = _open_checkpoints(workdir, config, resume)
+            try:
+                return _run(config, workdir, dataset, schedule, ckpt, resume, quiet)
+            finally:
+                ckpt.close()
+    except WorkdirError:
+        raise
+    except Exception as e:
+        error = filesystem_error(e, workdir)
+        if error is None:
+            raise
+        raise error from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,25 +258,25 @@ class _Run:
     config: TrainConfig
     workdir: Path
     dataset: Dataset
-    plan: Plan
+    schedule: StepSchedule
     ckpt: Checkpointer
     shard: Shardings
     train_step: Callable
     eval_step: Callable
-    progress: _Progress
+    progress: Progress
     main: bool  # process 0 writes the workdir files
 
 
-def _run(config, workdir, dataset, plan, ckpt, resume, quiet) -> dict:
+def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
-    defs, tx, init = _make_init(config, dataset, plan)
+    defs, tx, init = _make_init(config, dataset, schedule)
     _report_missing_choices(config, dataset, shard, progress_log)
     state, start = None, 0
     if resume:
         abstract = _abstract(init, shard.replicated)
-        state, start = _restore(ckpt, abstract, plan, config, progress_log)
+        state, start = restore_or_start(ckpt, abstract, schedule.accum_steps, progress_log)
     if state is None:
         # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
         # (threefry is slow to optimize); float results may differ from an eager init by
@@ -426,7 +284,7 @@ def _run(config, workdir, dataset, plan, ckpt, resume, quiet) -> dict:
         # The run's xla_options apply too, except that init keeps its fast-compile level.
         options = {**config.xla_options, **_INIT_COMPILER_OPTIONS}
         lowered = jax.jit(init, out_shardings=shard.replicated).lower()
-        state = _compile(lowered, config.xla_options, options)()
+        state = compile_with_options(lowered, config.xla_options, options)()
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)
@@ -440,19 +298,21 @@ def _run(config, workdir, dataset, plan, ckpt, resume, quiet) -> dict:
     )
     compile_s = time.perf_counter() - t0
 
-    progress = _Progress(plan.total_steps, start, quiet)
+    progress = Progress(schedule.total_steps, start, quiet)
     progress.write(
-        f"Training {config.model} on {dataset.name} ({plan.total_steps} steps, "
+        f"Training {config.model} on {dataset.name} ({schedule.total_steps} steps, "
         f"{shard.num_devices} device(s), train step compiled in {compile_s:.1f}s); "
         f"outputs in {workdir}"
     )
-    run = _Run(config, workdir, dataset, plan, ckpt, shard, train_step, eval_step, progress, main)
+    run = _Run(
+        config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress, main
+    )
     try:
         state, record = _loop(run, state, start)
     finally:
         progress.close()
     if record is None:  # nothing left to train: report the final state as it is
-        record = _eval_record(run, state, plan.total_steps)
+        record = _eval_record(run, state, schedule.total_steps)
     if main:
         plot_metrics(
             read_records(workdir / METRICS_FILE),
@@ -463,32 +323,23 @@ def _run(config, workdir, dataset, plan, ckpt, resume, quiet) -> dict:
 
 
 def _eval_record(run: _Run, state, step: int) -> dict:
-    record = {"step": step, "epoch": run.plan.epoch(step)}
+    record = {"step": step, "epoch": run.schedule.epoch(step)}
     record.update(evaluate(run.eval_step, state, run.dataset, run.config, run.shard))
-    record.update(_host_scalars(state))
+    record.update(host_scalars(state))
     return record
-
-
-def _postfix(meter: RunningMean, last: dict, images: int, seconds: float) -> dict:
-    return {
-        "loss": f"{meter.mean('loss'):.4f}",
-        "acc": f"{meter.mean('accuracy'):.3f}",
-        "img/s": f"{images / seconds:.0f}",
-        "scale": f"{float(last['loss_scale']):g}",
-    }
 
 
 def _loop(run: _Run, state, start: int):
     """Steps ``start + 1 .. total``; returns the final state and the last eval record."""
-    config, plan = run.config, run.plan
-    accum = plan.accum_steps
+    config, schedule = run.config, run.schedule
+    accum = schedule.accum_steps
     batches = train_batches(
         run.dataset,
         config.batch_size,
         layout=config.layout,
         seed=config.seed,
         start_step=start * accum,
-        num_steps=(plan.total_steps - start) * accum,
+        num_steps=(schedule.total_steps - start) * accum,
     )
     meter, pending = RunningMean(), []
     step, micro, record = start, start * accum, None
@@ -515,10 +366,10 @@ def _loop(run: _Run, state, start: int):
             postfix = None
             if len(pending) >= _FETCH_EVERY:
                 seconds = time.perf_counter() - interval_start
-                postfix = _postfix(meter, fetch(), interval_images, seconds)
+                postfix = bar_postfix(meter, fetch(), interval_images, seconds)
             run.progress.update(1, postfix)
-            is_last = step == plan.total_steps
-            evaluating = step % plan.eval_every == 0 or is_last
+            is_last = step == schedule.total_steps
+            evaluating = step % schedule.eval_every == 0 or is_last
             if evaluating:
                 fetch()
                 jax.block_until_ready(state)
@@ -533,9 +384,9 @@ def _loop(run: _Run, state, start: int):
                 }
                 if run.main:
                     append_record(run.workdir / METRICS_FILE, record)
-                run.progress.write(_format_record(record))
+                run.progress.write(format_record(record))
                 meter.reset()
-            if step % plan.checkpoint_every == 0 or is_last:
+            if step % schedule.checkpoint_every == 0 or is_last:
                 saving = time.perf_counter()
                 run.ckpt.save(step, state, {"config": config.to_dict()})
                 interval_start += time.perf_counter() - saving  # not training time

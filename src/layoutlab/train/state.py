@@ -13,11 +13,12 @@ from layoutlab.loss_scale import NoOpLossScale
 
 
 class TrainState(NamedTuple):
-    """``params`` are the model's ``nnx.Param``s; ``rest`` its batch stats and RNG counters."""
+    """``params`` are the model's ``nnx.Param``s; ``model_state`` is everything else the model
+    holds (BatchNorm statistics, dropout RNG keys and counters)."""
 
     step: jax.Array
     params: nnx.State
-    rest: nnx.State
+    model_state: nnx.State
     opt_state: optax.OptState
     loss_scale: Any
 
@@ -30,23 +31,24 @@ class ModelDefs(NamedTuple):
 
 
 def split_model(model: nnx.Module) -> tuple[ModelDefs, nnx.State, nnx.State]:
-    """``(defs, params, rest)``; ``nnx.merge(defs.train, params, rest)`` rebuilds the model."""
+    """``(defs, params, model_state)``; ``nnx.merge(defs.train, params, model_state)``
+    rebuilds the model."""
     model.train()
-    train_def, params, rest = nnx.split(model, nnx.Param, ...)
+    train_def, params, model_state = nnx.split(model, nnx.Param, ...)
     model.eval()
     eval_def, _, _ = nnx.split(model, nnx.Param, ...)
     model.train()
-    return ModelDefs(train_def, eval_def), params, rest
+    return ModelDefs(train_def, eval_def), params, model_state
 
 
 def create_train_state(
     model: nnx.Module, tx: optax.GradientTransformation, loss_scale=None
 ) -> tuple[ModelDefs, TrainState]:
-    defs, params, rest = split_model(model)
+    defs, params, model_state = split_model(model)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
-        rest=rest,
+        model_state=model_state,
         opt_state=tx.init(params),
         loss_scale=loss_scale if loss_scale is not None else NoOpLossScale(),
     )
@@ -55,4 +57,4 @@ def create_train_state(
 
 def merge_model(defs: ModelDefs, state: TrainState, *, train: bool = False) -> nnx.Module:
     """The model with ``state``'s weights, in train or eval mode."""
-    return nnx.merge(defs.train if train else defs.eval, state.params, state.rest)
+    return nnx.merge(defs.train if train else defs.eval, state.params, state.model_state)

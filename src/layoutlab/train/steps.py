@@ -41,19 +41,19 @@ def make_train_step(
     stays put on a skipped step. ``augment(key, images) -> images`` runs on device.
     """
 
-    def loss_fn(params, rest, images, labels, loss_scale):
-        model = nnx.merge(defs.train, params, rest, copy=True)
+    def loss_fn(params, model_state, images, labels, loss_scale):
+        model = nnx.merge(defs.train, params, model_state, copy=True)
         logits = model(images)
         loss = cross_entropy(logits, labels)
-        _, _, new_rest = nnx.split(model, nnx.Param, ...)
-        return loss_scale.scale(loss), (loss, logits, new_rest)
+        _, _, new_model_state = nnx.split(model, nnx.Param, ...)
+        return loss_scale.scale(loss), (loss, logits, new_model_state)
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array):
         if augment is not None:
             key = jax.random.fold_in(jax.random.key(0), state.step)
             images = augment(key, images)
-        grads, (loss, logits, rest) = jax.grad(loss_fn, has_aux=True)(
-            state.params, state.rest, images, labels, state.loss_scale
+        grads, (loss, logits, model_state) = jax.grad(loss_fn, has_aux=True)(
+            state.params, state.model_state, images, labels, state.loss_scale
         )
         # Gradients keep their params' dtypes: the optimizer state and the update must match
         # half-precision params (pure bf16/fp16 policies). float32 params are unaffected.
@@ -66,7 +66,7 @@ def make_train_step(
         new_state = TrainState(
             step=state.step + 1,
             params=params,
-            rest=_select(finite, rest, state.rest),
+            model_state=_select(finite, model_state, state.model_state),
             opt_state=opt_state,
             loss_scale=state.loss_scale.adjust(finite),
         )
@@ -85,7 +85,7 @@ def make_eval_step(defs: ModelDefs) -> Callable[[TrainState, jax.Array, jax.Arra
     """Summed loss and correct count over a batch (sums, so batches of any size average)."""
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
-        model = nnx.merge(defs.eval, state.params, state.rest)
+        model = nnx.merge(defs.eval, state.params, state.model_state)
         logits = model(images).astype(jnp.float32)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         return {
@@ -101,6 +101,6 @@ def make_forward(defs: ModelDefs) -> Callable[[TrainState, jax.Array], jax.Array
     """Inference: eval-mode logits."""
 
     def forward(state: TrainState, images: jax.Array) -> jax.Array:
-        return nnx.merge(defs.eval, state.params, state.rest)(images)
+        return nnx.merge(defs.eval, state.params, state.model_state)(images)
 
     return forward

@@ -1,0 +1,47 @@
+"""``evaluate``: loss and accuracy of a train state over a data set's whole test split, and
+the host-side scalars (loss scale, skipped steps) that go into the same record."""
+
+from __future__ import annotations
+
+import jax
+
+from layoutlab.data import Dataset, epoch_batches
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.sharding import Shardings
+from layoutlab.train.skip import skipped_steps
+from layoutlab.train.state import TrainState
+
+__all__ = ["evaluate", "host_scalars"]
+
+
+def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
+    """Loss and accuracy over the whole test split, the last partial batch included.
+
+    Full batches are split over the devices; the remainder (any size) runs replicated, which
+    costs one more compile of the eval step and keeps every example counted once.
+    """
+    total = None
+    for images, labels in epoch_batches(
+        dataset,
+        "test",
+        config.eval_batch_size,
+        layout=config.layout,
+        shuffle=False,
+        drop_last=False,
+    ):
+        full = images.shape[0] == config.eval_batch_size
+        sharding = shard.batch if full else shard.replicated
+        out = jax.device_get(eval_step(state, *jax.device_put((images, labels), sharding)))
+        total = out if total is None else {k: total[k] + out[k] for k in total}
+    count = int(total["count"])
+    return {
+        "test_loss": float(total["loss_sum"]) / count,
+        "test_accuracy": int(total["correct"]) / count,
+    }
+
+
+def host_scalars(state: TrainState) -> dict:
+    return {
+        "loss_scale": float(state.loss_scale.loss_scale),
+        "skipped_steps": int(skipped_steps(state.opt_state)),
+    }
