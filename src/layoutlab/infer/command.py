@@ -30,7 +30,10 @@ def _guarded(fn):
     return run
 
 
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
+    """A sub-command reading one run: ``--workdir`` and ``--checkpoint``, errors guarded."""
+    p = subparsers.add_parser(name, **texts)
+    p.set_defaults(func=_guarded(func))
     p.add_argument("--workdir", required=True, help="the run's directory (`layoutlab train`)")
     p.add_argument(
         "--checkpoint",
@@ -38,46 +41,48 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         metavar="STEP",
         help="the checkpoint's step (default: the newest)",
     )
+    return p
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = _parser(
+        subparsers,
         "evaluate",
+        run_evaluate,
         help="test metrics of a trained run: loss, accuracy, confusion matrix",
         description="Evaluate a run's checkpoint on the test split with the training loop's "
         "own eval step (the run's final test metrics are reproduced exactly); prints loss, "
         "accuracy, top-5 accuracy (more than 5 classes), the confusion matrix and per-class "
         "accuracy, and writes the confusion matrix as a PNG.",
     )
-    _add_run_arguments(p)
     p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument(
         "--out", metavar="DIR", help="where confusion_step<STEP>.png goes (default: --workdir)"
     )
-    p.set_defaults(func=_guarded(run_evaluate))
 
-    p = subparsers.add_parser(
+    p = _parser(
+        subparsers,
         "predict",
+        run_predict,
         help="top-k classes of image files under a trained run's model",
         description="Classify image files (or folders of them) of any size: each is converted "
         "to the run's channels, resized to its image size and normalized like its training "
         "data.",
     )
-    _add_run_arguments(p)
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="classes per image (5)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=_guarded(run_predict))
 
-    p = subparsers.add_parser(
+    p = _parser(
+        subparsers,
         "export",
+        run_export,
         help="a trained run's model as serialized StableHLO (jax.export)",
         description="Write the run's eval-mode model, weights included, as a serialized "
         "jax.export artifact that runs without layoutlab "
         "(jax.export.deserialize(bytes).call(images)), plus FILE.json describing its input.",
     )
-    _add_run_arguments(p)
     p.add_argument("--out", required=True, metavar="FILE", help="the artifact to write")
     p.add_argument(
         "--platforms",
@@ -95,7 +100,6 @@ def register(subparsers) -> None:
         metavar="FILE.pth",
         help="also write the weights as a torchvision-named PyTorch state_dict (needs torch)",
     )
-    p.set_defaults(func=_guarded(run_export))
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
