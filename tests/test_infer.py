@@ -19,10 +19,16 @@ from PIL import Image
 from layoutlab import cli, load_model
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import evaluate_workdir
-from layoutlab.infer.load import NoRunError, open_run
+from layoutlab.infer.load import NoRunError, checkpoint_state, open_run
 from layoutlab.infer.predict import load_images
 from layoutlab.nn import BatchNorm
-from layoutlab.train import TrainConfig, read_records, train_and_evaluate
+from layoutlab.train import (
+    IncompatibleCheckpointError,
+    TrainConfig,
+    read_checkpoint,
+    read_records,
+    train_and_evaluate,
+)
 from layoutlab.train.steps import make_forward
 
 STEPS_PER_EPOCH = 44  # 1438 digits train images in batches of 32
@@ -269,9 +275,39 @@ def test_bad_workdirs_and_checkpoints(run_dir, tmp_path, capsys):
     config = json.loads((run_dir / "config.json").read_text())
     config["model_kwargs"] = {"width": 8}
     (other / "config.json").write_text(json.dumps(config))
-    _assert_error(_cli(capsys, "evaluate", "--workdir", other), "holds", "workdir of the run")
-    with pytest.raises(ValueError, match="written by small_cnn"):
+    _assert_error(
+        _cli(capsys, "evaluate", "--workdir", other),
+        "written with model_kwargs={}",
+        "config.json has model_kwargs={'width': 8}",
+    )
+    with pytest.raises(IncompatibleCheckpointError, match="belongs to another run"):
         load_model(other)
+
+
+def test_checkpoint_arrays_are_checked_one_by_one(run_dir):
+    """Without the writer's config to compare, every array's shape and dtype still is."""
+    run = open_run(run_dir)
+    arrays, meta = read_checkpoint(run_dir / "checkpoints")
+    del meta["extra"]
+    params, rest = checkpoint_state(arrays, meta, run.params, run.rest, "ckpt")
+
+    def data(x):
+        return jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+    got, want = jax.tree.leaves((params, rest)), jax.tree.leaves((run.params, run.rest))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(data(g), data(w))
+    kernel = ".params['classifier']['layers'][3]['kernel'].value"
+    wrong = {**arrays, kernel: arrays[kernel][:, :5]}
+    with pytest.raises(IncompatibleCheckpointError, match=r"float32\[128, 5\] where"):
+        checkpoint_state(wrong, meta, run.params, run.rest, "ckpt")
+    wrong = {**arrays, kernel: arrays[kernel].astype(np.float16)}
+    with pytest.raises(IncompatibleCheckpointError, match="float16"):
+        checkpoint_state(wrong, meta, run.params, run.rest, "ckpt")
+    del arrays[kernel]
+    with pytest.raises(IncompatibleCheckpointError, match="has no .params"):
+        checkpoint_state(arrays, meta, run.params, run.rest, "ckpt")
 
 
 def test_bad_predict_and_export_arguments(run_dir, tmp_path, capsys):

@@ -150,8 +150,31 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     abstract = nnx.eval_shape(lambda: build_model(config, dataset))
     defs, params, rest = split_model(abstract)
     where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
+    _check_writer(meta, config, where)
     params, rest = checkpoint_state(arrays, meta, params, rest, where)
     return Run(workdir, config, dataset, int(meta["step"]), defs, params, rest)
+
+
+# Config fields that decide the arrays' meaning; kernel_storage can transpose square kernels
+# without changing a shape, so the shape check alone would miss it.
+_MODEL_FIELDS = ("model", "model_kwargs", "layout", "kernel_storage")
+
+
+def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
+    """The checkpoint's own config (when it has one) must build the model config.json does."""
+    saved = meta.get("extra", {}).get("config")
+    if not isinstance(saved, dict):
+        return  # older or foreign checkpoints: checkpoint_state still checks every array
+    defaults = TrainConfig()
+    for field in _MODEL_FIELDS:
+        have = saved.get(field, getattr(defaults, field))
+        want = getattr(config, field)
+        if have != want:
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {where} was written with {field}={have!r} but the run's "
+                f"config.json has {field}={want!r}: it belongs to another run; use that run's "
+                "workdir (or its config.json)."
+            )
 
 
 def _other_data(spec: str, run_data: Dataset) -> Dataset:
