@@ -325,3 +325,41 @@ def test_bad_predict_and_export_arguments(run_dir, tmp_path, capsys):
         _cli(capsys, "evaluate", "--workdir", run_dir, "--data", "synthetic:8x8x3"), "classes"
     )
     assert not out.exists()
+
+
+def test_nchw_mixed_precision_run_with_hwio_kernels(tmp_path, capsys):
+    """The run's layout, policy and kernel storage all come back through build_model."""
+    workdir = tmp_path / "nchw"
+    config = TrainConfig(
+        model="small_cnn",
+        model_kwargs={"width": 4, "hidden": 16},
+        layout="NCHW",
+        precision="mixed_bf16",
+        kernel_storage="channels_last",
+        num_steps=3,
+    )
+    record = train_and_evaluate(config, workdir, quiet=True)
+    result = evaluate_workdir(workdir)
+    assert (result["test_loss"], result["test_accuracy"]) == (
+        record["test_loss"],
+        record["test_accuracy"],
+    )
+    model = load_model(workdir)
+    assert model.features.layers[0].layers[0].kernel.shape == (3, 3, 1, 4)  # HWIO storage
+    images = open_run(workdir).dataset.test_images[:5]
+    logits = model(images.transpose(0, 3, 1, 2))
+    assert logits.shape == (5, 10)
+    code, _, err = _cli(
+        capsys, "export", "--workdir", workdir, "--out", tmp_path / "m.jax", "--platforms", "cpu"
+    )
+    assert code == 0, err
+    sidecar = json.loads((tmp_path / "m.jax.json").read_text())
+    assert sidecar["input"]["shape"] == ["symbolic", 1, 8, 8]
+    assert sidecar["input"]["layout"] == "NCHW"
+    exported = jax.export.deserialize((tmp_path / "m.jax").read_bytes())
+    assert sidecar["output"]["dtype"] == str(exported.out_avals[0].dtype) == str(logits.dtype)
+    want = np.asarray(jax.jit(lambda x: model(x))(images.transpose(0, 3, 1, 2)), np.float32)
+    got = np.asarray(exported.call(images.transpose(0, 3, 1, 2)), np.float32)
+    # The same bf16-compute program up to fusion (equal in practice): allow two bf16
+    # roundings (2**-8 relative each) of the largest logit.
+    np.testing.assert_allclose(got, want, rtol=0, atol=2 * 2**-8 * np.abs(want).max())
