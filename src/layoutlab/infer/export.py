@@ -78,6 +78,7 @@ def export_run(
     state = run.state()
     forward = make_forward(run.defs)
     dim = jax.export.symbolic_shape("b")[0] if batch is None else batch
+    # Float32 like the data loaders' batches; the model casts them per its policy.
     spec = jax.ShapeDtypeStruct(_input_shape(run, dim), jnp.float32)
     try:
         exported = jax.export.export(
@@ -101,10 +102,7 @@ def export_run(
         "step": run.step,
         "platforms": list(exported.platforms),
         "input": {
-            "shape": [
-                SYMBOLIC if batch is None and i == 0 else d
-                for i, d in enumerate(_input_shape(run, batch or 0))
-            ],
+            "shape": list(_input_shape(run, SYMBOLIC if batch is None else batch)),
             "layout": str(parse_layout(run.config.layout)),
             "dtype": "float32",
         },

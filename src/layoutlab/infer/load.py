@@ -124,7 +124,7 @@ def checkpoint_state(
                     f"{model}; use the workdir of the run that wrote it."
                 )
             if is_key:
-                return jax.random.wrap_key_data(jnp.asarray(got), impl=impls[name])
+                return jax.random.wrap_key_data(jnp.asarray(got), impl=impls.get(name))
             return jnp.asarray(got)
 
         return fill
