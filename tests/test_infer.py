@@ -97,6 +97,18 @@ def test_evaluate_cli_prints_and_writes_json_and_png(run_dir, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_evaluate_on_another_data_set_of_the_same_shape(run_dir):
+    spec = "synthetic:8x8x1:10:80"
+    result = evaluate_workdir(run_dir, data=spec)
+    other = get_dataset(spec)
+    assert result["data"] == other.name and result["count"] == other.test_labels.size == 16
+    confusion = np.asarray(result["confusion"])
+    np.testing.assert_array_equal(
+        confusion.sum(axis=1), np.bincount(other.test_labels, minlength=10)
+    )
+    assert np.trace(confusion) == round(result["test_accuracy"] * 16)
+
+
 # --- load_model -----------------------------------------------------------------------------
 
 
