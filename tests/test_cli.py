@@ -10,6 +10,9 @@ def test_every_subcommand_is_registered():
     sub = next(a for a in parser._actions if a.dest == "command")
     assert set(sub.choices) == {
         "train",
+        "evaluate",
+        "predict",
+        "export",
         "models",
         "data",
         "inspect",

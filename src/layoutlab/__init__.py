@@ -12,6 +12,7 @@ __all__ = [
     "channels_last",
     "convert_layout",
     "get_policy",
+    "load_model",
     "parse_layout",
     "to_layout",
 ]
@@ -23,4 +24,8 @@ def __getattr__(name):
         from layoutlab.nn.convert import convert_layout
 
         return convert_layout
+    if name == "load_model":  # a trained run's model; imports JAX, flax and orbax
+        from layoutlab.infer.load import load_model
+
+        return load_model
     raise AttributeError(f"module 'layoutlab' has no attribute {name!r}")

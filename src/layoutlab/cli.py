@@ -9,6 +9,7 @@ import sys
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (
     "layoutlab.train.command",
+    "layoutlab.infer.command",
     "layoutlab.models.command",
     "layoutlab.data.command",
     "layoutlab.xla.command",

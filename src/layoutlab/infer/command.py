@@ -1,0 +1,160 @@
+"""``layoutlab evaluate | predict | export``: use a trained run's checkpoint.
+
+Only argparse at import time: ``layoutlab --help`` must not start JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def _fail(e: Exception) -> int:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    return 2
+
+
+def _guarded(fn):
+    """Bad input (ValueError, FileNotFoundError) -> one ``error:`` line and exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (ValueError, FileNotFoundError) as e:
+            return _fail(e)
+
+    return run
+
+
+def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
+    """A sub-command reading one run: ``--workdir`` and ``--checkpoint``, errors guarded."""
+    p = subparsers.add_parser(name, **texts)
+    p.set_defaults(func=_guarded(func))
+    p.add_argument("--workdir", required=True, help="the run's directory (`layoutlab train`)")
+    p.add_argument(
+        "--checkpoint",
+        type=int,
+        metavar="STEP",
+        help="the checkpoint's step (default: the newest)",
+    )
+    return p
+
+
+def register(subparsers) -> None:
+    p = _parser(
+        subparsers,
+        "evaluate",
+        run_evaluate,
+        help="test metrics of a trained run: loss, accuracy, confusion matrix",
+        description="Evaluate a run's checkpoint on the test split with the training loop's "
+        "own eval step (the run's final test metrics are reproduced exactly); prints loss, "
+        "accuracy, top-5 accuracy (more than 5 classes), the confusion matrix and per-class "
+        "accuracy, and writes the confusion matrix as a PNG.",
+    )
+    p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument(
+        "--out", metavar="DIR", help="where confusion_step<STEP>.png goes (default: --workdir)"
+    )
+
+    p = _parser(
+        subparsers,
+        "predict",
+        run_predict,
+        help="top-k classes of image files under a trained run's model",
+        description="Classify image files (or folders of them) of any size: each is converted "
+        "to the run's channels, resized to its image size and normalized like its training "
+        "data.",
+    )
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
+    p.add_argument("--top-k", type=int, default=5, metavar="K", help="classes per image (5)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    p = _parser(
+        subparsers,
+        "export",
+        run_export,
+        help="a trained run's model as serialized StableHLO (jax.export)",
+        description="Write the run's eval-mode model, weights included, as a serialized "
+        "jax.export artifact that runs without layoutlab "
+        "(jax.export.deserialize(bytes).call(images)), plus FILE.json describing its input.",
+    )
+    p.add_argument("--out", required=True, metavar="FILE", help="the artifact to write")
+    p.add_argument(
+        "--platforms",
+        default="cpu,cuda",
+        help="comma-separated platforms the artifact runs on (default cpu,cuda)",
+    )
+    p.add_argument(
+        "--batch",
+        default="symbolic",
+        metavar="N|symbolic",
+        help="a fixed batch size, or 'symbolic' (default): any batch size",
+    )
+    p.add_argument(
+        "--torch-state-dict",
+        metavar="FILE.pth",
+        help="also write the weights as a torchvision-named PyTorch state_dict (needs torch)",
+    )
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from layoutlab.infer.evaluate import evaluate_workdir, format_report, plot_confusion
+
+    result = evaluate_workdir(args.workdir, args.checkpoint, data=args.data)
+    out = Path(args.out) if args.out else Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_confusion(result, out / f"confusion_step{result['step']}.png")
+    print(format_report(result))
+    print(f"confusion matrix plot: {png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"results: {args.json}")
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from layoutlab.infer.load import open_run
+    from layoutlab.infer.predict import predict_files
+
+    results = predict_files(open_run(args.workdir, args.checkpoint), args.images, args.top_k)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for r in results:
+        best = ", ".join(f"{t['name']} {t['probability']:.3f}" for t in r["top_k"])
+        print(f"{r['file']}: {best}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from layoutlab.infer.export import export_run, parse_batch, parse_platforms
+    from layoutlab.infer.load import open_run
+
+    platforms, batch = parse_platforms(args.platforms), parse_batch(args.batch)
+    run = open_run(args.workdir, args.checkpoint)
+    out, sidecar = export_run(run, args.out, platforms=platforms, batch=batch)
+    print(
+        f"wrote {out} ({out.stat().st_size} bytes, platforms {','.join(platforms)}, batch "
+        f"{args.batch}) and {sidecar}"
+    )
+    if args.torch_state_dict:
+        _write_torch(run, args.torch_state_dict)
+    return 0
+
+
+def _write_torch(run, path: str) -> None:
+    # compare/ sits above this package in the import map: joined only when asked, here.
+    from layoutlab.compare.torch_weights import require_torch, to_torch_state_dict
+
+    try:
+        torch = require_torch()
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+    state_dict = to_torch_state_dict(run.model(), tensors=True)
+    torch.save(state_dict, path)
+    print(f"wrote {path} ({len(state_dict)} tensors, PyTorch names)")

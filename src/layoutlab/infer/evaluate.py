@@ -1,0 +1,136 @@
+"""``evaluate_run``: a run's test metrics, through the very eval code path training used.
+
+Loss and accuracy come from ``layoutlab.train.loop.evaluate`` with the eval step compiled as
+the training loop compiles it (same batches, shardings and XLA options), so they equal the
+run's ``metrics.jsonl`` figures for the same checkpoint bit for bit. The extras (top-5,
+confusion matrix, per-class accuracy) come from the eval-mode logits of the same batches,
+computed by a second program beside the eval step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from layoutlab.infer.load import Run, class_names, open_run
+from layoutlab.train.loop import evaluate
+from layoutlab.train.sharding import make_shardings
+from layoutlab.train.steps import make_eval_step, make_forward
+
+__all__ = ["TOP_K", "evaluate_run", "plot_confusion"]
+
+TOP_K = 5  # reported when the data set has more classes than this
+
+
+def evaluate_run(run: Run) -> dict:
+    """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
+    config = run.config
+    shard = make_shardings(config.data_parallel)
+    options = config.xla_options or None
+    eval_step = jax.jit(
+        make_eval_step(run.defs), out_shardings=shard.replicated, compiler_options=options
+    )
+    forward = jax.jit(
+        make_forward(run.defs), out_shardings=shard.replicated, compiler_options=options
+    )
+    logits, labels = [], []
+
+    def step_and_logits(state, images, batch_labels):
+        logits.append(np.asarray(jax.device_get(forward(state, images)), np.float32))
+        labels.append(np.asarray(jax.device_get(batch_labels)))
+        return eval_step(state, images, batch_labels)
+
+    metrics = evaluate(
+        step_and_logits, jax.device_put(run.state(), shard.replicated), run.dataset, config, shard
+    )
+    return {
+        "workdir": str(run.workdir),
+        "step": run.step,
+        "data": run.dataset.name,
+        **metrics,
+        **_extras(np.concatenate(logits), np.concatenate(labels), run.dataset.num_classes),
+        "class_names": class_names(run.dataset),
+    }
+
+
+def _extras(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:
+    predicted = np.argmax(logits, axis=-1)
+    confusion = np.zeros((num_classes, num_classes), np.int64)
+    np.add.at(confusion, (labels, predicted), 1)
+    support = confusion.sum(axis=1)
+    per_class = np.diag(confusion) / np.maximum(support, 1)
+    out = {
+        "count": int(labels.shape[0]),
+        "confusion": confusion.tolist(),  # rows: true class, columns: predicted class
+        "per_class_accuracy": [
+            float(a) if n else None for a, n in zip(per_class, support, strict=True)
+        ],
+    }
+    if num_classes > TOP_K:
+        # Stable sort of the negated logits: ties go to the lower class, as argmax does.
+        top = np.argsort(-logits, axis=-1, kind="stable")[:, :TOP_K]
+        out[f"test_top{TOP_K}_accuracy"] = float(np.mean(np.any(top == labels[:, None], -1)))
+    return out
+
+
+def format_report(result: dict) -> str:
+    """The printed report: metrics, confusion matrix, per-class accuracy."""
+    names = result["class_names"]
+    lines = [
+        f"{result['workdir']} step {result['step']} on {result['data']} "
+        f"({result['count']} test images)",
+        f"test_loss {result['test_loss']:.6f}  test_accuracy {result['test_accuracy']:.6f}"
+        + (
+            f"  test_top{TOP_K}_accuracy {result[f'test_top{TOP_K}_accuracy']:.6f}"
+            if f"test_top{TOP_K}_accuracy" in result
+            else ""
+        ),
+        "confusion matrix (rows: true class, columns: predicted):",
+    ]
+    confusion = np.asarray(result["confusion"])
+    width = max(len(str(confusion.max())), *(len(n) for n in names)) + 1
+    label = max(len(n) for n in names)
+    lines.append(" " * label + "".join(n.rjust(width) for n in names))
+    for name, row in zip(names, confusion, strict=True):
+        lines.append(name.rjust(label) + "".join(str(v).rjust(width) for v in row))
+    lines.append("per-class accuracy:")
+    for name, acc in zip(names, result["per_class_accuracy"], strict=True):
+        lines.append(f"  {name}: " + ("no test images" if acc is None else f"{acc:.4f}"))
+    return "\n".join(lines)
+
+
+def plot_confusion(result: dict, path: str | Path) -> Path:
+    """The confusion matrix as a PNG (row-normalized colors, counts written in the cells)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    confusion = np.asarray(result["confusion"])
+    names = result["class_names"]
+    rows = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+    size = max(4.0, 0.45 * len(names) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(rows, cmap="Blues", vmin=0, vmax=1)
+    ticks = np.arange(len(names))
+    ax.set_xticks(ticks, names, rotation=90 if len(names) > 12 else 0)
+    ax.set_yticks(ticks, names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    if len(names) <= 20:  # counts stay legible up to about this many classes
+        for (i, j), v in np.ndenumerate(confusion):
+            color = "white" if rows[i, j] > 0.5 else "black"
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=8, color=color)
+    ax.set_title(f"{result['data']} step {result['step']}: accuracy {result['test_accuracy']:.4f}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def evaluate_workdir(workdir, step: int | None = None, *, data: str | None = None) -> dict:
+    """``evaluate_run`` of ``open_run(workdir, step, data=data)``."""
+    return evaluate_run(open_run(workdir, step, data=data))

@@ -1,0 +1,124 @@
+"""``export_run``: a run's model as serialized StableHLO (``jax.export``) plus a JSON sidecar.
+
+The artifact is the eval-mode forward with the weights baked in as constants: it maps
+normalized images in the run's layout (float32) to logits, and needs only JAX to run::
+
+    exported = jax.export.deserialize(open("model.jax", "rb").read())
+    logits = exported.call(images)
+
+The batch dimension is symbolic by default, so one artifact serves any batch size. The
+sidecar (``<out>.json``) says what the input must be: shape, layout, dtype, and the
+normalization that turns pixels into it (``(pixels / 255 - mean) / std`` per channel).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from layoutlab.infer.load import Run, class_names
+from layoutlab.layout import parse_layout
+from layoutlab.train.steps import make_forward
+
+__all__ = ["PLATFORMS", "export_run", "parse_batch", "parse_platforms", "sidecar_path"]
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+SYMBOLIC = "symbolic"
+
+
+def parse_platforms(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+    unknown = [p for p in names if p not in PLATFORMS]
+    if not names or unknown:
+        raise ValueError(
+            f"--platforms {text!r}: {', '.join(unknown) or 'none given'} is not a platform; "
+            f"use a comma-separated list of {', '.join(PLATFORMS)}."
+        )
+    return names
+
+
+def parse_batch(text: str | int) -> int | None:
+    """``"symbolic"`` -> ``None`` (any batch size), else a positive batch size."""
+    if str(text).strip().lower() == SYMBOLIC:
+        return None
+    try:
+        batch = int(text)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise ValueError(f"--batch {text!r} is neither a positive integer nor '{SYMBOLIC}'.")
+    return batch
+
+
+def sidecar_path(out: str | Path) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".json")
+
+
+def _input_shape(run: Run, batch) -> tuple:
+    h, w, c = run.dataset.image_shape
+    channels_last = parse_layout(run.config.layout).is_channels_last
+    return (batch, h, w, c) if channels_last else (batch, c, h, w)
+
+
+def export_run(
+    run: Run,
+    out: str | Path,
+    *,
+    platforms: tuple[str, ...] = ("cpu",),
+    batch: int | None = None,
+) -> tuple[Path, Path]:
+    """Writes ``out`` (serialized ``jax.export.Exported``) and its sidecar; returns both paths.
+
+    ``batch=None`` exports a symbolic batch dimension ``b``; an int fixes it.
+    """
+    state = run.state()
+    forward = make_forward(run.defs)
+    dim = jax.export.symbolic_shape("b")[0] if batch is None else batch
+    # Float32 like the data loaders' batches; the model casts them per its policy.
+    spec = jax.ShapeDtypeStruct(_input_shape(run, dim), jnp.float32)
+    try:
+        exported = jax.export.export(
+            jax.jit(lambda images: forward(state, images)), platforms=platforms
+        )(spec)
+    except Exception as e:  # lowering errors come in several types; all mean one thing here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"Exporting {run.config.model} for {', '.join(platforms)} failed: {first}; try "
+            "--platforms cpu or a fixed --batch N."
+        ) from None
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(exported.serialize())
+    out_aval = exported.out_avals[0]
+    sidecar = {
+        "format": "jax.export serialized StableHLO; "
+        "jax.export.deserialize(bytes).call(images) -> logits",
+        "model": run.config.model,
+        "workdir": str(run.workdir),
+        "step": run.step,
+        "platforms": list(exported.platforms),
+        "input": {
+            "shape": list(_input_shape(run, SYMBOLIC if batch is None else batch)),
+            "layout": str(parse_layout(run.config.layout)),
+            "dtype": "float32",
+        },
+        "output": {
+            "shape": [SYMBOLIC if batch is None else batch, run.dataset.num_classes],
+            "dtype": str(out_aval.dtype),
+            "meaning": "logits",
+        },
+        "normalization": {
+            "formula": "(pixels / 255 - mean) / std, per channel",
+            "mean": list(run.dataset.mean),
+            "std": [s if s > 0 else 1.0 for s in run.dataset.std],  # as make_dataset
+            "channels": "grayscale" if run.dataset.num_channels == 1 else "RGB",
+        },
+        "class_names": class_names(run.dataset),
+    }
+    side = sidecar_path(out)
+    side.write_text(json.dumps(sidecar, indent=1) + "\n")
+    return out, side

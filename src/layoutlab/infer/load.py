@@ -1,0 +1,209 @@
+"""A trained run read back: its config, data set and checkpointed model, ready to use.
+
+``open_run(workdir, step)`` builds the model exactly as training did
+(``layoutlab.train.loop.build_model`` from the run's ``config.json``, so the run's conv
+algorithm and kernel storage apply), then fills its parameters and batch statistics from a
+checkpoint. ``checkpoint_state`` is the one place that knows how a checkpoint's arrays map
+onto the model's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from layoutlab.data import Dataset, get_dataset
+from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
+from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.loop import CHECKPOINT_DIR, build_model
+from layoutlab.train.metrics import CONFIG_FILE
+from layoutlab.train.state import ModelDefs, TrainState, split_model
+
+__all__ = ["NoRunError", "Run", "checkpoint_state", "class_names", "load_model", "open_run"]
+
+
+class NoRunError(FileNotFoundError):
+    """The workdir, its config or the asked checkpoint does not exist."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A run's resolved config, its data set and the restored model state at ``step``."""
+
+    workdir: Path
+    config: TrainConfig
+    dataset: Dataset
+    step: int
+    defs: ModelDefs
+    params: nnx.State
+    model_state: nnx.State
+
+    def model(self) -> nnx.Module:
+        """The model in eval mode, in the run's layout and precision policy."""
+        return nnx.merge(self.defs.eval, self.params, self.model_state)
+
+    def state(self) -> TrainState:
+        """What ``make_eval_step``/``make_forward`` read: params and model_state, no optimizer."""
+        return TrainState(
+            step=None,
+            params=self.params,
+            model_state=self.model_state,
+            opt_state=None,
+            loss_scale=None,
+        )
+
+
+def class_names(dataset: Dataset) -> list[str]:
+    """The data set's class names, or the class numbers as text when it has none."""
+    names = dataset.class_names
+    return list(names) if names else [str(i) for i in range(dataset.num_classes)]
+
+
+def read_config(workdir: Path) -> TrainConfig:
+    if not workdir.is_dir():
+        raise NoRunError(
+            f"Workdir {workdir} does not exist; pass the --workdir of a `layoutlab train` run."
+        )
+    path = workdir / CONFIG_FILE
+    if not path.is_file():
+        raise NoRunError(
+            f"{workdir} has no {CONFIG_FILE}, so it is not a training run's workdir; pass the "
+            "--workdir of a `layoutlab train` run."
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); restore it from the run.") from None
+    return validate(TrainConfig.from_dict(raw), jax.device_count())
+
+
+def _read(workdir: Path, step: int | None) -> tuple[dict, dict]:
+    directory = workdir / CHECKPOINT_DIR
+    try:
+        return read_checkpoint(directory, step)
+    except FileNotFoundError as e:
+        if step is not None and directory.is_dir():
+            raise NoRunError(f"{e} Pick one of those steps (or leave out --checkpoint).") from None
+        raise NoRunError(
+            f"{workdir} has no checkpoint ({e}); train first (`layoutlab train --workdir "
+            f"{workdir} --resume` continues the run) or pass another --workdir."
+        ) from None
+
+
+def checkpoint_state(
+    arrays: dict[str, np.ndarray], meta: dict, params: nnx.State, model_state: nnx.State, where: str
+) -> tuple[nnx.State, nnx.State]:
+    """``(params, model_state)`` with the values of a checkpoint's ``TrainState`` arrays.
+
+    ``params``/``model_state`` may be abstract (from ``nnx.eval_shape``); their leaves name the
+    shapes and dtypes wanted. Checkpoint paths are ``TrainState`` key paths
+    (``.params['classifier']...``); PRNG keys are stored as key data and wrapped again. A
+    missing array or one of another shape or dtype raises ``IncompatibleCheckpointError``.
+    """
+    impls = meta.get("key_impls", {})
+    model = meta.get("extra", {}).get("config", {}).get("model", "another model")
+
+    def value(prefix: str):
+        def fill(path, want):
+            name = prefix + jax.tree_util.keystr(path)
+            if name not in arrays:
+                raise IncompatibleCheckpointError(
+                    f"Checkpoint {where} has no {name} (it was written by {model}); use the "
+                    "workdir of the run that wrote it."
+                )
+            got = arrays[name]
+            is_key = jax.dtypes.issubdtype(want.dtype, jax.dtypes.prng_key)
+            want_shape = jax.eval_shape(jax.random.key_data, want).shape if is_key else want.shape
+            want_dtype = np.dtype(np.uint32) if is_key else np.dtype(want.dtype)
+            if got.shape != tuple(want_shape) or got.dtype != want_dtype:
+                raise IncompatibleCheckpointError(
+                    f"Checkpoint {where} holds {name} as {got.dtype}{list(got.shape)} where the "
+                    f"run's config.json builds {want_dtype}{list(want_shape)}: it was written by "
+                    f"{model}; use the workdir of the run that wrote it."
+                )
+            if is_key:
+                return jax.random.wrap_key_data(jnp.asarray(got), impl=impls.get(name))
+            return jnp.asarray(got)
+
+        return fill
+
+    params = jax.tree_util.tree_map_with_path(value(".params"), params)
+    model_state = jax.tree_util.tree_map_with_path(value(".model_state"), model_state)
+    return params, model_state
+
+
+def open_run(workdir: str | Path, step: int | None = None, *, data: str | None = None) -> Run:
+    """The run in ``workdir`` restored from checkpoint ``step`` (default: the newest).
+
+    ``data`` replaces the run's data spec (it must have the run's image shape and classes).
+    Raises ``NoRunError`` (a ``FileNotFoundError``) for a missing workdir, config or
+    checkpoint, and ``ValueError`` for a checkpoint of another model or mismatched data.
+    """
+    workdir = Path(workdir)
+    config = read_config(workdir)
+    arrays, meta = _read(workdir, step)
+    dataset = get_dataset(config.data)  # as train_and_evaluate loads it
+    if data is not None:
+        dataset = _other_data(data, dataset)
+    abstract = nnx.eval_shape(lambda: build_model(config, dataset))
+    defs, params, model_state = split_model(abstract)
+    where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
+    _check_writer(meta, config, where)
+    params, model_state = checkpoint_state(arrays, meta, params, model_state, where)
+    return Run(workdir, config, dataset, int(meta["step"]), defs, params, model_state)
+
+
+# Config fields that decide the arrays' meaning; kernel_storage can transpose square kernels
+# without changing a shape, so the shape check alone would miss it.
+_MODEL_FIELDS = ("model", "model_kwargs", "layout", "kernel_storage")
+
+
+def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
+    """The checkpoint's own config (when it has one) must build the model config.json does."""
+    saved = meta.get("extra", {}).get("config")
+    if not isinstance(saved, dict):
+        return  # older or foreign checkpoints: checkpoint_state still checks every array
+    defaults = TrainConfig()
+    for field in _MODEL_FIELDS:
+        have = saved.get(field, getattr(defaults, field))
+        want = getattr(config, field)
+        if have != want:
+            raise IncompatibleCheckpointError(
+                f"Checkpoint {where} was written with {field}={have!r} but the run's "
+                f"config.json has {field}={want!r}: it belongs to another run; use that run's "
+                "workdir (or its config.json)."
+            )
+
+
+def _other_data(spec: str, run_data: Dataset) -> Dataset:
+    other = get_dataset(spec)
+    if (other.image_shape, other.num_classes) != (run_data.image_shape, run_data.num_classes):
+        raise ValueError(
+            f"--data {spec} has images {other.image_shape} (HxWxC) and {other.num_classes} "
+            f"classes, the run was trained on {run_data.image_shape} and "
+            f"{run_data.num_classes}; pass a data set of the run's shape and classes."
+        )
+    return other
+
+
+def load_model(workdir: str | Path, step: int | None = None, *, layout=None) -> nnx.Module:
+    """The model trained in ``workdir``, restored from checkpoint ``step`` (default: the
+    newest), in eval mode and ready to call on normalized images.
+
+    It runs in the run's layout and precision policy, or in ``layout`` (``"NHWC"``/``"NCHW"``,
+    converted with ``layoutlab.convert_layout``). Raises ``FileNotFoundError`` (``NoRunError``)
+    when the workdir, its config.json or the checkpoint is missing, and ``ValueError`` when the
+    checkpoint was written by another model.
+    """
+    model = open_run(workdir, step).model()
+    if layout is not None:
+        from layoutlab.nn.convert import convert_layout
+
+        model = convert_layout(model, layout)
+    return model

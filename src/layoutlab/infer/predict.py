@@ -1,0 +1,126 @@
+"""``predict``: top-k classes of image files under a trained run's model.
+
+Images are prepared as the folder loader prepares training data (``layoutlab.data.folder``):
+converted to the model's channels (``"L"`` for 1, ``"RGB"`` for 3), resized bilinearly to the
+run's image size when they differ, scaled to ``[0, 1]`` (8-bit pixels / 255) and normalized
+with the run's train-split mean and std, with the same float32 operations as
+``layoutlab.data.dataset``. So a folder-trained run sees its own test images bit for bit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from layoutlab.data import Dataset
+from layoutlab.data.errors import DataError
+from layoutlab.data.folder import IMAGE_SUFFIXES
+from layoutlab.infer.load import Run, class_names
+from layoutlab.layout import to_layout
+from layoutlab.train.steps import make_forward
+
+__all__ = ["collect_images", "load_images", "predict_files", "top_k"]
+
+_MODES = {1: "L", 3: "RGB"}
+_PIXEL_MAX = 255.0  # 8-bit images; 16-bit and float images are converted to 8 bits by Pillow
+
+
+def collect_images(paths: list[str | Path]) -> list[Path]:
+    """Files as given, and the image files (by suffix, sorted) of directories, recursively."""
+    files: list[Path] = []
+    for item in map(Path, paths):
+        if item.is_dir():
+            found = sorted(p for p in item.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(
+                    f"{item} holds no images ({', '.join(IMAGE_SUFFIXES)}); pass image files "
+                    "or a folder of them."
+                )
+            files += found
+        elif item.is_file():
+            files.append(item)
+        else:
+            raise FileNotFoundError(f"No image file or folder {item}; check the path.")
+    if not files:
+        raise FileNotFoundError("No images given; pass image files or a folder of them.")
+    return files
+
+
+def _pixels(path: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            converted = image.convert(mode)
+    except Exception as e:  # Pillow raises several types for unreadable or truncated files
+        raise DataError(
+            f"Cannot read image {path} ({type(e).__name__}: {e}); pass a PNG, JPEG, BMP or "
+            "GIF file."
+        ) from None
+    if converted.size != (size[1], size[0]):
+        converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    pixels = np.asarray(converted, np.uint8)
+    return pixels[..., None] if pixels.ndim == 2 else pixels
+
+
+def load_images(files: list[Path], dataset: Dataset) -> np.ndarray:
+    """``files`` as normalized NHWC float32, in the shape and statistics of ``dataset``."""
+    h, w, c = dataset.image_shape
+    if c not in _MODES:
+        raise ValueError(
+            f"The run's images have {c} channels; predict reads 1 (grayscale) or 3 (RGB)."
+        )
+    raw = np.stack([_pixels(p, _MODES[c], (h, w)) for p in files])
+    mean = np.asarray(dataset.mean, np.float64)
+    std = np.asarray(dataset.std, np.float64)
+    std = np.where(std > 0, std, 1.0)  # as make_dataset: a constant channel divides by 1
+    # The float32 steps of layoutlab.data.dataset._normalize, in its order.
+    out = raw.astype(np.float32)
+    out *= np.float32(1.0 / _PIXEL_MAX)
+    out -= mean.astype(np.float32)
+    out *= (1.0 / std).astype(np.float32)
+    return out
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(classes, probabilities)`` of the ``k`` best classes per row, best first."""
+    logits = np.asarray(logits, np.float64)
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = shifted / shifted.sum(axis=-1, keepdims=True)
+    # Stable sort: ties go to the lower class, as argmax does.
+    classes = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    return classes, np.take_along_axis(probs, classes, axis=-1)
+
+
+def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
+    """Top-``k`` predictions for each image file (or folder of images) in ``paths``."""
+    if k < 1:
+        raise ValueError(f"--top-k must be at least 1, got {k}.")
+    names = class_names(run.dataset)
+    files = collect_images(paths)
+    images = load_images(files, run.dataset)
+    forward = jax.jit(make_forward(run.defs))
+    # Chunks of the eval batch size: a large folder compiles at most two batch shapes.
+    chunk = run.config.eval_batch_size
+    logits = np.concatenate(
+        [
+            np.asarray(jax.device_get(forward(run.state(), batch)), np.float32)
+            for batch in (
+                to_layout(images[i : i + chunk], "NHWC", run.config.layout)
+                for i in range(0, len(images), chunk)
+            )
+        ]
+    )
+    classes, probs = top_k(logits, min(k, len(names)))
+    return [
+        {
+            "file": str(f),
+            "top_k": [
+                {"class": int(c), "name": names[c], "probability": float(p)}
+                for c, p in zip(cls, prob, strict=True)
+            ],
+        }
+        for f, cls, prob in zip(files, classes, probs, strict=True)
+    ]
