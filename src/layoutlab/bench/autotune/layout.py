@@ -46,7 +46,7 @@ from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_sh
 from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
 from layoutlab.bench.machine import library_versions
 from layoutlab.bench.status import OK, classify_failure
-from layoutlab.bench.sweep import resolve_input
+from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.bench.timing import summarize, timed
 from layoutlab.compare import Tolerance, compare, default_tolerance
 from layoutlab.loss_scale import NoOpLossScale
