@@ -1,12 +1,11 @@
 """Conv algorithm candidates for one ``ConvSpec``: compiled once, checked against the float64
-references of ``conv_reference``, timed interleaved (A B C A B C ...) so each sees the same
-machine load, medians kept."""
+references of ``conv_reference``, timed interleaved (``bench.timing.interleaved_ms``: A B C
+A B C ..., so each sees the same machine load), medians kept."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -15,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from layoutlab.bench.autotune.conv_reference import candidate_errors, conv_shapes
+from layoutlab.bench.timing import interleaved_ms
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import ConvSpec
 
@@ -131,31 +131,13 @@ def time_candidates(
 ) -> dict[str, tuple[float | None, float | None]]:
     """``{name: (forward_ms, train_ms)}`` medians; candidates run interleaved each round.
     ``objective="inference"`` times the forward only (train_ms None)."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}.")
     dtype = jnp.dtype(spec.dtype)
     x, w, dy = (jax.device_put(jnp.asarray(a, dtype), device) for a in inputs)
-    fns = {name: candidate_fns(spec, name, device, compiler_options) for name in names}
-    do_train = objective == "train"
-    for fwd, train in fns.values():
-        for _ in range(warmup):
-            jax.block_until_ready(fwd(x, w))
-            if do_train:
-                jax.block_until_ready(train(x, w, dy))
-    times: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in names}
-    for _ in range(repeats):
-        for name, (fwd, train) in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fwd(x, w))
-            times[name][0].append(time.perf_counter() - t0)
-            if do_train:
-                t0 = time.perf_counter()
-                jax.block_until_ready(train(x, w, dy))
-                times[name][1].append(time.perf_counter() - t0)
-    return {
-        name: (
-            1e3 * statistics.median(f),
-            1e3 * statistics.median(t) if t else None,
-        )
-        for name, (f, t) in times.items()
-    }
+    calls = {}
+    for name in names:
+        fwd, train = candidate_fns(spec, name, device, compiler_options)
+        calls[("fwd", name)] = lambda fwd=fwd: jax.block_until_ready(fwd(x, w))
+        if objective == "train":
+            calls[("train", name)] = lambda train=train: jax.block_until_ready(train(x, w, dy))
+    ms = interleaved_ms(calls, repeats, warmup)
+    return {n: (ms[("fwd", n)], ms.get(("train", n))) for n in names}
