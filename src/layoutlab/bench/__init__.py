@@ -15,7 +15,7 @@ imported unless a PyTorch configuration runs).
 
 from __future__ import annotations
 
-import importlib
+from layoutlab.bench.lazy import lazy_exports
 
 _EXPORTS = {
     "SweepConfig": "sweep",
@@ -51,11 +51,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -122,18 +122,21 @@ class Conv(LayoutModule):
         self.kernel_storage = storage
         self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
 
-    def spec(self, x_shape) -> ConvSpec:
-        """The ``ConvSpec`` (autotune and plan key) of this 2D conv on input ``x_shape``."""
-        return conv_spec(
-            x_shape,
-            self.kernel.shape,
+    def _geometry(self) -> dict:
+        """The keywords ``conv_spec`` and ``conv2d`` share."""
+        return dict(
             strides=self.strides,
             padding=self.padding,
             dilation=self.dilation,
             groups=self.groups,
             layout=self.layout.value,
             kernel_layout=self.kernel_spec,
-            dtype=self.policy.compute_dtype,
+        )
+
+    def spec(self, x_shape) -> ConvSpec:
+        """The ``ConvSpec`` (autotune and plan key) of this 2D conv on input ``x_shape``."""
+        return conv_spec(
+            x_shape, self.kernel.shape, dtype=self.policy.compute_dtype, **self._geometry()
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -148,15 +151,10 @@ class Conv(LayoutModule):
             y = conv2d(
                 x.astype(dtype),
                 self.kernel[...].astype(dtype),
-                strides=self.strides,
-                padding=self.padding,
-                dilation=self.dilation,
-                groups=self.groups,
-                layout=self.layout.value,
-                kernel_layout=self.kernel_spec,
                 algorithm=self.algorithm,
                 planned=self.plan_entry,
                 preferred_element_type=accumulation_dtype(self.policy),
+                **self._geometry(),
             )
         else:
             y = lax.conv_general_dilated(
