@@ -24,6 +24,7 @@ from pathlib import Path
 from layoutlab.bench.machine import cpu_model
 from layoutlab.xla import inspect_model
 from layoutlab.xla.command import parse_assignments
+from layoutlab.xla.model_layout_comparison import format_total
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = (
@@ -72,14 +73,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _cell(v) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float) and not v.is_integer():
-        return f"{v:.2f}"
-    return f"{int(v):,}"
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     model_kwargs = parse_assignments(args.model_arg, "--model-arg")
@@ -114,7 +107,9 @@ def main(argv=None) -> int:
     width = max(len(r[0]) for r in rows)
     print("\n" + "config".ljust(width) + " | " + " | ".join(COLUMNS))
     for label, totals, _ in rows:
-        print(label.ljust(width) + " | " + " | ".join(_cell(totals[c]) for c in COLUMNS))
+        print(
+            label.ljust(width) + " | " + " | ".join(format_total(totals[c], ".2f") for c in COLUMNS)
+        )
     print()
     for label, _, layouts in rows:
         print(f"{label}: " + ", ".join(f"{k} x{v}" for k, v in layouts.items()))

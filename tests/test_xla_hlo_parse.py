@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from layoutlab.xla.hlo import decode_dim_labels, diff, hlo_report, parse_window
+from layoutlab.xla.hlo import diff, hlo_report
+from layoutlab.xla.hlo_extract import decode_dim_labels, parse_window
 from layoutlab.xla.hlo_parse import ArrayShape, HloParseError, parse_hlo, parse_shape
 
 # A cuDNN conv as the GPU compiler leaves it: tuple result, backend_config JSON spread over

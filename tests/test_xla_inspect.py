@@ -13,8 +13,14 @@ from flax import nnx
 
 from layoutlab import models, nn
 from layoutlab.models import registry
-from layoutlab.xla import BackendError, available_backends, hlo_report
-from layoutlab.xla.inspect import ModelLayoutComparison, inspect_model, match_convs
+from layoutlab.xla import (
+    BackendError,
+    ModelLayoutComparison,
+    available_backends,
+    hlo_report,
+    inspect_model,
+)
+from layoutlab.xla.conv_rows import match_convs
 
 # The real ResNet-18 structure, narrowed: stem conv + 8 basic blocks x 2 convs + 3 downsample
 # 1x1 convs = 20 convolutions, each with its own kernel.

@@ -20,6 +20,7 @@ from layoutlab.xla.cache import (
     watch_compilation,
 )
 from layoutlab.xla.compile import CompileReport, compile_report
+from layoutlab.xla.conv_rows import ConvRow
 from layoutlab.xla.flags import (
     CPU_FAST_OPTIONS,
     CPU_FLAGS,
@@ -36,17 +37,9 @@ from layoutlab.xla.formats import (
     physical_format,
     place_in_formats,
 )
-from layoutlab.xla.hlo import (
-    ConvOp,
-    DataMoveOp,
-    DotOp,
-    HloReport,
-    compare_table,
-    conv_table,
-    decode_dim_labels,
-    diff,
-    hlo_report,
-)
+from layoutlab.xla.hlo import HloReport, compare_table, conv_table, diff, hlo_report
+from layoutlab.xla.hlo_extract import decode_dim_labels
+from layoutlab.xla.hlo_ops import ConvOp, DataMoveOp, DotOp
 from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
 from layoutlab.xla.host_memory import (
     HostMemoryError,
@@ -54,14 +47,10 @@ from layoutlab.xla.host_memory import (
     host_memory_state,
     keep_host_memory,
 )
-from layoutlab.xla.inspect import (
-    ConvRow,
-    ModelInspection,
-    ModelLayoutComparison,
-    compare_model_layouts,
-    inspect_model,
-)
+from layoutlab.xla.inspect import inspect_model
+from layoutlab.xla.inspection import ModelInspection
 from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
+from layoutlab.xla.model_layout_comparison import ModelLayoutComparison, compare_model_layouts
 
 __all__ = [
     "CPU_FAST_OPTIONS",

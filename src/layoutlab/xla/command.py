@@ -56,7 +56,8 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 def _inspect(args: argparse.Namespace):
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.flags import cpu_fast_options
-    from layoutlab.xla.inspect import compare_model_layouts, inspect_model
+    from layoutlab.xla.inspect import inspect_model
+    from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
     common = dict(
         precision=args.precision,
@@ -83,7 +84,8 @@ def _inspect(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     """Run ``layoutlab inspect``; bad input prints one ``error: ...`` line and returns 2."""
-    from layoutlab.xla.inspect import ModelLayoutComparison, write_text
+    from layoutlab.xla.inspection import write_text
+    from layoutlab.xla.model_layout_comparison import ModelLayoutComparison
 
     try:
         if args.cache_dir:

@@ -162,67 +162,33 @@ class HloModule:
 # ---------------------------------------------------------------- low-level scanning
 
 
+# A double-quoted string, with backslash escapes; one left open runs to the end of the text.
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_STRING_OR_COMMENT_RE = re.compile(r'("(?:[^"\\]|\\.)*"?)|/\*.*?(?:\*/|\Z)', re.DOTALL)
+
+
 def strip_comments(text: str) -> str:
     """Drop ``/* ... */`` comments that are outside double-quoted strings."""
-    out = []
-    i, n, in_str = 0, len(text), False
-    while i < n:
-        c = text[i]
-        if in_str:
-            out.append(c)
-            if c == "\\" and i + 1 < n:
-                out.append(text[i + 1])
-                i += 1
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-            out.append(c)
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            continue
-        else:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    return _STRING_OR_COMMENT_RE.sub(lambda m: m.group(1) or "", text)
+
+
+def _blank_strings(text: str) -> str:
+    """``text`` with every quoted string replaced by spaces, so that brackets and separators
+    inside strings are not seen; the indices stay those of ``text``."""
+    return _STRING_RE.sub(lambda m: " " * len(m.group()), text)
 
 
 def _depth_change(text: str) -> int:
     """Net bracket depth of ``text``, ignoring brackets inside quoted strings."""
-    depth, in_str, esc = 0, False, False
-    for c in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-    return depth
+    bare = _blank_strings(text)
+    return sum(bare.count(c) for c in _OPEN) - sum(bare.count(c) for c in _CLOSE)
 
 
 def matching_close(text: str, start: int) -> int:
     """Index of the bracket closing the one at ``text[start]``."""
-    depth, in_str, esc = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in _OPEN:
+    depth = 0
+    for i, c in enumerate(_blank_strings(text[start:]), start):
+        if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
@@ -233,27 +199,16 @@ def matching_close(text: str, start: int) -> int:
 
 def split_top(text: str, sep: str = ",") -> list[str]:
     """Split on ``sep`` where it is outside brackets and quotes; pieces are stripped."""
-    parts, depth, in_str, esc, cur = [], 0, False, False, []
-    for c in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in _OPEN:
+    parts, depth, begin = [], 0, 0
+    for i, c in enumerate(_blank_strings(text)):
+        if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
         elif c == sep and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(c)
-    last = "".join(cur).strip()
+            parts.append(text[begin:i].strip())
+            begin = i + 1
+    last = text[begin:].strip()
     if last:
         parts.append(last)
     return parts
