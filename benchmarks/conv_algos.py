@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,14 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layoutlab.bench.conv_autotune import (
-    candidate_errors,
-    candidate_fns,
-    candidates_for,
-    reference_conv,
-    spec_inputs,
-)
+from layoutlab.bench.autotune.conv_candidates import candidate_fns
+from layoutlab.bench.autotune.conv_reference import candidate_errors, reference_conv, spec_inputs
+from layoutlab.bench.autotune.convs import candidates_for
 from layoutlab.bench.machine import machine_info
+from layoutlab.bench.report import markdown_grid
+from layoutlab.bench.timing import interleaved_ms
 from layoutlab.nn import conv_algos as ca
 
 # (in_channels, out_channels, kernel, stride, input size) of ResNet-18's distinct convs
@@ -141,20 +138,6 @@ def torch_fns(spec, inputs):
     return fwd, train
 
 
-def interleaved(fns: dict, repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median ms of each callable, all called in turn each round (A B C A B C ...)."""
-    for f in fns.values():
-        for _ in range(warmup):
-            f()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
-
-
 # ---------------------------------------------------------------- parts
 
 
@@ -170,7 +153,7 @@ def _time_config(spec, names, inputs, args, use_torch, fns_by_name=None):
         fns[("fwd", n)], fns[("train", n)], compile_s[n] = f, t, c
     if use_torch:
         fns[("fwd", "torch")], fns[("train", "torch")] = torch_fns(spec, inputs)
-    return interleaved(fns, args.repeats), compile_s
+    return interleaved_ms(fns, args.repeats), compile_s
 
 
 def run_shapes(part, shapes, args, use_torch):
@@ -269,7 +252,7 @@ def run_flags(args):
                     errors[(alg, label)] = f"{type(err).__name__}: {str(err)[:200]}"
                     continue
                 fns[("fwd", alg, label)], fns[("train", alg, label)] = f, t
-        ms = interleaved(fns, args.repeats)
+        ms = interleaved_ms(fns, args.repeats)
         for (mode, alg, label), v in ms.items():
             rows.append(
                 {
@@ -332,7 +315,7 @@ def run_dtypes(args):
             x, w
         ).block_until_ready()
         print(f"[dtypes] {name} conv HLO converts operands: {' convert(' in hlo}", flush=True)
-    ms = interleaved(fns, max(args.repeats, 5))
+    ms = interleaved_ms(fns, max(args.repeats, 5))
     rows = [{"op": op, "dtype": dt, "ms": v} for (op, dt), v in ms.items()]
     print("[dtypes] " + ", ".join(f"{r['op']} {r['dtype']} {r['ms']:.1f}" for r in rows))
     return rows
@@ -369,8 +352,8 @@ def run_model(args, use_torch):
     from flax import nnx
 
     from layoutlab import models
-    from layoutlab.bench.conv_autotune import autotune_model
-    from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage
+    from layoutlab.bench.autotune.convs import autotune_model
+    from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage, with_conv_plan
 
     rows = []
     batch, size = 32, 32
@@ -395,14 +378,15 @@ def run_model(args, use_torch):
                     if variant == "xla":
                         set_conv_algorithm(m, "xla")
                     else:
-                        # Tune under the options the step is compiled with; the choice table
-                        # is read when the step is traced, right below.
+                        # Tune under the options the step is compiled with; the plan is
+                        # part of the model the step below traces.
                         t0 = time.perf_counter()
                         tuned = autotune_model(
                             m, x, cache=cache, repeats=args.repeats, compiler_options=options
                         )
                         info["autotune_s"] = time.perf_counter() - t0
-                        info["choices"] = {r.spec_key: r.choice for r in tuned}
+                        info["choices"] = {r.spec_key: r.choice for r in tuned.results}
+                        m = with_conv_plan(set_conv_algorithm(m, "auto"), tuned.plan)
                     if variant.endswith("hwio"):
                         set_kernel_storage(m, "channels_last")
                     train, infer = _model_step_fns(m, x, labels, options)
@@ -413,7 +397,7 @@ def run_model(args, use_torch):
                 for (mode, _), fn in torch_model_fns(images, labels, layout, precision).items():
                     variants[(mode, f"{layout} torch")] = fn
                     meta[f"{layout} torch"] = {"layout": layout, "flags": None}
-        ms = interleaved(variants, args.repeats)
+        ms = interleaved_ms(variants, args.repeats)
         for (mode, variant), v in ms.items():
             rows.append(
                 {"precision": precision, "mode": mode, "variant": variant, "ms": v, **meta[variant]}
@@ -513,10 +497,8 @@ def markdown(results: dict) -> str:
         lines += [
             f"## {part} (batch {BATCH[part]})",
             "",
-            "| shape | dtype | layout | xla fwd | best fwd | torch fwd | xla train | best "
-            "train | torch train | torch/best train |",
-            "|---|---|---|---|---|---|---|---|---|---|",
         ]
+        table = []
         keys = dict.fromkeys((r["shape"], r["dtype"], r["layout"]) for r in prow)
         for key in keys:
             group = [r for r in prow if (r["shape"], r["dtype"], r["layout"]) == key]
@@ -533,57 +515,58 @@ def markdown(results: dict) -> str:
             bt = min(algs, key=lambda r: r["train_ms"])
             t = (lambda k, r=torch_r: f"{r[k]:.1f}") if torch_r else (lambda k: "n/a")
             ratio = f"{torch_r['train_ms'] / bt['train_ms']:.2f}" if torch_r else "n/a"
-            lines.append(
-                f"| {key[0]} | {key[1]} | {key[2]} | {xla['forward_ms']:.1f} | "
-                f"{bf['forward_ms']:.1f} ({bf['algorithm']}) | {t('forward_ms')} | "
-                f"{xla['train_ms']:.1f} | {bt['train_ms']:.1f} ({bt['algorithm']}) | "
-                f"{t('train_ms')} | {ratio} |"
+            table.append(
+                (
+                    *key,
+                    f"{xla['forward_ms']:.1f}",
+                    f"{bf['forward_ms']:.1f} ({bf['algorithm']})",
+                    t("forward_ms"),
+                    f"{xla['train_ms']:.1f}",
+                    f"{bt['train_ms']:.1f} ({bt['algorithm']})",
+                    t("train_ms"),
+                    ratio,
+                )
             )
-        lines.append("")
-        lines += [
-            "### Numerics: max |error| / max |float64 ref| (y, dx, dw)",
-            "",
-            "| shape | dtype | algorithm | y | dx | dw | passed |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        seen = set()
+        lines += markdown_grid(
+            ("shape", "dtype", "layout", "xla fwd", "best fwd", "torch fwd", "xla train",
+             "best train", "torch train", "torch/best train"),
+            table,
+        )  # fmt: skip
+        lines += ["", "### Numerics: max |error| / max |float64 ref| (y, dx, dw)", ""]
+        table, seen = [], set()
         for r in prow:
             key = (r["shape"], r["dtype"], r["algorithm"])
             if r["errors"] is None or key in seen:
                 continue
             seen.add(key)
             e = r["errors"]
-            lines.append(
-                f"| {key[0]} | {key[1]} | {key[2]} | {e.get('y', 0):.1e} | "
-                f"{e.get('dx', 0):.1e} | {e.get('dw', 0):.1e} | {r['passed']} |"
-            )
-        lines.append("")
+            errs = (f"{e.get(k, 0):.1e}" for k in ("y", "dx", "dw"))
+            table.append((*key, *errs, r["passed"]))
+        header = ("shape", "dtype", "algorithm", "y", "dx", "dw", "passed")
+        lines += [*markdown_grid(header, table), ""]
     flags = results.get("flags") or []
     if flags:
         lines += [
             "## XLA:CPU compile options (float32 NHWC)",
             "",
-            "| shape | algorithm | flags | fwd ms | train ms |",
-            "|---|---|---|---|---|",
         ]
+        table = []
         keys = dict.fromkeys((r["shape"], r["algorithm"], r["flags"]) for r in flags)
         for k in keys:
             g = {r.get("mode"): r for r in flags if (r["shape"], r["algorithm"], r["flags"]) == k}
             if None in g:
-                lines.append(f"| {k[0]} | {k[1]} | {k[2]} | rejected: {g[None]['error'][:80]} | |")
+                table.append((*k, f"rejected: {g[None]['error'][:80]}", ""))
                 continue
-            lines.append(
-                f"| {k[0]} | {k[1]} | {k[2]} | {g['fwd']['ms']:.1f} | {g['train']['ms']:.1f} |"
-            )
-        lines.append("")
+            table.append((*k, f"{g['fwd']['ms']:.1f}", f"{g['train']['ms']:.1f}"))
+        header = ("shape", "algorithm", "flags", "fwd ms", "train ms")
+        lines += [*markdown_grid(header, table), ""]
     dtypes = results.get("dtypes") or []
     if dtypes:
         lines += [
             "## bfloat16 operands (float32 accumulation) vs float32",
             "",
-            "| op | dtype | ms |",
-            "|---|---|---|",
-            *[f"| {r['op']} | {r['dtype']} | {r['ms']:.1f} |" for r in dtypes],
+            *markdown_grid(("op", "dtype", "ms"), ((r["op"], r["dtype"], f"{r['ms']:.1f}")
+                                                  for r in dtypes)),
             "",
         ]
     model = results.get("model") or []
@@ -596,9 +579,8 @@ def markdown(results: dict) -> str:
             "divides PyTorch's best time (either memory format) by this row's (>= 1: "
             "layoutlab at least as fast).",
             "",
-            "| precision | mode | variant | ms | best torch / this |",
-            "|---|---|---|---|---|",
         ]
+        table = []
         for r in model:
             best_torch = min(
                 (
@@ -610,10 +592,9 @@ def markdown(results: dict) -> str:
                 default=None,
             )
             ratio = f"{best_torch / r['ms']:.2f}" if best_torch else "n/a"
-            lines.append(
-                f"| {r['precision']} | {r['mode']} | {r['variant']} | {r['ms']:.1f} | {ratio} |"
-            )
-        lines.append("")
+            table.append((r["precision"], r["mode"], r["variant"], f"{r['ms']:.1f}", ratio))
+        header = ("precision", "mode", "variant", "ms", "best torch / this")
+        lines += [*markdown_grid(header, table), ""]
     return "\n".join(lines)
 
 

@@ -39,7 +39,11 @@ def test_autotune_measures_picks_caches_and_hits(tmp_path):
     fastest = min(result.candidates, key=lambda c: c["step_ms_median"])
     assert (result.layout, result.precision) == (fastest["layout"], fastest["precision"])
     assert [c["chosen"] for c in result.candidates].count(True) == 1
-    saved = json.loads(Path(result.cache_path).read_text())
+    assert Path(result.cache_path) == tmp_path / "autotune.json"  # cache_dir: the file in it
+    data = json.loads(Path(result.cache_path).read_text())
+    assert data["format"] == "layoutlab.autotune/2"
+    (saved,) = data["entries"].values()
+    assert saved["kind"] == "layout"
     assert saved["choice"] == {"layout": result.layout, "precision": result.precision}
     assert saved["key"]["input_shape"] == "8x8x1" and saved["key"]["batch_size"] == 2
 

@@ -9,10 +9,12 @@ import pytest
 
 from layoutlab import models
 from layoutlab.bench import command
+from layoutlab.bench.autotune import command as autotune_command
 from layoutlab.bench.jax_runner import JaxRunner, build_model
 from layoutlab.bench.results import load_results, variant
 from layoutlab.bench.sweep import SweepConfig, run_sweep
 from layoutlab.bench.timing import JaxStep
+from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import conv_settings
 
 TINY = models.spec("small_cnn").tiny
@@ -51,7 +53,9 @@ def _recorder(seen: list):
 
 def _cli(argv):
     parser = argparse.ArgumentParser()
-    command.register(parser.add_subparsers())
+    subparsers = parser.add_subparsers()
+    command.register(subparsers)
+    autotune_command.register(subparsers)
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -157,17 +161,30 @@ def test_compile_options_reach_the_executable():
 
 def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "convs.json"
-    monkeypatch.setenv("LAYOUTLAB_CONV_AUTOTUNE_CACHE", str(cache))
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(cache))
     common = ["--model", "small_cnn", "--tiny", "--backend", "cpu", "--kernel-storage",
               "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false"]  # fmt: skip
-    tune = ["conv-autotune", *common, "--batch-size", "2", "--layout", "NCHW", "--repeats", "1",
-            "--objective", "inference"]  # fmt: skip
+    plan_file = tmp_path / "plan.json"
+    tune = ["autotune", "convs", *common, "--batch-size", "2", "--layout", "NCHW",
+            "--repeats", "1", "--objective", "inference", "--out", str(plan_file)]  # fmt: skip
     assert _cli(tune) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "warning:" not in captured.err
     assert "(0 from the cache)" in out and "[inference] ->" in out
-    shapes = int(out.rsplit("\n", 2)[-2].split()[0])
-    assert _cli(tune) == 0  # same settings: every shape is read back from the cache
-    assert f"{shapes} conv shapes ({shapes} from the cache)" in capsys.readouterr().out
+    shapes = int(out.split(" conv shapes (")[0].rsplit("\n", 1)[-1])
+    plan = ConvPlan.from_json(plan_file.read_text())
+    assert f"wrote the conv plan ({len(plan)} convs) to {plan_file}" in out
+    assert len({e.spec_key for _, e in plan.items()}) == shapes
+    # The deprecated spelling still works, says so on stderr, and reads the same cache.
+    assert _cli(["conv-autotune", *tune[2:]]) == 0
+    captured = capsys.readouterr()
+    assert f"{shapes} conv shapes ({shapes} from the cache)" in captured.out
+    assert "warning: `layoutlab conv-autotune` is deprecated" in captured.err
+    again = ConvPlan.from_json(plan_file.read_text())
+    assert dict(again.items()) == dict(plan.items())  # same choices for the same convs
+    assert {again.evidence(p)["source"] for p in again} == {"cache"}
+    assert again != plan  # the evidence says where the choices came from
 
     run = tmp_path / "run"
     argv = ["bench", *common, "--layouts", "NCHW", "--precisions", "fp32", "--batch-sizes", "2",
@@ -185,7 +202,7 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
 
 
 def test_conv_autotune_cli_bad_input_is_a_clear_error(capsys):
-    argv = ["conv-autotune", "--model", "small_cnn", "--tiny", "--batch-size", "2",
+    argv = ["autotune", "convs", "--model", "small_cnn", "--tiny", "--batch-size", "2",
             "--layout", "NWHC"]  # fmt: skip
     assert _cli(argv) == 2
     assert "NWHC" in capsys.readouterr().err

@@ -17,10 +17,16 @@ import pytest
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.bench.conv_autotune import conv_tolerance, reference_conv, spec_inputs
+from layoutlab.bench.autotune.conv_reference import conv_tolerance, reference_conv, spec_inputs
 from layoutlab.compare import compare
 from layoutlab.nn import conv_algos as ca
-from layoutlab.nn.conv_config import conv_settings, set_conv_algorithm, set_kernel_storage
+from layoutlab.nn.conv_config import (
+    conv_settings,
+    conv_specs,
+    set_conv_algorithm,
+    set_kernel_storage,
+    with_conv_plan,
+)
 from layoutlab.xla import compile_report
 
 # (x shape NHWC, kernel HWIO, strides, padding) -> algorithms that handle it
@@ -224,30 +230,34 @@ def test_channels_last_storage_survives_convert_layout():
     np.testing.assert_array_equal(np.transpose(y, (0, 2, 3, 1)), ref)
 
 
-def test_auto_reads_the_choice_table_and_force_overrides():
-    ca.clear_choices()
-    try:
-        x = jnp.zeros((1, 5, 5, 2), jnp.float32)
-        conv = nn.Conv(2, 3, 3, algorithm="auto", rngs=nnx.Rngs(0))
-        assert _hlo_ops(conv, x)["convolutions"] == 1  # no entry: xla
-        spec = ca.conv_spec(x.shape, conv.kernel.shape, padding=conv.padding)
-        ca.set_choice(spec.key(), "im2col")
-        assert ca.select_algorithm(spec, "auto").name == "im2col"
-        assert _hlo_ops(conv, x)["convolutions"] == 0
-        with ca.force_conv_algorithm("xla"):
-            assert _hlo_ops(conv, x)["convolutions"] == 1
-        with pytest.raises(ValueError, match="not 'auto'"):
-            ca.set_choice(spec.key(), "auto")
-    finally:
-        ca.clear_choices()
+def test_auto_runs_the_plan_entry_for_its_own_shape_only():
+    x = jnp.zeros((1, 5, 5, 2), jnp.float32)
+    conv = nn.Conv(2, 3, 3, algorithm="auto", rngs=nnx.Rngs(0))
+    assert _hlo_ops(conv, x)["convolutions"] == 1  # no plan: xla
+    spec = conv.spec(x.shape)
+    assert spec == ca.conv_spec(x.shape, conv.kernel.shape, padding=conv.padding)
+    planned = with_conv_plan(conv, ca.ConvPlan({"": ("im2col", spec.key())}))
+    assert conv.plan_entry is None  # the original is unchanged
+    assert ca.select_algorithm(spec, "auto", planned.plan_entry).name == "im2col"
+    assert _hlo_ops(planned, x)["convolutions"] == 0
+    # Traced at another shape than the entry's: xla, and the selection says why.
+    wider = jnp.zeros((1, 7, 7, 2), jnp.float32)
+    chosen = ca.select_algorithm(conv.spec(wider.shape), "auto", planned.plan_entry)
+    assert chosen.name == "xla" and "chosen for" in chosen.reason
+    assert _hlo_ops(planned, wider)["convolutions"] == 1
+    # An explicit algorithm ignores the plan.
+    set_conv_algorithm(planned, "xla")
+    assert _hlo_ops(planned, x)["convolutions"] == 1
 
 
-def test_set_conv_algorithm_on_a_model_and_recording_specs():
+def test_set_conv_algorithm_on_a_model_and_conv_specs():
     model = nn.Conv(3, 4, 3, rngs=nnx.Rngs(0))
     set_conv_algorithm(model, "winograd2")
     assert conv_settings(model) == {"": ("winograd2", "HWIO")}
-    with ca.record_conv_specs() as specs:
-        jax.eval_shape(lambda a: model(a), jax.ShapeDtypeStruct((1, 8, 8, 3), jnp.float32))
-    assert [s.key() for s in specs] == ["NHWC:n1:8x8:3->4:k3x3:s1x1:p1-1,1-1:d1x1:g1:float32"]
+    specs = conv_specs(model, jax.ShapeDtypeStruct((1, 8, 8, 3), jnp.float32))
+    assert {p: s.key() for p, s in specs.items()} == {
+        "": "NHWC:n1:8x8:3->4:k3x3:s1x1:p1-1,1-1:d1x1:g1:float32"
+    }
+    assert model.spec_sink is None and model.algorithm == "winograd2"  # traced on a copy
     with pytest.raises(ValueError, match="no layoutlab.nn.Conv"):
         set_conv_algorithm(nn.ReLU(), "im2col")

@@ -1,4 +1,4 @@
-"""Per-shape conv algorithm autotuning: references, tolerance filter, cache, "auto" lookup."""
+"""Per-shape conv algorithm autotuning: references, tolerance filter, cache, the conv plan."""
 
 import json
 
@@ -9,19 +9,19 @@ import pytest
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.bench import conv_autotune as cat
+from layoutlab.bench import autotune as cat
+from layoutlab.bench.autotune import convs as tune_convs
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos.native import native_conv
-from layoutlab.nn.conv_config import conv_settings, missing_choices
+from layoutlab.nn.conv_config import (
+    conv_settings,
+    missing_from_plan,
+    model_conv_specs,
+    set_conv_algorithm,
+    with_conv_plan,
+)
 
 TINY = dict(strides=1, padding=1, layout="NHWC", dtype="float32")
-
-
-@pytest.fixture(autouse=True)
-def _clean_table():
-    ca.clear_choices()
-    yield
-    ca.clear_choices()
 
 
 def _tiny_spec(**kw):
@@ -77,7 +77,6 @@ def test_autotune_picks_a_passing_candidate_caches_and_reloads(tmp_path, monkeyp
     assert chosen.passed and chosen.train_ms is not None
     passing = [c for c in result.candidates if c.passed]
     assert chosen.train_ms == min(c.train_ms for c in passing)
-    assert ca.get_choice(spec.key()) == result.choice
     print(result.table())
 
     data = json.loads(path.read_text())
@@ -86,19 +85,16 @@ def test_autotune_picks_a_passing_candidate_caches_and_reloads(tmp_path, monkeyp
     assert entry["device_kind"] == jax.devices()[0].device_kind
 
     # Same key again: served from the cache, nothing measured.
-    monkeypatch.setattr(cat, "time_candidates", lambda *a, **k: pytest.fail("re-measured"))
+    monkeypatch.setattr(tune_convs, "time_candidates", lambda *a, **k: pytest.fail("re-measured"))
     again = cat.autotune_conv(
         spec, algorithms=["xla", "im2col", "winograd2"], cache=path, repeats=1, warmup=0
     )
     assert again.from_cache and again.choice == result.choice
-
-    ca.clear_choices()
-    assert cat.load_cached_choices(path) == {spec.key(): result.choice}
-    assert ca.select_algorithm(spec, "auto").name == result.choice
-    assert cat.load_cached_choices(path, objective="inference") == {}
-    # nn reads the same cache without importing bench (what `layoutlab train` can use).
-    ca.clear_choices()
-    assert ca.load_choices(path) == {spec.key(): result.choice}
+    # Another objective is another key: measured anew, beside the first entry.
+    monkeypatch.undo()
+    cat.autotune_conv(spec, algorithms=["xla"], cache=path, objective="inference", repeats=1)
+    kinds = [e["objective"] for e in json.loads(path.read_text())["entries"].values()]
+    assert sorted(kinds) == ["inference", "train"]
 
 
 def _broken_core(x, w, geom, preferred):
@@ -142,7 +138,7 @@ def test_planted_wrong_candidates_are_rejected(tmp_path, planted, layout):
 
 def test_cache_keys_separate_dtype_layout_and_candidates(tmp_path):
     path = tmp_path / "c.json"
-    cache = cat.ConvCache(path)
+    cache = cat.AutotuneCache(path)
     for spec in (_tiny_spec(), _tiny_spec(dtype="bfloat16"), _tiny_spec(layout="NCHW")):
         cat.autotune_conv(spec, algorithms=["xla", "im2col"], cache=cache, repeats=1, warmup=0)
     cat.autotune_conv(_tiny_spec(), algorithms=["xla"], cache=cache, repeats=1, warmup=0)
@@ -163,50 +159,51 @@ def test_compiler_options_are_part_of_the_key(tmp_path):
         compiler_options=eigen,
     )
     assert result.compiler_options == eigen and all(c.passed for c in result.candidates)
-    assert cat.load_cached_choices(path) == {}  # default options: no match
-    assert cat.load_cached_choices(path, compiler_options=eigen) == {spec.key(): result.choice}
+    plain = cat.autotune_conv(spec, algorithms=["xla", "im2col"], cache=path, repeats=1, warmup=0)
+    assert not plain.from_cache  # default options: another key
+    assert len(json.loads(path.read_text())["entries"]) == 2
 
 
-def test_autotune_model_sets_auto_and_keeps_outputs(tmp_path):
+def test_autotune_model_returns_a_plan_and_leaves_the_model_alone(tmp_path):
     rngs = nnx.Rngs(0)
     model = nn.Conv(3, 4, 3, rngs=rngs)
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 6, 6, 3)), jnp.float32)
     ref = np.asarray(model(x))
-    specs = cat.model_conv_specs(model, x)
+    specs = model_conv_specs(model, x)
     assert [s.key() for s in specs] == [_tiny_spec().key()]
-    assert missing_choices(model, x) == specs
-    results = cat.autotune_model(
+    tuning = cat.autotune_model(
         model, x, algorithms=["xla", "im2col"], cache=tmp_path / "m.json", repeats=1, warmup=0
     )
-    assert conv_settings(model) == {"": ("auto", "HWIO")}
-    assert missing_choices(model, x) == []
-    assert ca.get_choice(specs[0].key()) == results[0].choice
+    assert conv_settings(model) == {"": ("xla", "HWIO")}  # unchanged
+    assert tuning.plan.algorithms() == {"": tuning.results[0].choice}
+    assert tuning.plan[""].spec_key == specs[0].key()
+    evidence = tuning.plan.evidence("")
+    assert evidence["source"] == "measured" and evidence["objective"] == "train"
+    assert set(evidence["times_ms"]) == {"xla", "im2col"}
+    auto = set_conv_algorithm(nnx.clone(model), "auto")
+    assert list(missing_from_plan(auto, x)) == [""]
+    planned = with_conv_plan(auto, tuning.plan)
+    assert missing_from_plan(planned, x) == {}
     # float32 bar for K = 3*3*3 products (conv_tolerance).
     tol = cat.conv_tolerance(jnp.float32, 27).rtol
-    np.testing.assert_allclose(np.asarray(model(x)), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    np.testing.assert_allclose(np.asarray(planned(x)), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
-def test_missing_and_malformed_files_raise(tmp_path):
-    with pytest.raises(FileNotFoundError, match="autotune"):
-        cat.load_cached_choices(tmp_path / "none.json")
-    with pytest.raises(FileNotFoundError, match="choices"):
-        ca.load_choices(tmp_path / "none.json")
+def test_malformed_cache_files_raise(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"entries": {}}))
-    with pytest.raises(ValueError, match="not a conv autotune cache"):
-        cat.ConvCache(bad)
-    with pytest.raises(ValueError, match="neither a conv choices table"):
-        ca.load_choices(bad)
-    table = tmp_path / "table.json"
-    table.write_text(json.dumps({"choices": {"k1": "im2col", "k2": "not_an_algorithm"}}))
-    assert ca.load_choices(table) == {"k1": "im2col"}
+    with pytest.raises(ValueError, match="not an autotune cache"):
+        cat.AutotuneCache(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        cat.AutotuneCache(bad)
     with pytest.raises(ValueError, match="objective"):
         cat.autotune_conv(_tiny_spec(), objective="fastest", cache=tmp_path / "x.json")
 
 
 def test_default_cache_path_follows_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(ca.CACHE_ENV, str(tmp_path / "tuned.json"))
+    monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path / "tuned.json"))
     assert cat.default_cache_path() == tmp_path / "tuned.json"
-    assert cat.ConvCache().path == tmp_path / "tuned.json"
-    with pytest.raises(FileNotFoundError, match="tuned.json"):
-        ca.load_choices()
+    assert cat.AutotuneCache().path == tmp_path / "tuned.json"
+    monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path))  # a directory holds autotune.json
+    assert cat.default_cache_path() == tmp_path / "autotune.json"

@@ -121,6 +121,7 @@ def test_train_bench_and_conv_autotune_take_the_flag():
         ["train", "--keep-host-memory"],
         ["bench", "--model", "resnet18", "--out", "x", "--keep-host-memory"],
         ["conv-autotune", "--model", "resnet18", "--batch-size", "2", "--keep-host-memory"],
+        ["autotune", "convs", "--model", "resnet18", "--batch-size", "2", "--keep-host-memory"],
     ):
         assert parser.parse_args(argv).keep_host_memory is True
         assert parser.parse_args(argv[:-1]).keep_host_memory is False

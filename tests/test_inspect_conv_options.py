@@ -1,9 +1,9 @@
 """``inspect_model`` / ``layoutlab inspect`` with conv settings: kernels stored channels-last
 remove the per-call kernel transposes of an NCHW model, im2col removes the convolutions,
-"auto" reports conv shapes the choice table lacks, and bad names are one-line errors."""
+"auto" runs the conv plan given and reports the convs it lacks, and bad names are one-line
+errors."""
 
 import argparse
-import importlib
 import json
 
 import jax
@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from layoutlab import models
-from layoutlab.nn.conv_config import model_conv_specs
+from layoutlab.nn.conv_algos import ConvPlan
+from layoutlab.nn.conv_config import conv_specs
 from layoutlab.xla.command import register
 from layoutlab.xla.inspect import inspect_model
 
@@ -20,8 +21,6 @@ RESNET = dict(batch_size=2, image_size=16, model_kwargs=dict(models.spec("resnet
 RESNET_CONVS = 20
 # small_cnn tiny: 3 convs on 1x8x8 images, the cheapest model to compile.
 SMALL = dict(batch_size=2, model_kwargs=dict(models.spec("small_cnn").tiny))
-# The module (the package exports a function of the same name).
-choice_table = importlib.import_module("layoutlab.nn.conv_algos.choices")
 SMALL_CLI = ["--model", "small_cnn", "--tiny", "--batch-size", "2", "--layout", "NCHW"]
 
 
@@ -84,18 +83,46 @@ def test_mixed_bf16_im2col_runs_bf16_gemms_where_native_convs_run_in_f32():
     assert "operand dtypes:" in gemm.hlo.summary()
 
 
-def test_auto_reads_the_choice_table_and_reports_missing_shapes(monkeypatch):
-    monkeypatch.setattr(choice_table, "_TABLE", {})  # this test's own, restored afterwards
+def _first_conv_plan():
     # Abstract: eager weight init would compile many small ops.
     kwargs = SMALL["model_kwargs"]
     model = nnx.eval_shape(lambda: models.create("small_cnn", layout="NCHW", **kwargs))
-    specs = model_conv_specs(model, jax.ShapeDtypeStruct((2, 1, 8, 8), "float32"))
+    specs = conv_specs(model, jax.ShapeDtypeStruct((2, 1, 8, 8), "float32"))
     assert len(specs) == 3
-    choice_table.set_choice(specs[0].key(), "im2col")
-    ins = inspect_model("small_cnn", layout="NCHW", conv_algorithm="auto", **SMALL)
+    path, spec = next(iter(specs.items()))
+    return ConvPlan({path: ("im2col", spec.key())}), path
+
+
+def test_auto_runs_the_plan_given_and_reports_missing_convs():
+    plan, path = _first_conv_plan()
+    ins = inspect_model("small_cnn", layout="NCHW", conv_algorithm="auto", conv_plan=plan, **SMALL)
     assert (ins.missing_choices, ins.conv_shapes) == (2, 3)
     assert ins.totals()["convolutions"] == 2  # the first conv ran im2col
-    assert "auto: 2 of 3 conv shapes have no choice" in ins.summary()
+    assert "auto: 2 of 3 convs have no conv plan entry" in ins.summary()
+    assert f"plan: {path} -> im2col" in ins.summary()
+    assert ins.to_dict()["conv_plan"] == {path: "im2col"}
+    # No plan: every auto conv runs xla.
+    bare = inspect_model("small_cnn", layout="NCHW", conv_algorithm="auto", **SMALL)
+    assert (bare.missing_choices, bare.totals()["convolutions"]) == (3, 3)
+
+
+def test_cli_conv_plan_file_and_bad_plans(tmp_path, capsys):
+    plan, path = _first_conv_plan()
+    good = plan.save(tmp_path / "plan.json")
+    code, out, err = run_cli([*SMALL_CLI, "--conv-algo", "auto", "--conv-plan", str(good)], capsys)
+    assert code == 0, err
+    assert f"plan: {path} -> im2col" in out and "auto: 2 of 3 convs" in out
+    bad = tmp_path / "bad.json"
+    for text, message in [
+        ("{not json", "is not valid JSON"),
+        ('{"convs": {"x": {"algorithm": "fft", "spec_key": "k"}}}', "Unknown conv algorithm"),
+        ('{"convs": {"nope": {"algorithm": "im2col", "spec_key": "k"}}}', "another model"),
+    ]:
+        bad.write_text(text)
+        argv = [*SMALL_CLI, "--conv-algo", "auto", "--conv-plan", str(bad)]
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2 and err.startswith("error: ") and message in err, err
+        assert err.count("\n") == 1
 
 
 def test_cli_flags_are_used_and_shown(tmp_path, capsys):

@@ -6,7 +6,11 @@ autotuning (every candidate compiled forward and backward) to seconds on 2 busy 
 """
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,14 +79,6 @@ def _records(workdir):
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(autouse=True)
-def empty_choice_table():
-    """The ``"auto"`` table is process-wide: start and leave every test with it empty."""
-    conv_algos.clear_choices()
-    yield
-    conv_algos.clear_choices()
-
-
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -129,7 +125,6 @@ def test_conv_fields_override_and_round_trip():
 def conv_run(tmp_path_factory):
     """TINY with im2col convs and HWIO kernels, a checkpoint at every step."""
     workdir = tmp_path_factory.mktemp("conv")
-    conv_algos.clear_choices()
     loop.train_and_evaluate(_config(**CONV), workdir, quiet=True)
     return workdir
 
@@ -174,19 +169,19 @@ def test_channels_last_checkpoint_resumes_bit_for_bit(conv_run, tmp_path):
 
 
 def test_rejected_xla_option_is_a_clear_error(tmp_path, capsys):
-    # conv_algorithm=auto with an empty table also logs the untuned shapes first.
+    # conv_algorithm=auto without a conv_plan also logs the unplanned convs first.
     config = _config(conv_algorithm="auto", xla_options={"xla_no_such_option": True})
     with pytest.raises(ValueError, match="XLA rejected xla_options.*xla_no_such_option"):
         loop.train_and_evaluate(config, tmp_path, quiet=False)
     err = capsys.readouterr().err
-    assert "conv_algorithm=auto: 1 conv shape(s) have no autotuned choice" in err
+    assert "conv_algorithm=auto: 1 of 1 conv(s) have no conv_plan entry" in err
     assert "layoutlab train --conv-algo auto" in err
     with pytest.raises(ValueError, match="While setting option xla_cpu_enable_fast_math"):
         loop.check_xla_options({"xla_cpu_enable_fast_math": "sometimes"})
 
 
 def test_cli_conv_flags_autotune_then_read_the_cache(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(conv_algos.CACHE_ENV, str(tmp_path / "conv_cache.json"))
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "conv_cache.json"))
     flags = [
         "--conv-algo", "auto",
         "--kernel-storage", "channels_last",
@@ -196,28 +191,30 @@ def test_cli_conv_flags_autotune_then_read_the_cache(tmp_path, monkeypatch, caps
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.startswith("conv autotune:"))
     assert line.startswith("conv autotune: 1 shapes (0 cached): "), line
-    assert len(conv_algos.choices()) == 1
     saved = json.loads((tmp_path / "a" / "config.json").read_text())
     assert saved["conv_algorithm"] == "auto" and saved["kernel_storage"] == "channels_last"
     assert saved["xla_options"] == FAST_MATH_OFF
+    plan = conv_algos.ConvPlan.from_dict(saved["conv_plan"])
+    assert list(plan) == ["conv"] and plan["conv"].spec_key.startswith("NCHW:n8:8x8:3->4:")
+    meta = read_checkpoint(tmp_path / "a" / "checkpoints")[1]
+    assert meta["extra"]["config"]["conv_plan"] == saved["conv_plan"]
 
     # A second run reads every choice from the disk cache (its training is not needed).
-    conv_algos.clear_choices()
     trained = {}
 
     def fake_train(config, workdir, **kw):
-        trained["choices"] = dict(conv_algos.choices())
+        trained["plan"] = conv_algos.ConvPlan.from_dict(config.conv_plan)
         return {"step": 0, "test_accuracy": 0.0, "test_loss": 0.0}
 
     monkeypatch.setattr(loop, "train_and_evaluate", fake_train)
     assert cli.main(["train", *TINY_ARGS, *flags, "--workdir", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "conv autotune: 1 shapes (1 cached): " in out
-    assert len(trained["choices"]) == 1
+    assert dict(trained["plan"].items()) == dict(plan.items())
 
 
 def test_cli_rejects_a_bad_xla_option_before_tuning(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(conv_algos.CACHE_ENV, str(tmp_path / "conv_cache.json"))
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "conv_cache.json"))
     flags = ["--conv-algo", "auto", "--xla-option", "xla_no_such_option=1"]
     assert cli.main(["train", *TINY_ARGS, *flags, "--workdir", str(tmp_path / "a")]) == 2
     assert "XLA rejected xla_options" in capsys.readouterr().err
@@ -240,3 +237,78 @@ def test_cli_flags_map_to_the_config_fields(tmp_path):
     config, _ = build_config(cli.build_parser().parse_args(argv))
     assert (config.conv_algorithm, config.kernel_storage) == ("im2col", "channels_last")
     assert config.xla_options == {**FAST_MATH_OFF, "xla_backend_optimization_level": 1}
+
+
+def test_bad_conv_plan_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(ValueError, match="conv_plan: conv plan entry 'conv'.*Unknown conv algo"):
+        validate(_config(conv_plan={"convs": {"conv": {"algorithm": "fft", "spec_key": "k"}}}), 1)
+    with pytest.raises(ValueError, match="conv_plan: A conv plan is a mapping with a 'convs'"):
+        validate(_config(conv_plan={"conv": "im2col"}), 1)
+    plan = {"convs": {"nope": {"algorithm": "im2col", "spec_key": "k"}}}
+    with pytest.raises(ValueError, match="names 1 conv.*does not have \\(nope\\)"):
+        loop.train_and_evaluate(_config(conv_algorithm="auto", conv_plan=plan), tmp_path)
+    bad = ["--conv-algo", "auto", "--set", 'conv_plan={"convs": {"conv": {"algorithm": "fft"}}}']
+    assert cli.main(["train", *TINY_ARGS, *bad, "--workdir", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: conv_plan: conv plan entry 'conv' needs string")
+    assert err.count("\n") == 1  # one line
+    oops = ["--set", "conv_plan={oops", "--workdir", str(tmp_path)]
+    assert cli.main(["train", *TINY_ARGS, *oops]) == 2
+    assert "Bad value for conv_plan" in capsys.readouterr().err
+
+
+# A fresh process that registers the test model, then runs the real CLI.
+DRIVER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from test_train_conv_options import MODEL, _OneConv
+from layoutlab import cli, models
+models.register(MODEL, description="test only: one conv", default_input=(8, 8, 3))(_OneConv)
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def _train_in_a_fresh_process(args, cache):
+    env = {**os.environ, "LAYOUTLAB_AUTOTUNE_CACHE": str(cache)}
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, tests, "train", *TINY_ARGS, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path):
+    cache, workdir = tmp_path / "autotune.json", tmp_path / "run"
+    first = _train_in_a_fresh_process(["--conv-algo", "auto", "--workdir", str(workdir)], cache)
+    assert "conv autotune: 1 shapes (0 cached)" in first.stdout
+    recorded = json.loads((workdir / "config.json").read_text())["conv_plan"]
+    (chosen,) = conv_algos.ConvPlan.from_dict(recorded).algorithms().values()
+
+    # Another machine state: the cache now says another algorithm is the fastest.
+    other = "im2col" if chosen != "im2col" else "xla"
+    data = json.loads(cache.read_text())
+    for entry in data["entries"].values():
+        entry["choice"] = other
+    cache.write_text(json.dumps(data))
+
+    resumed = _train_in_a_fresh_process(
+        ["--conv-algo", "auto", "--workdir", str(workdir), "--resume", "--steps", "2"], cache
+    )
+    assert "conv plan: 1 conv(s) from the run's config, not re-tuned" in resumed.stdout
+    assert "conv autotune:" not in resumed.stdout
+    leaves, meta = read_checkpoint(workdir / "checkpoints")
+    assert meta["step"] == 2 and meta["extra"]["config"]["conv_plan"] == recorded
+    assert json.loads((workdir / "config.json").read_text())["conv_plan"] == recorded
+
+    # The changed cache is read by a new run: the resumed one would have changed algorithm.
+    fresh = _train_in_a_fresh_process(
+        ["--conv-algo", "auto", "--workdir", str(tmp_path / "new")], cache
+    )
+    assert "conv autotune: 1 shapes (1 cached)" in fresh.stdout
+    new_plan = json.loads((tmp_path / "new" / "config.json").read_text())["conv_plan"]
+    assert conv_algos.ConvPlan.from_dict(new_plan).algorithms() == {"conv": other}

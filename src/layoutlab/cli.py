@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
@@ -15,10 +16,21 @@ COMMANDS = (
     "layoutlab.xla.command",
     "layoutlab.compare.command",
     "layoutlab.bench.command",
+    "layoutlab.bench.autotune.command",
 )
 
 # The commands that run steps over and over, where a per-call temp buffer's page faults add up.
-KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "conv-autotune")
+KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune")
+
+
+def _subparser(subparsers, path: str) -> argparse.ArgumentParser:
+    """The parser of ``path`` (``"autotune convs"``: a subcommand's subcommand)."""
+    names = path.split()
+    parser = subparsers.choices[names[0]]
+    for name in names[1:]:
+        nested = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = nested.choices[name]
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(subparsers)
     # Defined here, beside main(), which applies it before any command starts JAX.
     for name in KEEP_HOST_MEMORY_COMMANDS:
-        subparsers.choices[name].add_argument(
+        _subparser(subparsers, name).add_argument(
             "--keep-host-memory",
             action="store_true",
             help="keep freed host memory in the process (glibc malloc settings, see "
@@ -67,13 +79,15 @@ _CONV_TUNE_WARMUP = 1
 
 def _autotune_train_convs(args: argparse.Namespace) -> None:
     """``train --conv-algo auto``: tune every conv shape of the run's train step (cached on
-    disk) into the table its ``"auto"`` convs read when the step is traced."""
+    disk) into the run's ``conv_plan`` (so config.json and the checkpoints record it). A
+    config that already holds a plan (``--resume`` of a tuned run, ``--set conv_plan=...``)
+    is used as it is: a resumed run keeps the algorithms it started with."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from layoutlab import models
-    from layoutlab.bench.conv_autotune import autotune_model, summarize_results
+    from layoutlab.bench.autotune import autotune_model
     from layoutlab.data import get_dataset
     from layoutlab.nn.conv_algos import AUTO
     from layoutlab.train.command import build_config
@@ -83,16 +97,20 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
     config, _ = build_config(args)
     if config.conv_algorithm != AUTO:
         return
+    if config.conv_plan is not None:
+        plan = validate(config, jax.device_count()).conv_plan  # a bad plan: error: ... exit 2
+        print(f"conv plan: {len(plan['convs'])} conv(s) from the run's config, not re-tuned")
+        return
     config = validate(config, jax.device_count())
     # A rejected option would make every candidate fail to compile and cache "xla" for all.
     check_xla_options(config.xla_options)
     dataset = get_dataset(config.data, seed=config.seed)
     h, w, c = dataset.image_shape
-    # The global batch: "auto" looks choices up by the shapes the jitted step traces.
+    # The global batch: the plan's spec keys must be the shapes the jitted step traces.
     shape = models.resolve_layout(config.layout, 2).shape(config.batch_size, c, (h, w))
     # Abstract: the specs need shapes only, and an eager init compiles every initializer.
     model = nnx.eval_shape(lambda: build_model(config, dataset))
-    results = autotune_model(
+    tuning = autotune_model(
         model,
         jax.ShapeDtypeStruct(shape, jnp.float32),
         objective="train",
@@ -100,7 +118,8 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
         repeats=_CONV_TUNE_REPEATS,
         warmup=_CONV_TUNE_WARMUP,
     )
-    print(f"conv autotune: {summarize_results(results)}")
+    print(f"conv autotune: {tuning.summary()}")
+    args.set = [*args.set, "conv_plan=" + json.dumps(tuning.plan.to_dict(), separators=(",", ":"))]
 
 
 def _keep_host_memory() -> int | None:
@@ -118,8 +137,10 @@ def _keep_host_memory() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from layoutlab.bench.autotune.command import legacy_argv
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(legacy_argv(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -5,7 +5,9 @@
   ``plot_all(rows, dir)`` draws the charts; ``markdown_table(rows)`` the summary.
 - ``JaxStep``: one step compiled ahead of time and called under a recompilation guard.
 - ``autotune(model, batch_size, input_shape, ...)``: the fastest layout x precision whose
-  numerics pass, cached on disk; ``autotune_config`` for training; ``ShapeWatcher``.
+  numerics pass, cached on disk; ``autotune_config`` for training; ``ShapeWatcher``;
+  ``autotune_model(model, x)``: a ``ConvPlan`` of each conv's fastest algorithm
+  (``layoutlab.bench.autotune``).
 
 Names are imported lazily so ``import layoutlab.bench`` stays light (PyTorch is never
 imported unless a PyTorch configuration runs).
@@ -13,7 +15,7 @@ imported unless a PyTorch configuration runs).
 
 from __future__ import annotations
 
-import importlib
+from layoutlab.bench.lazy import lazy_exports
 
 _EXPORTS = {
     "SweepConfig": "sweep",
@@ -36,22 +38,17 @@ _EXPORTS = {
     "plot_memory": "plots",
     "plot_ratios": "plots",
     "markdown_table": "report",
-    "AutotuneResult": "autotune",
-    "ShapeChurnWarning": "autotune",
-    "ShapeWatcher": "autotune",
-    "autotune": "autotune",
-    "autotune_config": "autotune",
-    "cache_key": "autotune",
+    "AutotuneResult": "autotune.layout",
+    "ShapeChurnWarning": "autotune.shapes",
+    "ShapeWatcher": "autotune.shapes",
+    "autotune": "autotune.layout",
+    "autotune_config": "autotune.layout",
+    "cache_key": "autotune.layout",
+    "autotune_model": "autotune.convs",
+    "ConvTuning": "autotune.convs",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

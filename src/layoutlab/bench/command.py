@@ -1,10 +1,9 @@
-"""``layoutlab bench`` (the benchmark sweep) and ``layoutlab autotune`` (pick a layout and
-precision for one input shape)."""
+"""``layoutlab bench``: the benchmark sweep (``layoutlab autotune`` is in
+``bench.autotune.command`` and shares the option helpers here)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -132,69 +131,6 @@ def _algorithm_list() -> str:
     return ", ".join(algorithm_names())
 
 
-def run_conv_autotune(args: argparse.Namespace) -> int:
-    from layoutlab.bench.model_convs import autotune_registry_model
-
-    try:
-        results = autotune_registry_model(
-            args.model,
-            args.batch_size,
-            args.input_shape,
-            layout=args.layout,
-            precision=args.precision,
-            objective=args.objective,
-            kernel_storage=args.kernel_storage,
-            compiler_options=_xla_options(args, "train" if args.objective == "train" else "infer"),
-            model_kwargs=_model_kwargs(args),
-            num_classes=args.num_classes,
-            backend=args.backend,
-            repeats=args.repeats,
-            cache=args.cache,
-            refresh=args.force,
-        )
-    except (ValueError, RuntimeError) as err:
-        _err(str(err))
-        return 2
-    if args.json:
-        print(json.dumps([r.to_dict() for r in results], indent=1))
-        return 0
-    for r in results:
-        print(r.table())
-    cached = sum(r.from_cache for r in results)
-    print(f"\n{len(results)} conv shapes ({cached} from the cache)")
-    return 0
-
-
-def run_autotune(args: argparse.Namespace) -> int:
-    from layoutlab.bench.autotune import autotune
-
-    try:
-        result = autotune(
-            args.model,
-            args.batch_size,
-            args.input_shape,
-            candidates=args.candidates,
-            backend=args.backend,
-            cache_dir=args.cache_dir,
-            force=args.force,
-            mode=args.mode,
-            model_kwargs=_model_kwargs(args),
-            num_classes=args.num_classes,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            log=_log,
-        )
-    except (ValueError, RuntimeError) as err:
-        _err(str(err))
-        return 2
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
-        return 0
-    source = "cache" if result.from_cache else "measured"
-    print(f"{result.layout} {result.precision} ({source}; {result.cache_path})")
-    return 0
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
@@ -217,7 +153,7 @@ def register(subparsers) -> None:
         "--conv-algos",
         default="xla",
         help="layoutlab conv algorithms to compare, e.g. xla,auto (auto: autotuned per conv "
-        "shape, cached; see `conv-autotune`); one of: " + _algorithm_list(),
+        "shape, cached; see `autotune convs`); one of: " + _algorithm_list(),
     )
     p.add_argument(
         "--conv-tune-repeats", type=int, default=3, help="timing rounds per shape for auto"
@@ -238,48 +174,3 @@ def register(subparsers) -> None:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run_bench)
-
-    a = subparsers.add_parser(
-        "autotune",
-        help="pick the fastest layout and precision for one input shape (cached)",
-        description=(
-            "Measure each LAYOUT:PRECISION candidate for this model, batch size, input shape "
-            "and backend, keep the fastest whose logits match fp32 NHWC within a tolerance "
-            "scaled for its dtype, and cache the choice; later calls read the cache."
-        ),
-    )
-    _add_model_args(a)
-    a.add_argument("--batch-size", type=int, required=True)
-    a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
-    a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
-    a.add_argument("--mode", choices=("train", "infer"), default="train")
-    a.add_argument("--repeats", type=int, default=5)
-    a.add_argument("--warmup", type=int, default=1)
-    a.add_argument("--cache-dir", help="default: $LAYOUTLAB_AUTOTUNE_CACHE or ~/.cache/...")
-    a.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
-    a.add_argument("--json", action="store_true", help="print the full result as JSON")
-    a.set_defaults(func=run_autotune)
-
-    c = subparsers.add_parser(
-        "conv-autotune",
-        help="pick the fastest conv algorithm for every conv shape of a model (cached)",
-        description=(
-            "For each conv shape the model runs at this batch size, input shape, layout and "
-            "precision: check every conv algorithm's output and gradients against float64 "
-            "NumPy, time the passing ones (interleaved), and cache the fastest on disk. "
-            "Models with Conv(algorithm='auto') (`bench --conv-algos auto`, "
-            "`train --conv-algo auto`) then use the choices."
-        ),
-    )
-    _add_model_args(c)
-    c.add_argument("--batch-size", type=int, required=True)
-    c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
-    c.add_argument("--layout", default="NHWC")
-    c.add_argument("--precision", default="fp32", help="policy preset or spec")
-    c.add_argument("--objective", choices=("train", "inference"), default="train")
-    _add_conv_args(c)
-    c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
-    c.add_argument("--cache", help="default: $LAYOUTLAB_CONV_AUTOTUNE_CACHE or ~/.cache/...")
-    c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
-    c.add_argument("--json", action="store_true", help="print every result as JSON")
-    c.set_defaults(func=run_conv_autotune)

@@ -15,7 +15,7 @@ from layoutlab.bench.memory import device_peak_bytes, peak_rss_bytes
 from layoutlab.bench.timing import JaxStep
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs
+from layoutlab.nn.conv_config import configure_convs, with_conv_plan
 from layoutlab.precision import get_policy
 from layoutlab.train.skip import skip_nonfinite
 from layoutlab.train.state import create_train_state
@@ -37,7 +37,7 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
 
 def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
     """The case's model with its conv settings; the same ``seed`` gives the same weights in
-    every layout. ``conv_algo="auto"`` convs read the choice table (see ``tune_convs``)."""
+    every layout. ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
     w = case.workload
     kwargs = {"in_channels": w.channels, **w.kwargs}
     model = models.create(
@@ -53,13 +53,13 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
 
 def tune_convs(
     model: nnx.Module, case: JaxCase, images, *, backend=None, repeats: int = 3, log=None
-) -> float:
+):
     """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
-    runs, for its mode and XLA options; returns the seconds it took."""
-    from layoutlab.bench.conv_autotune import autotune_model, summarize_results
+    runs, for its mode and XLA options; returns ``(plan, seconds it took)``."""
+    from layoutlab.bench.autotune.convs import autotune_model
 
     t0 = time.perf_counter()
-    results = autotune_model(
+    tuning = autotune_model(
         model,
         images,
         objective="train" if case.workload.mode == "train" else "inference",
@@ -71,9 +71,9 @@ def tune_convs(
     if log is not None:
         log(
             f"conv autotune {case.layout} {case.precision} {case.workload.mode}: "
-            f"{summarize_results(results)} ({seconds:.1f} s)"
+            f"{tuning.summary()} ({seconds:.1f} s)"
         )
-    return seconds
+    return tuning.plan, seconds
 
 
 class JaxRunner:
@@ -105,7 +105,7 @@ class JaxRunner:
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
         tune_s = None
         if case.conv_algo == AUTO:
-            tune_s = tune_convs(
+            plan, tune_s = tune_convs(
                 model,
                 case,
                 images,
@@ -113,6 +113,7 @@ class JaxRunner:
                 repeats=self.conv_tune_repeats,
                 log=self.log,
             )
+            model = with_conv_plan(model, plan)
         defs, state = create_train_state(model, tx, loss_scale)
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"
         if w.mode == "train":

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from layoutlab.bench.results import variant
 
-__all__ = ["markdown_table"]
+__all__ = ["markdown_grid", "markdown_table"]
+
+
+def markdown_grid(header, rows) -> list[str]:
+    """A Markdown table as lines: ``header`` (column names), a rule, one line per row
+    (cells formatted with ``str``)."""
+    header = [str(h) for h in header]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [str(c) for c in row]
+        if len(cells) != len(header):
+            raise ValueError(f"a row of {len(cells)} cells in a table of {len(header)} columns.")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _num(value, fmt: str) -> str:

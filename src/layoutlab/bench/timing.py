@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 
@@ -24,7 +24,14 @@ from layoutlab.xla import resolve_backend, watch_compilation
 from layoutlab.xla.compile import cost_summary, memory_summary
 from layoutlab.xla.hlo import hlo_report
 
-__all__ = ["JaxStep", "RecompilationError", "TimingStats", "summarize", "timed"]
+__all__ = [
+    "JaxStep",
+    "RecompilationError",
+    "TimingStats",
+    "interleaved_ms",
+    "summarize",
+    "timed",
+]
 
 
 class RecompilationError(RuntimeError):
@@ -52,6 +59,26 @@ def timed(call: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     call()
     return time.perf_counter() - t0
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+def interleaved_ms(
+    calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1
+) -> dict[K, float]:
+    """Median milliseconds of each blocking call, all called in turn each round (A B C A B
+    C ...) after ``warmup`` unmeasured calls each, so every one sees the same machine load."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"Need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}.")
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times: dict[K, list[float]] = {k: [] for k in calls}
+    for _ in range(repeats):
+        for k, call in calls.items():
+            times[k].append(timed(call))
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 class JaxStep:

@@ -10,8 +10,10 @@ from layoutlab.nn.conv import KERNEL_STORAGES, Conv, ConvTranspose
 from layoutlab.nn.conv_config import (
     check_conv_options,
     configure_convs,
+    missing_from_plan,
     set_conv_algorithm,
     set_kernel_storage,
+    with_conv_plan,
 )
 from layoutlab.nn.convert import convert_layout
 from layoutlab.nn.linear import Dense, Dropout, Flatten
@@ -39,6 +41,8 @@ __all__ = [
     "check_conv_options",
     "configure_convs",
     "convert_layout",
+    "missing_from_plan",
     "set_conv_algorithm",
+    "with_conv_plan",
     "set_kernel_storage",
 ]

@@ -18,8 +18,8 @@ from jax import lax
 
 from layoutlab.layout import Layout, channels_last, convert_kernel
 from layoutlab.nn.base import LayoutModule
-from layoutlab.nn.conv_algos import AUTO, XLA, conv2d
-from layoutlab.nn.conv_algos.choices import forced_algorithm
+from layoutlab.nn.conv_algos import AUTO, XLA, ConvSpec, conv2d, conv_spec
+from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import check_name
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
@@ -41,9 +41,10 @@ class Conv(LayoutModule):
     The kernel is created in channels-last order (``HWIO``) and then moved to the layout's
     kernel order, so the same ``rngs`` give the same weights in every layout.
 
-    ``algorithm``: ``"xla"`` (default), ``"auto"`` (the choice table filled by
-    ``layoutlab.bench.conv_autotune``) or a name from ``conv_algos.algorithm_names()``;
-    2D only, and grouped, dilated or unsupported shapes run natively.
+    ``algorithm``: ``"xla"`` (default), ``"auto"`` (the conv's ``plan_entry``, set by
+    ``conv_config.with_conv_plan``; none, or one chosen for another shape: ``xla``) or a
+    name from ``conv_algos.algorithm_names()``; 2D only, and grouped, dilated or
+    unsupported shapes run natively.
     ``kernel_storage``: ``"layout"`` (default, the layout's kernel order, which torch weight
     import and ``convert_layout`` expect) or ``"channels_last"`` (``HWIO`` in every layout).
     """
@@ -69,6 +70,10 @@ class Conv(LayoutModule):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
         self.algorithm = _check_algorithm(algorithm, n)
+        # Static, so a jitted step's cache key holds it: a new plan is a new trace.
+        self.plan_entry: PlanEntry | None = None
+        # Per instance, set only on the throwaway copy conv_config.conv_specs traces.
+        self.spec_sink = None
         self.kernel_storage = check_kernel_storage(kernel_storage)
         if in_features % groups or out_features % groups:
             raise ValueError(
@@ -117,28 +122,39 @@ class Conv(LayoutModule):
         self.kernel_storage = storage
         self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
 
-    def _uses_algorithms(self) -> bool:
-        if self.layout.num_spatial != 2:
-            return False
-        return self.algorithm != XLA or forced_algorithm() is not None
+    def _geometry(self) -> dict:
+        """The keywords ``conv_spec`` and ``conv2d`` share."""
+        return dict(
+            strides=self.strides,
+            padding=self.padding,
+            dilation=self.dilation,
+            groups=self.groups,
+            layout=self.layout.value,
+            kernel_layout=self.kernel_spec,
+        )
+
+    def spec(self, x_shape) -> ConvSpec:
+        """The ``ConvSpec`` (autotune and plan key) of this 2D conv on input ``x_shape``."""
+        return conv_spec(
+            x_shape, self.kernel.shape, dtype=self.policy.compute_dtype, **self._geometry()
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         self.layout.check_input(
             x.shape, self.in_features, f"Conv({self.in_features}->{self.out_features})"
         )
         dtype = self.policy.compute_dtype
-        if self._uses_algorithms():
+        two_d = self.layout.num_spatial == 2
+        if two_d and self.spec_sink is not None:
+            self.spec_sink(self.spec(x.shape))
+        if two_d and self.algorithm != XLA:
             y = conv2d(
                 x.astype(dtype),
                 self.kernel[...].astype(dtype),
-                strides=self.strides,
-                padding=self.padding,
-                dilation=self.dilation,
-                groups=self.groups,
-                layout=self.layout.value,
-                kernel_layout=self.kernel_spec,
                 algorithm=self.algorithm,
+                planned=self.plan_entry,
                 preferred_element_type=accumulation_dtype(self.policy),
+                **self._geometry(),
             )
         else:
             y = lax.conv_general_dilated(

@@ -1,20 +1,22 @@
-"""Model-wide conv settings: the algorithm every 2D ``Conv`` uses and how kernels are stored.
+"""Model-wide conv settings: the algorithm every 2D ``Conv`` uses, the conv plan its
+``"auto"`` convs follow (``with_conv_plan``) and how kernels are stored.
 
-Both are static attributes of the ``Conv`` layers, so a jitted model retraces after a
+All are static attributes of the ``Conv`` layers, so a jitted model retraces after a
 change (nnx's graph definition changes) and never runs a stale trace.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import jax
 import numpy as np
 from flax import nnx
 
 from layoutlab.nn.conv import Conv, check_kernel_storage
-from layoutlab.nn.conv_algos.choices import force_conv_algorithm, get_choice
-from layoutlab.nn.conv_algos.dispatch import record_conv_specs
 from layoutlab.nn.conv_algos.geometry import ConvSpec
-from layoutlab.nn.conv_algos.registry import XLA, check_name
+from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
+from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name
 
 
 def convs(model: nnx.Module) -> list[tuple[str, Conv]]:
@@ -35,7 +37,7 @@ def _require_convs(model: nnx.Module, what: str) -> list[tuple[str, Conv]]:
 
 def set_conv_algorithm(model: nnx.Module, algorithm: str) -> nnx.Module:
     """Set ``algorithm`` on every 2D ``Conv`` of ``model`` in place (others stay ``xla``);
-    returns ``model``. ``"auto"`` reads the choice table at trace time."""
+    returns ``model``. ``"auto"`` convs run their plan entry (``with_conv_plan``)."""
     check_name(algorithm)
     for _, conv in _require_convs(model, "set an algorithm on"):
         conv.algorithm = algorithm if conv.layout.num_spatial == 2 else XLA
@@ -81,26 +83,81 @@ def conv_settings(model: nnx.Module) -> dict[str, tuple[str, str]]:
     return {path: (c.algorithm, c.kernel_spec) for path, c in convs(model)}
 
 
-def model_conv_specs(model: nnx.Module, x) -> list[ConvSpec]:
-    """The distinct 2D conv specs ``model(x)`` runs (``x``: array or ShapeDtypeStruct),
-    in call order; traced abstractly, nothing is computed and ``model`` is not changed."""
+def conv_specs(model: nnx.Module, x) -> dict[str, ConvSpec]:
+    """``{path: spec}`` of every 2D ``Conv`` that ``model(x)`` runs (``x``: array or
+    ShapeDtypeStruct), in call order. Traced abstractly on a copy whose convs report their
+    spec to a local sink: nothing is computed and ``model`` is not changed. A conv called
+    at several shapes reports the first."""
     graphdef, state = nnx.split(model)
     x = jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+    found: dict[str, ConvSpec] = {}
 
     def run(st, inp):
-        return nnx.merge(graphdef, st, copy=True)(inp)
+        copy = nnx.merge(graphdef, st, copy=True)
+        for path, conv in convs(copy):
+            conv.algorithm = XLA  # the specs need shapes only; skip tracing the algorithms
+            conv.spec_sink = lambda spec, path=path: found.setdefault(path, spec)
+        return copy(inp)
 
-    with record_conv_specs() as specs, force_conv_algorithm(XLA):
-        jax.eval_shape(run, state, x)
-    unique = {s.key(): s for s in specs}
+    jax.eval_shape(run, state, x)
+    return found
+
+
+def model_conv_specs(model: nnx.Module, x) -> list[ConvSpec]:
+    """The distinct 2D conv specs ``model(x)`` runs, in call order (see ``conv_specs``)."""
+    unique = {s.key(): s for s in conv_specs(model, x).values()}
     if not unique:
         raise ValueError(
-            f"{type(model).__name__} runs no 2D layoutlab.nn.Conv on input {x.shape}; "
+            f"{type(model).__name__} runs no 2D layoutlab.nn.Conv on input {np.shape(x)}; "
             "nothing to autotune."
         )
     return list(unique.values())
 
 
-def missing_choices(model: nnx.Module, x) -> list[ConvSpec]:
-    """Conv specs of ``model(x)`` with no entry in the ``"auto"`` table (they run ``xla``)."""
-    return [s for s in model_conv_specs(model, x) if get_choice(s.key()) is None]
+def with_conv_plan(model: nnx.Module, plan: ConvPlan | Mapping | None) -> nnx.Module:
+    """A copy of ``model`` whose convs carry ``plan``'s entries (``None``: no entries, so
+    every ``"auto"`` conv runs ``xla``); ``model`` is not changed.
+
+    The entry is a static attribute of each ``Conv``, so the model's graph definition, and
+    with it ``jax.jit``'s cache key, changes exactly when the plan does. A plan naming a path
+    the model does not have raises ``ValueError`` (it was made for another model).
+    """
+    plan = as_plan(plan)
+    found = dict(convs(model))
+    unknown = sorted(set(plan) - set(found))
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        raise ValueError(
+            f"the conv plan names {len(unknown)} conv(s) {type(model).__name__} does not have "
+            f"({shown}); it was made for another model: tune this one (`layoutlab autotune "
+            "convs`, `train --conv-algo auto`) or drop the plan."
+        )
+    copy = nnx.clone(model)
+    for path, conv in convs(copy):
+        conv.plan_entry = plan.get(path)
+    return copy
+
+
+def planned_entries(model: nnx.Module) -> dict[str, PlanEntry]:
+    """``{path: entry}`` the model's convs carry (``with_conv_plan``)."""
+    return {p: c.plan_entry for p, c in convs(model) if c.plan_entry is not None}
+
+
+def missing_from_plan(model: nnx.Module, x) -> dict[str, ConvSpec]:
+    """``{path: spec}`` of the ``"auto"`` convs of ``model(x)`` with no plan entry for their
+    shape: they run XLA's native conv."""
+    auto = {p for p, c in convs(model) if c.algorithm == AUTO}
+    entries = planned_entries(model)
+    return {
+        p: s
+        for p, s in conv_specs(model, x).items()
+        if p in auto and (p not in entries or entries[p].spec_key != s.key())
+    }
+
+
+def plan_coverage(model: nnx.Module, x) -> tuple[int, int]:
+    """``(missing, total)``: ``"auto"`` 2D convs of ``model(x)`` without a matching plan
+    entry, of all its ``"auto"`` 2D convs."""
+    auto = {p for p, c in convs(model) if c.algorithm == AUTO}
+    total = sum(p in auto for p in conv_specs(model, x))
+    return len(missing_from_plan(model, x)), total

@@ -17,6 +17,7 @@ from typing import Any
 from layoutlab.data import SPEC_FORMS
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.loss_scale import get_loss_scale
+from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.train.model_checks import builder_options, check_model
@@ -79,6 +80,9 @@ class TrainConfig:
     kernel_storage: str = "layout"
     # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs.
     xla_options: dict = dataclasses.field(default_factory=dict)
+    # What each "auto" conv runs: a ConvPlan's to_dict() (layoutlab.nn.conv_algos.ConvPlan),
+    # written by `train --conv-algo auto`; None: every "auto" conv runs XLA's native conv.
+    conv_plan: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -295,6 +299,11 @@ def _check_conv(config: TrainConfig) -> None:
         check_conv_options(config.conv_algorithm, config.kernel_storage)
     except ValueError as e:
         raise ValueError(f"conv settings: {e}") from None
+    if config.conv_plan is not None:
+        try:
+            ConvPlan.from_dict(config.conv_plan)
+        except ValueError as e:
+            raise ValueError(f"conv_plan: {e}") from None
     for name, value in config.xla_options.items():
         if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
             raise ValueError(

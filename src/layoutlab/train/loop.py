@@ -36,7 +36,7 @@ from layoutlab.data import (
 from layoutlab.layout import parse_layout
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs, missing_choices
+from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.config import TrainConfig, builder_options, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
@@ -99,7 +99,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
     """The configured model for ``dataset``'s classes and channels, seeded by ``config.seed``,
-    with the run's conv algorithm and kernel storage.
+    with the run's conv algorithm and kernel storage, and for ``"auto"`` its ``conv_plan``.
 
     The kernels are initialized in the layout's order and then moved to ``kernel_storage``,
     so both storages start from the same weights. Under ``jax.jit``/``eval_shape`` the move
@@ -119,7 +119,8 @@ def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         rngs=nnx.Rngs(config.seed),
         **kwargs,
     )
-    return configure_convs(model, config.conv_algorithm, config.kernel_storage)
+    model = configure_convs(model, config.conv_algorithm, config.kernel_storage)
+    return with_conv_plan(model, config.conv_plan) if config.conv_algorithm == AUTO else model
 
 
 def check_xla_options(options: dict) -> None:
@@ -162,19 +163,20 @@ def _compile_train_step(config, dataset, defs, tx, state, shard: Shardings):
     return compile_with_options(jitted.lower(state, images, labels), config.xla_options)
 
 
-def _report_missing_choices(config, dataset, shard: Shardings, log) -> None:
-    """``"auto"`` convs without a choice in the process-wide table run XLA's native conv;
-    say how many, and how to tune them (bench/ sits above train/, so not from here)."""
+def _report_plan_coverage(config, dataset, shard: Shardings, log) -> None:
+    """``"auto"`` convs without a ``conv_plan`` entry for their shape run XLA's native conv;
+    say how many, and how to plan them (bench/ sits above train/, so not from here)."""
     if config.conv_algorithm != AUTO:
         return
     model = nnx.eval_shape(lambda: build_model(config, dataset))
     images, _ = _batch_spec(config, dataset, config.batch_size, shard.batch)
-    missing = missing_choices(model, images)
+    missing, total = plan_coverage(model, images)
     if missing:
         log(
-            f"conv_algorithm=auto: {len(missing)} conv shape(s) have no autotuned choice and "
-            "run XLA's native conv; `layoutlab train --conv-algo auto` tunes them, as does "
-            "layoutlab.bench.conv_autotune.autotune_model(model, x) before training."
+            f"conv_algorithm=auto: {missing} of {total} conv(s) have no conv_plan entry for "
+            "their shape and run XLA's native conv; `layoutlab train --conv-algo auto` tunes "
+            "them, as does layoutlab.bench.autotune.autotune_model(model, x) (its plan's "
+            "to_dict() is the conv_plan)."
         )
 
 
@@ -272,7 +274,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
     defs, tx, init = _make_init(config, dataset, schedule)
-    _report_missing_choices(config, dataset, shard, progress_log)
+    _report_plan_coverage(config, dataset, shard, progress_log)
     state, start = None, 0
     if resume:
         abstract = _abstract(init, shard.replicated)

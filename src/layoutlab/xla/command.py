@@ -54,6 +54,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _inspect(args: argparse.Namespace):
+    from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.flags import cpu_fast_options
     from layoutlab.xla.inspect import inspect_model
     from layoutlab.xla.model_layout_comparison import compare_model_layouts
@@ -74,6 +75,7 @@ def _inspect(args: argparse.Namespace):
         auto_layout=args.auto_layout,
         conv_algorithm=args.conv_algo,
         kernel_storage=args.kernel_storage,
+        conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
     )
     if args.compare_layouts:
         return compare_model_layouts(args.model, **common)
@@ -140,9 +142,14 @@ def register(subparsers) -> None:
         default="xla",
         metavar="NAME",
         help=(
-            "algorithm of every 2D conv: xla (default), auto (this process's choice table; "
+            "algorithm of every 2D conv: xla (default), auto (the --conv-plan's choice; "
             "inspect does not autotune) or a name from layoutlab.nn.conv_algos"
         ),
+    )
+    p.add_argument(
+        "--conv-plan",
+        metavar="PATH",
+        help="conv plan JSON the auto convs run (`layoutlab autotune convs --out PATH`)",
     )
     p.add_argument(
         "--kernel-storage",

@@ -39,12 +39,13 @@ import optax
 from layoutlab import models
 from layoutlab.layout import channels_last
 from layoutlab.loss_scale import get_loss_scale
-from layoutlab.nn.conv_algos import get_choice
+from layoutlab.nn.conv_algos import as_plan
 from layoutlab.nn.conv_config import (
     check_conv_options,
     configure_convs,
     convs,
-    model_conv_specs,
+    plan_coverage,
+    with_conv_plan,
 )
 from layoutlab.precision import get_policy
 from layoutlab.train.skip import skip_nonfinite
@@ -93,10 +94,11 @@ def build_abstract(
     conv_algorithm=None,
     kernel_storage=None,
     images=None,
+    conv_plan=None,
 ):
     """``(defs, abstract_state, missing)``: the model and its train state as shapes,
     computing nothing, and, for ``conv_algorithm="auto"`` with ``images`` given,
-    ``(conv shapes with no choice, distinct conv shapes)`` (else None).
+    ``(auto convs without a ``conv_plan`` entry for their shape, auto convs)`` (else None).
 
     Building inside ``jax.eval_shape`` skips the weight initialisation, whose many small
     eager ops would otherwise each be compiled once; only shapes matter to a compile. The
@@ -108,9 +110,10 @@ def build_abstract(
     def build():
         model = models.create(name, layout=layout, policy=policy, **model_kwargs)
         configure_convs(model, conv_algorithm, kernel_storage)
+        if conv_algorithm == "auto":
+            model = with_conv_plan(model, conv_plan)
         if conv_algorithm == "auto" and images is not None and _has_2d_convs(model):
-            specs = model_conv_specs(model, images)
-            box["missing"] = (sum(get_choice(s.key()) is None for s in specs), len(specs))
+            box["missing"] = plan_coverage(model, images)
         box["defs"], state = create_train_state(model, tx, loss_scale)
         return state
 
@@ -143,6 +146,7 @@ def inspect_model(
     num_classes: int = 10,
     conv_algorithm: str = "xla",
     kernel_storage: str = "layout",
+    conv_plan=None,
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
     ahead of time and report what XLA did with its layouts and precision.
@@ -150,8 +154,10 @@ def inspect_model(
     ``conv_algorithm`` (``"xla"``, ``"auto"`` or a name from
     ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
     ``"channels_last"``) are set on every conv (``nn.configure_convs``) before compiling.
-    ``"auto"`` reads this process's choice table as it stands; nothing is autotuned here.
+    ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: xla); nothing is
+    autotuned here.
     """
+    plan = as_plan(conv_plan)
     _check_config(mode, batch_size, image_size, model_kwargs)
     check_conv_options(conv_algorithm, kernel_storage)
     be = resolve_backend(backend)  # fail fast, before anything is built
@@ -183,6 +189,7 @@ def inspect_model(
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
         images=images,
+        conv_plan=plan,
     )
     build_seconds = time.perf_counter() - t0
 
@@ -230,4 +237,5 @@ def inspect_model(
         kernel_storage=kernel_storage,
         missing_choices=None if missing is None else missing[0],
         conv_shapes=None if missing is None else missing[1],
+        conv_plan=plan.algorithms() if conv_algorithm == "auto" else None,
     )

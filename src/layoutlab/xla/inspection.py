@@ -80,9 +80,10 @@ class ModelInspection:
     kernel_shapes: set = dataclasses.field(default_factory=set, repr=False)
     conv_algorithm: str = "xla"
     kernel_storage: str = "layout"
-    # conv shapes with no entry in the "auto" choice table (they run xla); None unless auto
+    # "auto" convs with no conv plan entry for their shape (they run xla); None unless auto
     missing_choices: int | None = None
-    conv_shapes: int | None = None  # distinct 2D conv shapes, counted when auto
+    conv_shapes: int | None = None  # "auto" 2D convs, counted when auto
+    conv_plan: dict | None = None  # the plan's {path: algorithm} when auto
 
     # ----- derived views
 
@@ -181,6 +182,7 @@ class ModelInspection:
             "conv_algorithm": self.conv_algorithm,
             "kernel_storage": self.kernel_storage,
             "missing_choices": self.missing_choices,
+            "conv_plan": self.conv_plan,
             "conv_shapes": self.conv_shapes,
             "precision": self.precision,
             "policy": self.policy,
@@ -260,10 +262,12 @@ class ModelInspection:
         line = f"  conv algorithm {self.conv_algorithm}; kernel storage {self.kernel_storage}"
         if self.missing_choices is not None:
             line += (
-                f"; auto: {self.missing_choices} of {self.conv_shapes} conv shapes have no "
-                "choice in this process's table and run xla (inspect does not autotune; fill "
-                "the table with layoutlab.bench.conv_autotune or nn.conv_algos.load_choices)"
+                f"; auto: {self.missing_choices} of {self.conv_shapes} convs have no conv plan "
+                "entry for their shape and run xla (inspect does not autotune; pass a plan "
+                "from `layoutlab autotune convs --out plan.json` with --conv-plan)"
             )
+        for path, name in (self.conv_plan or {}).items():
+            line += f"\n    plan: {path or '(model)'} -> {name}"
         return line
 
     def summary(self) -> str:

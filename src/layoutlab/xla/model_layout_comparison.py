@@ -71,8 +71,8 @@ class ModelLayoutComparison:
         for label, ins in self.inspections.items():
             if ins.missing_choices is not None:
                 head += (
-                    f"\n{label}: {ins.missing_choices} of {ins.conv_shapes} conv shapes have no "
-                    "auto choice and run xla"
+                    f"\n{label}: {ins.missing_choices} of {ins.conv_shapes} convs have no "
+                    "conv plan entry for their shape and run xla"
                 )
         return head + "\n" + self.table()
 

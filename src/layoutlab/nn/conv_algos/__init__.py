@@ -2,9 +2,8 @@
 
 - ``conv2d(x, kernel, ..., algorithm="xla"|"im2col"|"winograd2"|"winograd4"|"pointwise"|
   "s2d"|"auto")``; ``nn.Conv(..., algorithm=...)`` calls it.
-- ``"auto"`` reads the process-wide choice table (``set_choice``/``load_choices``), which
-  ``layoutlab.bench.conv_autotune`` fills; missing entries run XLA's native conv.
-- ``force_conv_algorithm(name)``: a ``with`` block overriding every conv traced inside.
+- ``"auto"`` runs the conv's entry in a ``ConvPlan`` (``conv_config.with_conv_plan``), which
+  ``layoutlab.bench.autotune`` produces; a conv without one runs XLA's native conv.
 - ``set_conv_algorithm(model, name)`` / ``set_kernel_storage(model, storage)``: per-model.
 - Grouped, depthwise and dilated convs, and shapes an algorithm does not handle (Winograd:
   stride-1 3x3 only; pointwise: 1x1; s2d: stride 2), fall back to XLA's native conv;
@@ -12,27 +11,15 @@
 """
 
 from layoutlab.nn.conv_algos import builtin as _builtin  # noqa: F401  (registers)
-from layoutlab.nn.conv_algos.choices import (
-    CACHE_ENV,
-    CACHE_FORMAT,
-    choices,
-    clear_choices,
-    default_cache_path,
-    force_conv_algorithm,
-    get_choice,
-    load_choices,
-    set_choice,
-    update_choices,
-    versions,
-)
 from layoutlab.nn.conv_algos.dispatch import (
     Selection,
     conv2d,
     conv_spec,
-    record_conv_specs,
+    planned_algorithm,
     select_algorithm,
 )
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry, resolve_geometry
+from layoutlab.nn.conv_algos.plan import PLAN_FORMAT, ConvPlan, PlanEntry, as_plan, load_plan
 from layoutlab.nn.conv_algos.registry import (
     AUTO,
     XLA,
@@ -45,29 +32,23 @@ from layoutlab.nn.conv_algos.registry import (
 
 __all__ = [
     "AUTO",
-    "CACHE_ENV",
-    "CACHE_FORMAT",
+    "PLAN_FORMAT",
     "XLA",
     "Algorithm",
+    "ConvPlan",
     "ConvSpec",
     "Geometry",
+    "PlanEntry",
     "Selection",
     "algorithm_names",
-    "choices",
-    "clear_choices",
+    "as_plan",
     "conv2d",
     "conv_spec",
-    "default_cache_path",
-    "force_conv_algorithm",
     "get_algorithm",
-    "get_choice",
-    "load_choices",
-    "record_conv_specs",
+    "load_plan",
+    "planned_algorithm",
     "register_algorithm",
     "resolve_geometry",
     "select_algorithm",
-    "set_choice",
     "unregister_algorithm",
-    "update_choices",
-    "versions",
 ]

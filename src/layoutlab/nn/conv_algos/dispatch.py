@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from layoutlab.nn.conv_algos.choices import forced_algorithm, resolve_auto
 from layoutlab.nn.conv_algos.geometry import ConvSpec, make_spec, resolve_geometry
 from layoutlab.nn.conv_algos.native import native_conv
+from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name, get_algorithm
 from layoutlab.nn.padding import Padding
 
 _DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
-_RECORDERS: list[list[ConvSpec]] = []
-
-
-@contextlib.contextmanager
-def record_conv_specs() -> Iterator[list[ConvSpec]]:
-    """Collect the ``ConvSpec`` of every ``conv2d`` traced inside (in call order)."""
-    specs: list[ConvSpec] = []
-    _RECORDERS.append(specs)
-    try:
-        yield specs
-    finally:
-        _RECORDERS.remove(specs)
 
 
 class Selection(NamedTuple):
@@ -37,11 +23,28 @@ class Selection(NamedTuple):
     reason: str | None
 
 
-def select_algorithm(spec: ConvSpec, requested: str = XLA) -> Selection:
-    """Resolve ``requested`` (or a forced override) for ``spec``; unsupported -> ``xla``."""
-    forced = forced_algorithm()
-    asked = forced if forced is not None else check_name(requested)
-    name = resolve_auto(spec.key()) if asked == AUTO else asked
+def planned_algorithm(spec: ConvSpec, planned: PlanEntry | None) -> tuple[str, str | None]:
+    """``(algorithm, reason)`` an ``"auto"`` conv runs: its plan entry's algorithm when the
+    entry was chosen for this very shape, else ``xla`` and why."""
+    if planned is None:
+        return XLA, "auto: no conv plan entry; using xla"
+    if planned.spec_key != spec.key():
+        return XLA, (
+            f"auto: the plan entry was chosen for {planned.spec_key}, this conv is "
+            f"{spec.key()}; using xla"
+        )
+    return planned.algorithm, None
+
+
+def select_algorithm(
+    spec: ConvSpec, requested: str = XLA, planned: PlanEntry | None = None
+) -> Selection:
+    """Resolve ``requested`` for ``spec`` (``"auto"``: the ``planned`` entry, see
+    ``planned_algorithm``); an algorithm that does not support ``spec`` -> ``xla``."""
+    asked = check_name(requested)
+    name, why = planned_algorithm(spec, planned) if asked == AUTO else (asked, None)
+    if why is not None:
+        return Selection(XLA, asked, why)
     reason = get_algorithm(name).supports(spec)
     if reason is not None:
         return Selection(XLA, asked, f"{name} does not support {reason}; using xla")
@@ -100,10 +103,12 @@ def conv2d(
     layout: str = "NHWC",
     kernel_layout: str | None = None,
     algorithm: str = XLA,
+    planned: PlanEntry | None = None,
     preferred_element_type=None,
 ):
     """2D conv of ``x`` (``layout`` NHWC or NCHW) and ``kernel`` (``kernel_layout``, by
-    default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name or ``"auto"``).
+    default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name, or ``"auto"``:
+the ``planned`` entry when it was chosen for this shape, else ``xla``).
 
     Custom algorithms compute in NHWC/HWIO; NCHW inputs and kernels are transposed in and
     out around them (XLA's CPU conv works channels-last too).
@@ -121,9 +126,7 @@ def conv2d(
         kernel_layout=klay,
         dtype=x.dtype,
     )
-    for recorder in _RECORDERS:
-        recorder.append(spec)
-    chosen = select_algorithm(spec, algorithm)
+    chosen = select_algorithm(spec, algorithm, planned)
     if chosen.name == XLA:
         return native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
     core = get_algorithm(chosen.name).core

@@ -1,8 +1,8 @@
 """Conv algorithm autotuning for a registry model: every conv shape it runs, one call.
 
-The Python side of ``layoutlab conv-autotune``; the choices land in the on-disk cache and in
-the table ``Conv(algorithm="auto")`` reads, so a later ``layoutlab bench --conv-algos auto``
-or ``layoutlab train --conv-algo auto`` with the same settings only reads the cache.
+The Python side of ``layoutlab autotune convs``: the choices land in the autotune cache (so
+a later ``layoutlab bench --conv-algos auto`` or ``layoutlab train --conv-algo auto`` with
+the same settings only reads it) and come back as the model's ``ConvPlan``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layoutlab import models
+from layoutlab.bench.autotune.convs import ConvTuning, autotune_model
 from layoutlab.bench.cases import parse_shape
-from layoutlab.bench.conv_autotune import TuneResult, autotune_model
-from layoutlab.bench.sweep import check_compile_options, resolve_input
+from layoutlab.bench.sweep_config import check_compile_options, resolve_input
 from layoutlab.nn.conv_config import check_conv_options, configure_convs
 from layoutlab.precision import get_policy
 
@@ -37,10 +37,10 @@ def autotune_registry_model(
     repeats: int = 3,
     cache=None,
     refresh: bool = False,
-) -> list[TuneResult]:
+) -> ConvTuning:
     """Tune the conv algorithm of every conv shape of ``model`` at this batch size, input
     shape (``"HxWxC"`` or a tuple, channels last; None: the model's default), layout,
-    precision and XLA ``compiler_options``; returns one ``TuneResult`` per shape."""
+    precision and XLA ``compiler_options``; returns the plan and one ``TuneResult`` per shape."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     kwargs = dict(model_kwargs or {})

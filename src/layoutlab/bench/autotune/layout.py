@@ -19,22 +19,19 @@ precision, so float32 candidates there get float16's tolerance (TF32 keeps float
 mantissa bits) unless ``jax_default_matmul_precision`` asks for full float32. The check
 rejects broken candidates (overflow, NaN, a wrong layout), not the rounding of a dtype.
 
-Cache: one JSON file per key under ``cache_dir`` (default ``$LAYOUTLAB_AUTOTUNE_CACHE`` or
-``~/.cache/layoutlab/autotune``). The key holds the model, its options, the number of
-classes, batch size, input shape and dtype, mode, candidates, backend, device kind and the
-jax/jaxlib/flax versions. A new input shape (or batch size) is a new key, so a new search:
-a training loop that keeps seeing new shapes pays a search and a compile for each, which
-``ShapeWatcher`` warns about.
+Cache: a ``"layout"`` entry of the autotune cache (``cache.AutotuneCache``, default
+``$LAYOUTLAB_AUTOTUNE_CACHE`` or ``~/.cache/layoutlab/autotune.json``). The key holds the
+model, its options, the number of classes, batch size, input shape and dtype, mode,
+candidates, backend, device kind and the jax/jaxlib/flax versions. A new input shape (or
+batch size) is a new key, so a new search: a training loop that keeps seeing new shapes
+pays a search and a compile for each, which ``ShapeWatcher`` warns about.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
-import os
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -44,11 +41,12 @@ import numpy as np
 from flax import nnx
 
 from layoutlab import models
+from layoutlab.bench.autotune.cache import CACHE_FILE, AutotuneCache
 from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_shape
 from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
 from layoutlab.bench.machine import library_versions
 from layoutlab.bench.status import OK, classify_failure
-from layoutlab.bench.sweep import resolve_input
+from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.bench.timing import summarize, timed
 from layoutlab.compare import Tolerance, compare, default_tolerance
 from layoutlab.loss_scale import NoOpLossScale
@@ -60,13 +58,10 @@ from layoutlab.xla import resolve_backend
 __all__ = [
     "AutotuneResult",
     "DEFAULT_CANDIDATES",
-    "ShapeChurnWarning",
-    "ShapeWatcher",
     "autotune",
     "autotune_config",
     "cache_key",
     "candidate_tolerance",
-    "default_cache_dir",
     "parse_candidates",
 ]
 
@@ -86,20 +81,12 @@ class AutotuneResult:
     layout: str
     precision: str
     from_cache: bool
-    cache_path: str | None
+    cache_path: str | None  # the autotune cache file
     key: dict
     candidates: list[dict]  # one dict per candidate: timing, numerics, status
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("LAYOUTLAB_AUTOTUNE_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "layoutlab" / "autotune"
 
 
 def parse_candidates(spec: str | Sequence) -> tuple[tuple[str, str], ...]:
@@ -166,19 +153,15 @@ def cache_key(
     }
 
 
-def _cache_file(cache_dir: Path, key: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return cache_dir / f"{key['model']}-{digest}.json"
+def _entry_key(key: dict) -> str:
+    return "layout|" + json.dumps(key, sort_keys=True)
 
 
-def _read_cache(path: Path, key: dict) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # absent or unreadable: search again and rewrite it
+def _cached_choice(cache: AutotuneCache, key: dict) -> dict | None:
+    entry = cache.get(_entry_key(key), "layout")
+    if entry is None or entry.get("key") != key or "choice" not in entry:
         return None
-    if not isinstance(data, dict) or data.get("key") != key or "choice" not in data:
-        return None
-    return data
+    return entry
 
 
 def weight_layers(model: nnx.Module) -> int:
@@ -238,6 +221,7 @@ def autotune(
     *,
     candidates: Sequence[tuple[str, str]] | str | None = None,
     backend: str | None = None,
+    cache: AutotuneCache | str | Path | None = None,
     cache_dir: str | Path | None = None,
     force: bool = False,
     mode: str = "train",
@@ -251,7 +235,9 @@ def autotune(
     """The fastest candidate whose numerics pass, for this exact shape and backend.
 
     ``input_shape``: ``(*spatial, channels)`` or ``"HxWxC"``. A cached choice is returned
-    without measuring unless ``force``. ``runner(case)`` builds the runner (tests pass fakes).
+    without measuring unless ``force``. ``cache``: an ``AutotuneCache``, its file, or None
+    (``default_cache_path()``); ``cache_dir``: a directory holding ``autotune.json``.
+    ``runner(case)`` builds the runner (tests pass fakes).
     """
     cands = parse_candidates(candidates if candidates is not None else DEFAULT_CANDIDATES)
     if mode not in ("infer", "train"):
@@ -272,9 +258,11 @@ def autotune(
         candidates=cands,
         backend=backend,
     )
-    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = _cache_file(directory, key)
-    cached = None if force else _read_cache(path, key)
+    if cache is None and cache_dir is not None:
+        cache = Path(cache_dir) / CACHE_FILE
+    store = AutotuneCache.at(cache)
+    path = store.path
+    cached = None if force else _cached_choice(store, key)
     if cached is not None:
         choice = cached["choice"]
         return AutotuneResult(
@@ -323,9 +311,8 @@ def autotune(
     for e in results:
         e["chosen"] = e is best
     choice = {"layout": best["layout"], "precision": best["precision"]}
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = {"key": key, "choice": choice, "candidates": results}
-    path.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
+    store.put(_entry_key(key), "layout", {"key": key, "choice": choice, "candidates": results})
+    store.save()
     return AutotuneResult(best["layout"], best["precision"], False, str(path), key, results)
 
 
@@ -366,42 +353,3 @@ def autotune_config(model: str, batch_size: int, input_shape, **kwargs) -> tuple
     kwargs.setdefault("mode", "train")
     result = autotune(model, batch_size, input_shape, **kwargs)
     return result.layout, result.precision
-
-
-class ShapeChurnWarning(UserWarning):
-    """A run keeps meeting new input shapes; each one recompiles (and re-autotunes)."""
-
-
-class ShapeWatcher:
-    """Tracks the input shapes a loop sees and warns once when there are too many.
-
-    Two shapes are normal (full batches and the last partial one); each shape beyond
-    ``max_shapes`` costs a compile and, with autotuning, a new search.
-    """
-
-    def __init__(self, max_shapes: int = 2, *, name: str = "input"):
-        if max_shapes < 1:
-            raise ValueError(f"max_shapes must be >= 1, got {max_shapes}.")
-        self.max_shapes, self.name = max_shapes, name
-        self.shapes: list[tuple[int, ...]] = []
-        self.warned = False
-
-    def observe(self, shape) -> bool:
-        """Records ``shape`` (a shape or an array); True when it is new."""
-        shape = tuple(int(s) for s in getattr(shape, "shape", shape))
-        if shape in self.shapes:
-            return False
-        self.shapes.append(shape)
-        if len(self.shapes) > self.max_shapes and not self.warned:
-            self.warned = True
-            seen = ", ".join(format_shape(s) for s in self.shapes)
-            warnings.warn(
-                ShapeChurnWarning(
-                    f"{len(self.shapes)} different {self.name} shapes so far ({seen}); each "
-                    "new shape recompiles the step and, with autotuning, runs a new search. "
-                    "Keep shapes fixed: drop or pad the last partial batch, or bucket "
-                    "variable sizes into a few shapes."
-                ),
-                stacklevel=2,
-            )
-        return True

@@ -1,0 +1,189 @@
+"""``layoutlab autotune layout`` (the fastest layout and precision for one input shape) and
+``layoutlab autotune convs`` (each conv's fastest algorithm, as a conv plan).
+
+The old spellings stay for one release and say so on stderr: ``layoutlab conv-autotune``
+(now ``autotune convs``), ``layoutlab autotune --model ...`` without a subcommand (now
+``autotune layout``) and ``autotune layout --cache-dir DIR`` (now ``--cache FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from layoutlab.bench.command import (
+    _add_conv_args,
+    _add_model_args,
+    _err,
+    _log,
+    _model_kwargs,
+    _xla_options,
+)
+
+__all__ = ["legacy_argv", "register"]
+
+_SUBCOMMANDS = ("layout", "convs")
+
+
+def _deprecated(old: str, new: str) -> None:
+    print(f"warning: `{old}` is deprecated; use `{new}` (same options).", file=sys.stderr)
+
+
+def legacy_argv(argv: list[str]) -> list[str]:
+    """``autotune --model ...`` (no subcommand) -> ``autotune layout --model ...``, with the
+    deprecation warning on stderr; every other command line is returned as it is."""
+    if argv[:1] == ["autotune"] and len(argv) > 1:
+        if argv[1] not in (*_SUBCOMMANDS, "-h", "--help"):
+            _deprecated("layoutlab autotune --model ...", "layoutlab autotune layout --model ...")
+            return ["autotune", "layout", *argv[1:]]
+    return argv
+
+
+def run_layout(args: argparse.Namespace) -> int:
+    from layoutlab.bench.autotune.layout import autotune
+
+    if args.cache_dir:
+        _deprecated("autotune --cache-dir DIR", "autotune layout --cache DIR/autotune.json")
+    try:
+        result = autotune(
+            args.model,
+            args.batch_size,
+            args.input_shape,
+            candidates=args.candidates,
+            backend=args.backend,
+            cache=args.cache,
+            cache_dir=args.cache_dir,
+            force=args.force,
+            mode=args.mode,
+            model_kwargs=_model_kwargs(args),
+            num_classes=args.num_classes,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            log=_log,
+        )
+    except (ValueError, RuntimeError) as err:
+        _err(str(err))
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    source = "cache" if result.from_cache else "measured"
+    print(f"{result.layout} {result.precision} ({source}; {result.cache_path})")
+    return 0
+
+
+def run_convs(args: argparse.Namespace) -> int:
+    from layoutlab.bench.autotune.registry_model import autotune_registry_model
+
+    try:
+        tuning = autotune_registry_model(
+            args.model,
+            args.batch_size,
+            args.input_shape,
+            layout=args.layout,
+            precision=args.precision,
+            objective=args.objective,
+            kernel_storage=args.kernel_storage,
+            compiler_options=_xla_options(args, "train" if args.objective == "train" else "infer"),
+            model_kwargs=_model_kwargs(args),
+            num_classes=args.num_classes,
+            backend=args.backend,
+            repeats=args.repeats,
+            cache=args.cache,
+            refresh=args.force,
+        )
+        written = tuning.plan.save(args.out) if args.out else None
+    except (ValueError, RuntimeError, OSError) as err:
+        _err(str(err))
+        return 2
+    if args.json:
+        results = [r.to_dict() for r in tuning.results]
+        print(json.dumps({"plan": tuning.plan.to_dict(), "results": results}, indent=1))
+        return 0
+    for r in tuning.results:
+        print(r.table())
+    cached = sum(r.from_cache for r in tuning.results)
+    print(f"\n{len(tuning.results)} conv shapes ({cached} from the cache)")
+    if written is not None:
+        print(f"wrote the conv plan ({len(tuning.plan)} convs) to {written}")
+    return 0
+
+
+def _run_conv_autotune(args: argparse.Namespace) -> int:
+    _deprecated("layoutlab conv-autotune", "layoutlab autotune convs")
+    return run_convs(args)
+
+
+def _add_layout_args(a: argparse.ArgumentParser) -> None:
+    _add_model_args(a)
+    a.add_argument("--batch-size", type=int, required=True)
+    a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
+    a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
+    a.add_argument("--mode", choices=("train", "infer"), default="train")
+    a.add_argument("--repeats", type=int, default=5)
+    a.add_argument("--warmup", type=int, default=1)
+    a.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
+                   "~/.cache/layoutlab/autotune.json)")  # fmt: skip
+    a.add_argument("--cache-dir", help=argparse.SUPPRESS)  # deprecated: a dir for autotune.json
+    a.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    a.add_argument("--json", action="store_true", help="print the full result as JSON")
+    a.set_defaults(func=run_layout)
+
+
+def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
+    _add_model_args(c)
+    c.add_argument("--batch-size", type=int, required=True)
+    c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
+    c.add_argument("--layout", default="NHWC")
+    c.add_argument("--precision", default="fp32", help="policy preset or spec")
+    c.add_argument("--objective", choices=("train", "inference"), default="train")
+    _add_conv_args(c)
+    c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
+    c.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
+                   "~/.cache/layoutlab/autotune.json)")  # fmt: skip
+    c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
+    c.add_argument("--out", metavar="PLAN.json", help="write the conv plan (JSON) here")
+    c.add_argument("--json", action="store_true", help="print the plan and every result as JSON")
+    c.set_defaults(func=func)
+
+
+def register(subparsers) -> None:
+    top = subparsers.add_parser(
+        "autotune",
+        help="pick the fastest layout/precision (`autotune layout`) or conv algorithms "
+        "(`autotune convs`), cached",
+        description="Measure candidates, keep the fastest whose numerics pass, cache the choice "
+        "with its evidence in one file ($LAYOUTLAB_AUTOTUNE_CACHE or "
+        "~/.cache/layoutlab/autotune.json); later calls read the cache.",
+    )
+    which = top.add_subparsers(dest="autotune_what", metavar="WHAT", required=True)
+    _add_layout_args(
+        which.add_parser(
+            "layout",
+            help="the fastest layout and precision for one input shape",
+            description=(
+                "Measure each LAYOUT:PRECISION candidate for this model, batch size, input "
+                "shape and backend, keep the fastest whose logits match fp32 NHWC within a "
+                "tolerance scaled for its dtype, and cache the choice."
+            ),
+        )
+    )
+    convs_help = (
+        "For each conv shape the model runs at this batch size, input shape, layout and "
+        "precision: check every conv algorithm's output and gradients against float64 NumPy, "
+        "time the passing ones (interleaved), cache the fastest, and print (--out: save) the "
+        "conv plan that `inspect --conv-plan` reads and `train --conv-algo auto` records."
+    )
+    _add_convs_args(
+        which.add_parser(
+            "convs",
+            help="the fastest algorithm of each conv, as a conv plan",
+            description=convs_help,
+        ),
+        run_convs,
+    )
+    # Deprecated alias, kept for one release (no help line: not listed).
+    _add_convs_args(
+        subparsers.add_parser("conv-autotune", description=convs_help), _run_conv_autotune
+    )

@@ -1,0 +1,270 @@
+"""Per-shape autotuning of convolution algorithms: measure, filter by numerics, cache, plan.
+
+For one conv shape (``ConvSpec``: batch, spatial size, channels, kernel, stride, padding,
+dtype, layout) and backend, every registered algorithm that supports the shape is
+
+1. checked: its forward output and both gradients, at the spec's dtype, are compared with
+   float64 NumPy references (``conv_reference``: the forward conv, the input gradient as a
+   transposed conv, the weight gradient as a conv of the input with the output gradient),
+   within ``conv_tolerance``; failing candidates are dropped;
+2. timed: forward alone and forward + backward (``jax.vjp``), interleaved
+   (``conv_candidates.time_candidates``).
+
+The fastest passing candidate for the objective (``"train"``: forward + backward,
+``"inference"``: forward) becomes the choice. It goes into the autotune cache
+(``cache.AutotuneCache``) keyed by the shape, dtype, layout, backend, device kind,
+jax/jaxlib versions, objective, candidate set and compiler options. ``autotune_model``
+turns the choices for every conv of a model into a ``ConvPlan``, which the caller hands to
+the model (``nn.with_conv_plan``); nothing here changes a model or any process-wide state.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from flax import nnx
+
+from layoutlab.bench.autotune.cache import AutotuneCache, device_for, versions
+from layoutlab.bench.autotune.conv_candidates import (
+    CandidateResult,
+    check_candidate,
+    options_key,
+    time_candidates,
+)
+from layoutlab.bench.autotune.conv_reference import reference_conv, spec_inputs
+from layoutlab.nn import conv_algos as ca
+from layoutlab.nn.conv_algos import ConvPlan, ConvSpec
+from layoutlab.nn.conv_config import conv_specs
+
+__all__ = [
+    "OBJECTIVES",
+    "ConvTuning",
+    "TuneResult",
+    "autotune_conv",
+    "autotune_convs",
+    "autotune_model",
+    "candidates_for",
+    "plan_from_results",
+    "summarize_results",
+]
+
+OBJECTIVES = ("train", "inference")
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """The outcome of tuning one conv shape."""
+
+    spec_key: str
+    cache_key: str
+    objective: str
+    choice: str
+    backend: str
+    device_kind: str
+    versions: dict[str, str | None]
+    candidates: list[CandidateResult]
+    compiler_options: dict = dataclasses.field(default_factory=dict)
+    from_cache: bool = False
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.pop("from_cache")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict, from_cache: bool = True) -> TuneResult:
+        cands = [CandidateResult(**c) for c in data["candidates"]]
+        fields = {k: v for k, v in data.items() if k != "candidates"}
+        return cls(**fields, candidates=cands, from_cache=from_cache)
+
+    def table(self) -> str:
+        """One line per candidate: times, errors, verdict."""
+        lines = [f"{self.spec_key} [{self.objective}] -> {self.choice}"]
+        for c in self.candidates:
+            errs = " ".join(f"{k} {v:.1e}" for k, v in c.errors.items())
+            t = (
+                f"fwd {c.forward_ms:.2f} ms, fwd+bwd {c.train_ms:.2f} ms"
+                if c.forward_ms is not None and c.train_ms is not None
+                else (f"fwd {c.forward_ms:.2f} ms" if c.forward_ms is not None else "not timed")
+            )
+            verdict = "ok" if c.passed else f"rejected ({c.error})"
+            lines.append(f"  {c.algorithm:10} {t}; err {errs}; {verdict}")
+        return "\n".join(lines)
+
+
+def _cache_key(spec_key, platform, device_kind, versions, objective, names, options) -> str:
+    opts = ",".join(f"{k}={v}" for k, v in options_key(options))
+    return (
+        f"{spec_key}|{platform}|{device_kind}|jax={versions['jax']}|jaxlib={versions['jaxlib']}"
+        f"|{objective}|{','.join(sorted(names))}|{opts}"
+    )
+
+
+def candidates_for(spec: ConvSpec, algorithms: Iterable[str] | None = None) -> list[str]:
+    """Registered algorithms (or ``algorithms``) that support ``spec``; ``xla`` first."""
+    names = list(algorithms) if algorithms is not None else list(ca.algorithm_names())
+    for name in names:
+        ca.get_algorithm(name)  # unknown names raise with the list of known ones
+    ok = [n for n in names if ca.get_algorithm(n).supports(spec) is None]
+    return sorted(set(ok), key=lambda n: (n != ca.XLA, names.index(n)))
+
+
+def _pick(cands: list[CandidateResult], objective: str) -> str:
+    def t(c: CandidateResult) -> float:
+        v = c.train_ms if objective == "train" else c.forward_ms
+        return math.inf if v is None else v
+
+    passing = [c for c in cands if c.passed and c.forward_ms is not None]
+    return min(passing, key=t).algorithm if passing else ca.XLA
+
+
+def autotune_conv(
+    spec: ConvSpec,
+    *,
+    algorithms: Iterable[str] | None = None,
+    objective: str = "train",
+    repeats: int = 5,
+    warmup: int = 1,
+    backend: str | None = None,
+    cache: AutotuneCache | str | Path | None = None,
+    refresh: bool = False,
+    seed: int = 0,
+    compiler_options: dict | None = None,
+) -> TuneResult:
+    """Check, time and choose an algorithm for ``spec`` (see the module doc).
+
+    ``cache``: an ``AutotuneCache``, a path, or None for ``default_cache_path()``; a cached
+    result for the same key is reused unless ``refresh``. With no passing candidate the choice is
+    ``xla``. ``compiler_options``: XLA options every candidate is compiled with; tune with
+    the options the model's step will be compiled with (they change what ``xla`` runs).
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
+    cache = AutotuneCache.at(cache)
+    device = device_for(backend)
+    here = versions()
+    names = candidates_for(spec, algorithms)
+    key = _cache_key(
+        spec.key(),
+        device.platform,
+        device.device_kind,
+        here,
+        objective,
+        names,
+        compiler_options,
+    )
+    cached = None if refresh else cache.get(key, "conv")
+    result = None if cached is None else TuneResult.from_dict(_without_kind(cached))
+    if result is None:
+        inputs = spec_inputs(spec, seed)
+        refs = reference_conv(*inputs, spec)
+        checked = [
+            check_candidate(spec, n, inputs, refs, device=device, compiler_options=compiler_options)
+            for n in names
+        ]
+        timed_names = [c.algorithm for c in checked if c.passed]
+        times = time_candidates(
+            spec,
+            timed_names,
+            inputs,
+            repeats=repeats,
+            warmup=warmup,
+            device=device,
+            objective=objective,
+            compiler_options=compiler_options,
+        )
+        for c in checked:
+            c.forward_ms, c.train_ms = times.get(c.algorithm, (None, None))
+        result = TuneResult(
+            spec.key(),
+            key,
+            objective,
+            _pick(checked, objective),
+            device.platform,
+            device.device_kind,
+            here,
+            checked,
+            dict(options_key(compiler_options)),
+        )
+        cache.put(key, "conv", result.to_dict())
+        cache.save()
+    return result
+
+
+def autotune_convs(specs: Iterable[ConvSpec], **kw) -> list[TuneResult]:
+    """``autotune_conv`` for each distinct spec, sharing one cache file."""
+    cache = AutotuneCache.at(kw.pop("cache", None))
+    seen, out = set(), []
+    for spec in specs:
+        if spec.key() in seen:
+            continue
+        seen.add(spec.key())
+        out.append(autotune_conv(spec, cache=cache, **kw))
+    return out
+
+
+def summarize_results(results: Sequence[TuneResult]) -> str:
+    """``"11 shapes (5 cached): xla x7, im2col x4"``: one line for a model's tuning."""
+    cached = sum(r.from_cache for r in results)
+    picked = collections.Counter(r.choice for r in results).most_common()
+    return f"{len(results)} shapes ({cached} cached): " + ", ".join(
+        f"{name} x{n}" for name, n in picked
+    )
+
+
+def _without_kind(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "kind"}
+
+
+def plan_from_results(specs: dict[str, ConvSpec], results: Sequence[TuneResult]) -> ConvPlan:
+    """The ``ConvPlan`` giving each conv path of ``specs`` its shape's choice in ``results``,
+    with the evidence: the candidates' times (ms: forward, forward + backward), the objective,
+    device, versions and compiler options it was measured with."""
+    by_key = {r.spec_key: r for r in results}
+    entries, evidence = {}, {}
+    for path, spec in specs.items():
+        r = by_key.get(spec.key())
+        if r is None:
+            continue
+        entries[path] = (r.choice, r.spec_key)
+        evidence[path] = {
+            "source": "cache" if r.from_cache else "measured",
+            "objective": r.objective,
+            "backend": r.backend,
+            "device_kind": r.device_kind,
+            "versions": r.versions,
+            "compiler_options": r.compiler_options,
+            "times_ms": {
+                c.algorithm: [c.forward_ms, c.train_ms] for c in r.candidates if c.passed
+            },
+        }
+    return ConvPlan(entries, evidence)
+
+
+class ConvTuning(NamedTuple):
+    """``autotune_model``'s outcome: the plan for the model's convs and one result per shape."""
+
+    plan: ConvPlan
+    results: list[TuneResult]
+
+    def summary(self) -> str:
+        return summarize_results(self.results)
+
+
+def autotune_model(model: nnx.Module, x, **kw) -> ConvTuning:
+    """Tune every 2D conv shape of ``model(x)`` (``autotune_convs`` keywords) and return the
+    plan for its convs. ``model`` is not changed: hand the plan to it with
+    ``nn.with_conv_plan(model, plan)`` (its ``"auto"`` convs run it)."""
+    specs = conv_specs(model, x)
+    if not specs:
+        raise ValueError(
+            f"{type(model).__name__} runs no 2D layoutlab.nn.Conv on input {tuple(x.shape)}; "
+            "nothing to autotune."
+        )
+    results = autotune_convs(specs.values(), **kw)
+    return ConvTuning(plan_from_results(specs, results), results)

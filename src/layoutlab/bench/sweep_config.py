@@ -1,0 +1,197 @@
+"""What a sweep measures (``SweepConfig``), checked and made canonical before anything runs
+(``validate``), and the model-input and XLA-option helpers the autotuners share."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from layoutlab import models
+from layoutlab.bench.cases import MODES
+from layoutlab.nn.conv_config import check_conv_options
+from layoutlab.precision import get_policy
+from layoutlab.xla import resolve_backend
+from layoutlab.xla.flags import cpu_fast_options, normalize_flags, translate_compile_error
+
+__all__ = [
+    "MEMORY_FORMATS",
+    "SweepConfig",
+    "check_compile_options",
+    "config_dict",
+    "options_for",
+    "resolve_input",
+    "validate",
+]
+
+MEMORY_FORMATS = ("contiguous", "channels_last")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    """What to measure. ``image_size``: spatial sizes (None: the model's default, 224 for
+    an ImageNet stem); ``num_classes`` None: 1000 for an ImageNet stem, else 10.
+    ``xla_options``: XLA compile options for layoutlab's steps (and its conv autotuning),
+    e.g. ``{"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}``.
+    """
+
+    model: str
+    layouts: Sequence[str] = ("NHWC", "NCHW")
+    precisions: Sequence[str] = ("fp32", "mixed_bf16")
+    batch_sizes: Sequence[int] = (32,)
+    modes: Sequence[str] = ("infer", "train")
+    model_kwargs: dict = dataclasses.field(default_factory=dict)
+    image_size: Sequence[int] | None = None
+    channels: int | None = None
+    num_classes: int | None = None
+    backend: str | None = None
+    repeats: int = 10
+    warmup: int = 2
+    torch: bool = False
+    torch_compile: bool = False
+    max_step_s: float | None = None  # skip configurations whose steps take longer
+    note: str | None = None
+    # layoutlab's conv settings: each algorithm is one more configuration ("auto": tuned
+    # per conv shape, cached); the kernel storage and XLA compile options apply to all.
+    conv_algorithms: Sequence[str] = ("xla",)
+    kernel_storage: str = "layout"
+    xla_options: dict = dataclasses.field(default_factory=dict)
+    conv_tune_repeats: int = 3
+    # Add layoutlab.xla.cpu_fast_options(mode) under xla_options (which override them).
+    cpu_fast: bool = False
+
+
+def _builder_default(name: str, option: str):
+    builder = models.spec(name).builder
+    target = getattr(builder, "func", builder)
+    fn = target.__init__ if isinstance(target, type) else target
+    param = inspect.signature(fn).parameters.get(option)
+    return None if param is None or param.default is param.empty else param.default
+
+
+def resolve_input(
+    model: str, model_kwargs: dict, image_size=None, channels=None, num_classes=None
+) -> tuple[tuple[int, ...], int]:
+    """``((*spatial, channels), num_classes)`` with the defaults filled in."""
+    spec = models.spec(model)
+    imagenet = model_kwargs.get("stem", _builder_default(model, "stem")) == "imagenet"
+    if image_size is None:
+        spatial = (224,) * spec.num_spatial if imagenet else spec.default_input[:-1]
+    else:
+        sizes = (image_size,) if isinstance(image_size, int) else tuple(image_size)
+        spatial = sizes * spec.num_spatial if len(sizes) == 1 else sizes
+        if len(spatial) != spec.num_spatial or min(spatial) < 1:
+            raise ValueError(
+                f"image_size {image_size!r} does not fit {model}, which takes "
+                f"{spec.num_spatial} positive spatial sizes."
+            )
+    chans = spec.default_input[-1] if channels is None else int(channels)
+    classes = (1000 if imagenet else 10) if num_classes is None else int(num_classes)
+    return (*(int(s) for s in spatial), chans), classes
+
+
+def _positive_ints(values, what: str) -> tuple[int, ...]:
+    out = tuple(values)
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in out):
+        raise ValueError(f"{what} must be a non-empty list of positive ints, got {values!r}.")
+    return out
+
+
+def validate(config: SweepConfig) -> SweepConfig:
+    """The config with canonical names, or a ``ValueError`` naming what is wrong."""
+    spec = models.spec(config.model)  # unknown model: ValueError listing the known ones
+    layouts = tuple(
+        dict.fromkeys(models.resolve_layout(x, spec.num_spatial).name for x in config.layouts)
+    )
+    if not layouts:
+        raise ValueError("layouts is empty; give at least one, e.g. NHWC.")
+    precisions = tuple(dict.fromkeys(config.precisions))
+    if not precisions:
+        raise ValueError("precisions is empty; give at least one, e.g. fp32.")
+    for p in precisions:
+        get_policy(p)  # unknown precision: ValueError listing the presets
+    modes = tuple(dict.fromkeys(config.modes))
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"Unknown modes {bad or modes!r}; use any of: {', '.join(MODES)}.")
+    if "train" in modes and spec.task != "classification":
+        raise ValueError(
+            f"{config.model} is a {spec.task} model; the benchmark's train step is for "
+            "classification. Use --modes infer for it."
+        )
+    batches = _positive_ints(config.batch_sizes, "batch_sizes")
+    if config.max_step_s is not None and not config.max_step_s > 0:
+        raise ValueError(
+            f"max_step_s must be a positive number of seconds, got {config.max_step_s}."
+        )
+    if config.repeats < 1 or config.warmup < 0:
+        raise ValueError(
+            f"Need repeats >= 1 and warmup >= 0, got repeats={config.repeats}, "
+            f"warmup={config.warmup}."
+        )
+    backend = resolve_backend(config.backend)  # unknown or absent: BackendError (ValueError)
+    algos = tuple(dict.fromkeys(config.conv_algorithms))
+    if not algos:
+        raise ValueError("conv_algorithms is empty; give at least one, e.g. xla.")
+    for name in algos:
+        check_conv_options(name, None)
+    check_conv_options(None, config.kernel_storage)
+    if config.conv_tune_repeats < 1:
+        raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")
+    xla_options = check_compile_options(config.xla_options, backend.name)
+    if config.cpu_fast:
+        for mode in modes:
+            check_compile_options(options_for(config, mode), backend.name)
+    shape, classes = resolve_input(
+        config.model, config.model_kwargs, config.image_size, config.channels, config.num_classes
+    )
+    # Unknown model options fail here rather than in every configuration of the sweep;
+    # eval_shape builds the model abstractly, without computing (or compiling) anything.
+    nnx.eval_shape(
+        lambda: models.create(
+            config.model, num_classes=classes, in_channels=shape[-1], **config.model_kwargs
+        )
+    )
+    return dataclasses.replace(
+        config,
+        layouts=layouts,
+        precisions=precisions,
+        modes=modes,
+        batch_sizes=batches,
+        image_size=shape[:-1],
+        channels=shape[-1],
+        num_classes=classes,
+        conv_algorithms=algos,
+        xla_options=xla_options,
+    )
+
+
+def check_compile_options(options: dict | None, backend: str | None = None) -> dict:
+    """``options`` normalised, after XLA accepted them on a one-op program: a misspelt name
+    or a badly typed value fails here, naming the flag, instead of in every configuration."""
+    opts = normalize_flags(options)
+    if opts:
+        x = jax.device_put(np.float32(1), resolve_backend(backend).device)
+        try:
+            jax.jit(lambda v: v + 1).lower(x).compile(compiler_options=opts)
+        except Exception as err:
+            translated = translate_compile_error(err, opts, backend)
+            if translated is None:
+                raise
+            raise translated from None
+    return opts
+
+
+def options_for(config: SweepConfig, mode: str) -> dict:
+    """The XLA compile options of layoutlab's ``mode`` steps."""
+    base = cpu_fast_options(mode) if config.cpu_fast else {}
+    return {**base, **config.xla_options}
+
+
+def config_dict(config: SweepConfig) -> dict:
+    out = dataclasses.asdict(config)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
