@@ -10,9 +10,12 @@ from compare_helpers import fast_model, random_input
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.compare import layerwise as lw
+from layoutlab.compare.gradients import compare_gradients
+from layoutlab.compare.layer_recording import layer_outputs
+from layoutlab.compare.layer_report import LayerTolerance, LayerwiseReport
+from layoutlab.compare.layerwise import compare_layerwise
+from layoutlab.compare.reference_report import ReferenceReport
 from layoutlab.compare.references import (
-    ReferenceReport,
     against_layout,
     against_numpy,
     against_policy,
@@ -22,7 +25,7 @@ from layoutlab.compare.references import (
 
 # Same-policy float32 comparisons: two correct float32 runs of these tiny models differ by
 # < 1e-5 x the layer's largest output (summation order only); a planted bug is O(1) x that.
-TOL = lw.LayerTolerance(1e-4, 1e-4, relative_to_max=True)
+TOL = LayerTolerance(1e-4, 1e-4, relative_to_max=True)
 
 
 def _flip_kernel(conv: nn.Conv) -> None:
@@ -67,7 +70,7 @@ class _BadBackwardConv(nn.Conv):
 def test_record_layers_paths_in_execution_order():
     model = fast_model("small_cnn")
     x = random_input("small_cnn", "NHWC", 2)
-    out, records = lw.layer_outputs(model, x)
+    out, records = layer_outputs(model, x)
     assert [r.path for r in records] == [
         "features.0.0", "features.0.1", "features.0.2", "features.1.0", "features.1.1",
         "features.1.2", "features.2", "features.3.0", "features.3.1", "features.3.2",
@@ -84,7 +87,7 @@ def test_record_layers_paths_in_execution_order():
 
 def test_repeated_calls_are_numbered():
     model = fast_model("unet")
-    _, records = lw.layer_outputs(model, random_input("unet", "NHWC", 1, (8, 8)))
+    _, records = layer_outputs(model, random_input("unet", "NHWC", 1, (8, 8)))
     paths = [r.path for r in records]
     assert "pool" in paths and "pool#2" in paths
     assert paths.index("pool") < paths.index("enc2.0.0") < paths.index("pool#2")
@@ -95,7 +98,7 @@ def test_forward_bug_is_the_first_divergence(candidate_layout):
     ref = fast_model("resnet18")
     cand = nn.convert_layout(ref, candidate_layout)
     _flip_kernel(cand.layer2[0].conv1)
-    report = lw.compare_layerwise(ref, cand, random_input("resnet18", "NHWC", 2), TOL)
+    report = compare_layerwise(ref, cand, random_input("resnet18", "NHWC", 2), TOL)
     assert not report.passed
     assert report.first_failure.path == "layer2.0.conv1"
     before = report.rows[: report.first_failure.index]
@@ -103,7 +106,7 @@ def test_forward_bug_is_the_first_divergence(candidate_layout):
     assert "First divergence: #" in str(report) and "layer2.0.conv1" in str(report)
     data = json.loads(report.to_json())
     assert data["first_failure"] == "layer2.0.conv1"
-    assert lw.LayerwiseReport.from_dict(data) == report
+    assert LayerwiseReport.from_dict(data) == report
 
 
 def test_backward_bug_is_the_first_gradient_divergence():
@@ -112,9 +115,9 @@ def test_backward_bug_is_the_first_gradient_divergence():
     cand.features[1][0].__class__ = _BadBackwardConv
     x = random_input("small_cnn", "NHWC", 4)
     labels = np.array([0, 1, 2, 3], np.int32)
-    acts = lw.compare_layerwise(ref, cand, x, TOL, train=True)
+    acts = compare_layerwise(ref, cand, x, TOL, train=True)
     assert acts.passed  # the forward pass is untouched
-    grads = lw.compare_gradients(ref, cand, x, labels, TOL)
+    grads = compare_gradients(ref, cand, x, labels, TOL)
     assert grads.settings["order"] == "backprop"
     assert grads.rows[0].path.startswith("classifier.3.")  # the last layer comes first
     assert grads.first_failure.path == "features.1.0.kernel"
@@ -130,7 +133,7 @@ def test_gradients_across_layouts_convert_kernels():
     ref = fast_model("small_cnn")
     cand = nn.convert_layout(ref, "NCHW")
     x = random_input("small_cnn", "NHWC", 4)
-    report = lw.compare_gradients(ref, cand, x, np.array([0, 1, 2, 3], np.int32), TOL)
+    report = compare_gradients(ref, cand, x, np.array([0, 1, 2, 3], np.int32), TOL)
     assert report.passed, str(report)
     # Rows are in the reference's (HWIO) shapes: the NCHW kernel grads were converted.
     assert report["features.0.0.kernel"].shape == (3, 3, 1, 4)

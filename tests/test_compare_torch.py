@@ -11,13 +11,10 @@ torch = pytest.importorskip("torch")
 from compare_helpers import fast_model, random_input  # noqa: E402
 
 from layoutlab import models, nn  # noqa: E402
-from layoutlab.compare.layerwise import set_mode  # noqa: E402
-from layoutlab.compare.references import against_torch  # noqa: E402
-from layoutlab.compare.torch_mirrors import (  # noqa: E402
-    build_torch_mirror,
-    pinned_torch_precision,
-    set_torch_mode,
-)
+from layoutlab.compare.layer_recording import set_mode  # noqa: E402
+from layoutlab.compare.torch_layerwise import pinned_torch_precision, set_torch_mode  # noqa: E402
+from layoutlab.compare.torch_mirrors import build_torch_mirror  # noqa: E402
+from layoutlab.compare.torch_reference import against_torch  # noqa: E402
 from layoutlab.compare.torch_weights import (  # noqa: E402
     StateDictKeyError,
     StateDictShapeError,

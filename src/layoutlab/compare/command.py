@@ -76,7 +76,7 @@ class _BadInput(ValueError):
 
 
 def _tolerance(args):
-    from layoutlab.compare.layerwise import LayerTolerance
+    from layoutlab.compare.layer_report import LayerTolerance
 
     if (args.rtol is None) != (args.atol is None):
         given, other = ("--rtol", "--atol") if args.rtol is not None else ("--atol", "--rtol")
@@ -141,6 +141,7 @@ def _build(args):
 
 def _compare(args, model, x, options, tolerance):
     from layoutlab.compare import references as refs
+    from layoutlab.compare import torch_reference
 
     kw = dict(train=args.mode == "train", layerwise=args.layerwise, tolerance=tolerance)
     if args.against == "layout":
@@ -149,7 +150,7 @@ def _compare(args, model, x, options, tolerance):
         return refs.against_policy(model, x, grads=args.grads, **kw)
     if args.against == "numpy":
         return refs.against_numpy(model, x, **kw)
-    return refs.against_torch(
+    return torch_reference.against_torch(
         model,
         x,
         name=args.model,

@@ -3,7 +3,7 @@
 Each layer is computed by the matching ``layoutlab.compare.numpy_ref`` function from the
 layer's weights and hyperparameters; each architecture's wiring (residuals, skips) is
 written out again here. The result is an independent reference that shares only the
-weights with the model, recorded with the same layer paths as ``layerwise.layer_outputs``.
+weights with the model, recorded with the same layer paths as ``layer_recording.layer_outputs``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from flax import nnx
 
 from layoutlab import nn
 from layoutlab.compare import numpy_ref as ref
-from layoutlab.compare.layerwise import LayerOutput, LayerRecorder, module_paths
+from layoutlab.compare.layer_recording import LayerOutput, LayerRecorder, module_paths
 from layoutlab.compare.torch_weights import stored_kernel_layout
 from layoutlab.layout import convert_kernel
 from layoutlab.models import cnn3d, mobilenet, resnet, small_cnn, unet, vgg

@@ -7,7 +7,8 @@ parameter gradient):
 - ``against_policy``: the same weights under the fp32 policy, for a mixed-precision model;
   the per-layer table then shows where low-precision error accumulates with depth;
 - ``against_numpy``: a float64 NumPy forward pass (``numpy_forward``), no JAX ops at all;
-- ``against_torch``: the PyTorch mirror of the architecture with the same weights.
+- ``against_torch`` (in ``torch_reference``): the PyTorch mirror of the architecture with the
+  same weights.
 
 Default tolerances scale with the least precise compute dtype of the two sides (see
 ``default_layer_tolerance``). JAX runs with ``jax.default_matmul_precision("highest")`` and
@@ -16,46 +17,36 @@ PyTorch with TF32 off and ``float32_matmul_precision("highest")``; reports recor
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from layoutlab.compare.layerwise import (
-    MATMUL_PRECISION,
-    LayerOutput,
-    LayerTolerance,
-    LayerwiseReport,
-    compare_grad_trees,
-    compare_records,
-    describe,
-    grads_to_layout,
-    layer_outputs,
-    model_layout,
-    parameter_grads,
-    set_mode,
-)
-from layoutlab.compare.report import CompareReport
-from layoutlab.layout import Layout, channels_first, to_layout
+from layoutlab.compare.gradients import compare_grad_trees, grads_to_layout, parameter_grads
+from layoutlab.compare.layer_recording import LayerOutput, layer_outputs, model_layout, set_mode
+from layoutlab.compare.layer_report import LayerTolerance
+from layoutlab.compare.layerwise import activation_report, describe, run_settings
+from layoutlab.compare.reference_report import ReferenceReport
+from layoutlab.layout import Layout, to_layout
 from layoutlab.nn.convert import convert_layout
 from layoutlab.precision import Policy, get_policy
 
 __all__ = [
     "EPS_FACTOR",
     "FLOOR",
-    "ReferenceReport",
     "default_layer_tolerance",
     "model_policy",
     "with_policy",
     "default_labels",
+    "GradientPair",
+    "build_report",
     "against_layout",
     "against_policy",
     "against_numpy",
-    "against_torch",
 ]
+
 
 # Default per-layer tolerance: rtol = atol = max(EPS_FACTOR * eps, FLOOR) of the least precise
 # compute dtype, atol relative to the layer's largest output (see LayerTolerance). Measured on
@@ -117,79 +108,20 @@ def default_labels(output: np.ndarray, layout: Layout, seed: int = 0) -> np.ndar
     return np.random.default_rng(seed).integers(0, num_classes, shape).astype(np.int32)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReferenceReport:
-    """A model checked against one reference: the output, and optionally every layer's
-    output and every parameter's gradient."""
+class GradientPair(NamedTuple):
+    """Both sides' parameter gradients of one loss, as trees in the parameter layout of
+    ``model``, whose paths name the rows; ``order`` is its layers' execution order."""
 
-    against: str
-    reference: str
-    candidate: str
-    tolerance: str
-    output: CompareReport
-    layers: LayerwiseReport | None = None
-    grads: LayerwiseReport | None = None
-    settings: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        parts = [self.output.passed]
-        parts += [p.passed for p in (self.layers, self.grads) if p is not None]
-        return all(parts)
-
-    def depth_profile(self) -> list[dict]:
-        """Error per depth (execution index of each layer); empty without layers."""
-        return self.layers.depth_profile() if self.layers is not None else []
-
-    def __str__(self) -> str:
-        verdict = "PASSED" if self.passed else "FAILED"
-        lines = [
-            f"compare against {self.against}: {verdict}",
-            f"  candidate: {self.candidate}",
-            f"  reference: {self.reference}",
-            f"  tolerance: {self.tolerance}",
-        ]
-        lines += [f"  {k}: {v}" for k, v in self.settings.items()]
-        lines += ["", str(self.output)]
-        for part in (self.layers, self.grads):
-            if part is not None:
-                lines += ["", str(part)]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "against": self.against,
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "tolerance": self.tolerance,
-            "passed": self.passed,
-            "settings": json.loads(json.dumps(self.settings, default=str)),
-            "output": self.output.to_dict(),
-            "layers": self.layers.to_dict() if self.layers is not None else None,
-            "grads": self.grads.to_dict() if self.grads is not None else None,
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ReferenceReport:
-        def part(d):
-            return LayerwiseReport.from_dict(d) if d is not None else None
-
-        return cls(
-            against=data["against"],
-            reference=data["reference"],
-            candidate=data["candidate"],
-            tolerance=data["tolerance"],
-            output=CompareReport.from_dict(data["output"]),
-            layers=part(data.get("layers")),
-            grads=part(data.get("grads")),
-            settings=dict(data.get("settings", {})),
-        )
+    model: nnx.Module
+    reference: nnx.State
+    candidate: nnx.State
+    order: Sequence[str]
+    reference_loss: float
+    candidate_loss: float
 
 
-def _activation_report(
+def build_report(
+    against: str,
     ref: tuple[np.ndarray, list[LayerOutput]],
     cand: tuple[np.ndarray, list[LayerOutput]],
     tolerance: LayerTolerance,
@@ -199,26 +131,44 @@ def _activation_report(
     candidate_layout: Layout,
     names: tuple[str, str],
     settings: dict,
-) -> tuple[CompareReport, LayerwiseReport | None]:
-    ref_records = list(ref[1]) if layerwise else []
-    cand_records = list(cand[1]) if layerwise else []
-    ref_records.append(LayerOutput("(output)", "output", ref[0]))
-    cand_records.append(LayerOutput("(output)", "output", cand[0]))
-    report = compare_records(
-        ref_records,
-        cand_records,
+    labels: Any = None,
+    gradients: Callable[[Any], GradientPair] | None = None,
+) -> ReferenceReport:
+    """The ``ReferenceReport`` of two ``(output, layer outputs)`` recordings and, with
+    ``gradients`` (called with the labels, by default ``default_labels`` of the reference
+    output), of both sides' parameter gradients."""
+    output, layers = activation_report(
+        ref,
+        cand,
         tolerance,
+        layerwise=layerwise,
         reference_layout=reference_layout,
         candidate_layout=candidate_layout,
-        reference_name=names[0],
-        candidate_name=names[1],
+        names=names,
         settings=settings,
     )
-    return report.rows[-1].report, (report if layerwise else None)
-
-
-def _settings(train: bool, **extra) -> dict:
-    return {"mode": "train" if train else "eval", "jax_matmul_precision": MATMUL_PRECISION, **extra}
+    grad_report = None
+    if gradients is not None:
+        if labels is None:
+            labels = default_labels(ref[0], reference_layout)
+        pair = gradients(labels)
+        grad_report = compare_grad_trees(
+            pair.model,
+            pair.reference,
+            pair.candidate,
+            tolerance,
+            order=pair.order,
+            reference_name=names[0],
+            candidate_name=names[1],
+            settings={
+                **settings,
+                "reference_loss": pair.reference_loss,
+                "candidate_loss": pair.candidate_loss,
+            },
+        )
+    return ReferenceReport(
+        against, names[0], names[1], tolerance.describe(), output, layers, grad_report, settings
+    )
 
 
 def _against_model(
@@ -241,45 +191,25 @@ def _against_model(
         )
     x = np.asarray(x)
     x_ref = np.asarray(to_layout(x, cand_layout, ref_layout))
-    names = (describe(reference), describe(model))
-    settings = _settings(train)
-    ref = layer_outputs(reference, x_ref, train=train)
-    cand = layer_outputs(model, x, train=train)
-    output, layers = _activation_report(
-        ref,
-        cand,
+
+    def gradients(labels: Any) -> GradientPair:
+        ref_loss, ref_grads, order = parameter_grads(reference, x_ref, labels, train=train)
+        cand_loss, cand_grads, _ = parameter_grads(model, x, labels, train=train)
+        cand_grads = grads_to_layout(model, cand_grads, ref_layout)
+        return GradientPair(reference, ref_grads, cand_grads, order, ref_loss, cand_loss)
+
+    return build_report(
+        against,
+        layer_outputs(reference, x_ref, train=train),
+        layer_outputs(model, x, train=train),
         tolerance,
         layerwise=layerwise,
         reference_layout=ref_layout,
         candidate_layout=cand_layout,
-        names=names,
-        settings=settings,
-    )
-    grad_report = None
-    if grads:
-        if labels is None:
-            labels = default_labels(ref[0], ref_layout)
-        ref_loss, ref_grads, order = parameter_grads(reference, x_ref, labels, train=train)
-        cand_loss, cand_grads, _ = parameter_grads(model, x, labels, train=train)
-        grad_report = compare_grad_trees(
-            reference,
-            ref_grads,
-            grads_to_layout(model, cand_grads, ref_layout),
-            tolerance,
-            order=order,
-            reference_name=names[0],
-            candidate_name=names[1],
-            settings={**settings, "reference_loss": ref_loss, "candidate_loss": cand_loss},
-        )
-    return ReferenceReport(
-        against=against,
-        reference=names[0],
-        candidate=names[1],
-        tolerance=tolerance.describe(),
-        output=output,
-        layers=layers,
-        grads=grad_report,
-        settings=settings,
+        names=(describe(reference), describe(model)),
+        settings=run_settings(train),
+        labels=labels,
+        gradients=gradients if grads else None,
     )
 
 
@@ -361,111 +291,14 @@ def against_numpy(
         tolerance = default_layer_tolerance(model_policy(model).compute_dtype)
     x = np.asarray(x)
     ref = numpy_forward(set_mode(model, train), x, train=train)
-    cand = layer_outputs(model, x, train=train)
-    names = ("float64 NumPy (numpy_ref)", describe(model))
-    settings = _settings(train)
-    output, layers = _activation_report(
+    return build_report(
+        "numpy",
         ref,
-        cand,
+        layer_outputs(model, x, train=train),
         tolerance,
         layerwise=layerwise,
         reference_layout=layout,
         candidate_layout=layout,
-        names=names,
-        settings=settings,
-    )
-    return ReferenceReport(
-        "numpy", names[0], names[1], tolerance.describe(), output, layers, None, settings
-    )
-
-
-def torch_mirror_of(model: nnx.Module, name: str, *, num_classes: int, **model_kwargs):
-    """The PyTorch mirror of registry model ``name`` holding ``model``'s weights."""
-    from layoutlab.compare.torch_mirrors import build_torch_mirror
-    from layoutlab.compare.torch_weights import to_torch_state_dict
-
-    mirror = build_torch_mirror(name, num_classes=num_classes, **model_kwargs)
-    mirror.load_state_dict(to_torch_state_dict(model, tensors=True))
-    return mirror
-
-
-def _num_classes(output: np.ndarray, layout: Layout) -> int:
-    return int(output.shape[-1] if output.ndim == 2 else output.shape[layout.channel_axis])
-
-
-def against_torch(
-    model: nnx.Module,
-    x: Any,
-    *,
-    mirror: Any = None,
-    name: str | None = None,
-    model_kwargs: dict | None = None,
-    labels: Any = None,
-    train: bool = False,
-    layerwise: bool = False,
-    grads: bool = False,
-    tolerance: LayerTolerance | None = None,
-) -> ReferenceReport:
-    """``model`` against its PyTorch mirror with the same weights.
-
-    Give ``mirror`` (a ``torch.nn.Module`` holding the same weights) or the registry
-    ``name`` and the ``model_kwargs`` ``model`` was created with. ``x`` is in ``model``'s
-    layout; the torch side runs channels-first and every activation is compared there.
-    Gradients are compared in ``model``'s parameter layout.
-    """
-    from layoutlab.compare.torch_mirrors import (
-        TORCH_PRECISION,
-        torch_grads,
-        torch_layer_outputs,
-    )
-    from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
-
-    if mirror is None and name is None:
-        raise ValueError("against_torch needs a torch mirror or the registry model name.")
-    layout = model_layout(model)
-    ref_layout = channels_first(layout.num_spatial)
-    if tolerance is None:
-        tolerance = default_layer_tolerance(model_policy(model).compute_dtype)
-    x = np.asarray(x)
-    x_ref = np.asarray(to_layout(x, layout, ref_layout))
-    settings = _settings(train, **TORCH_PRECISION)
-    cand = layer_outputs(model, x, train=train)
-    if mirror is None:
-        kwargs = dict(model_kwargs or {})
-        kwargs.setdefault("num_classes", _num_classes(cand[0], layout))
-        mirror = torch_mirror_of(model, name, **kwargs)
-    ref = torch_layer_outputs(mirror, x_ref, train=train)
-    names = (f"PyTorch {type(mirror).__name__} {ref_layout.value} float32", describe(model))
-    output, layers = _activation_report(
-        ref,
-        cand,
-        tolerance,
-        layerwise=layerwise,
-        reference_layout=ref_layout,
-        candidate_layout=layout,
-        names=names,
-        settings=settings,
-    )
-    grad_report = None
-    if grads:
-        if labels is None:
-            labels = default_labels(ref[0], ref_layout)
-        ref_loss, named = torch_grads(mirror, x_ref, labels, train=train)
-        cand_loss, cand_grads, order = parameter_grads(model, x, labels, train=train)
-        # Torch gradients go through the weight importer, which puts each one in the
-        # model's own parameter layout.
-        holder = set_mode(model, train)
-        load_torch_state_dict(holder, {**to_torch_state_dict(holder), **named})
-        grad_report = compare_grad_trees(
-            model,
-            nnx.state(holder, nnx.Param),
-            cand_grads,
-            tolerance,
-            order=order,
-            reference_name=names[0],
-            candidate_name=names[1],
-            settings={**settings, "reference_loss": ref_loss, "candidate_loss": cand_loss},
-        )
-    return ReferenceReport(
-        "torch", names[0], names[1], tolerance.describe(), output, layers, grad_report, settings
+        names=("float64 NumPy (numpy_ref)", describe(model)),
+        settings=run_settings(train),
     )

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layoutlab.compare.layerwise import canonical_path
+from layoutlab.compare.layer_recording import canonical_path
 from layoutlab.layout import Layout, channels_first, channels_last, convert_kernel
 from layoutlab.nn import BatchNorm, Conv, ConvTranspose, Dense, Flatten, GroupNorm
 

@@ -1,0 +1,106 @@
+"""Check a model against its PyTorch mirror holding the same weights, output, every layer
+and every parameter gradient. Needs the optional PyTorch extra (imported on first use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+from layoutlab.compare.gradients import parameter_grads
+from layoutlab.compare.layer_recording import layer_outputs, model_layout, set_mode
+from layoutlab.compare.layer_report import LayerTolerance
+from layoutlab.compare.layerwise import describe, run_settings
+from layoutlab.compare.reference_report import ReferenceReport
+from layoutlab.compare.references import (
+    GradientPair,
+    build_report,
+    default_layer_tolerance,
+    model_policy,
+)
+from layoutlab.layout import Layout, channels_first, to_layout
+
+__all__ = ["against_torch", "torch_mirror_of"]
+
+
+def torch_mirror_of(model: nnx.Module, name: str, *, num_classes: int, **model_kwargs):
+    """The PyTorch mirror of registry model ``name`` holding ``model``'s weights."""
+    from layoutlab.compare.torch_mirrors import build_torch_mirror
+    from layoutlab.compare.torch_weights import to_torch_state_dict
+
+    mirror = build_torch_mirror(name, num_classes=num_classes, **model_kwargs)
+    mirror.load_state_dict(to_torch_state_dict(model, tensors=True))
+    return mirror
+
+
+def _num_classes(output: np.ndarray, layout: Layout) -> int:
+    return int(output.shape[-1] if output.ndim == 2 else output.shape[layout.channel_axis])
+
+
+def against_torch(
+    model: nnx.Module,
+    x: Any,
+    *,
+    mirror: Any = None,
+    name: str | None = None,
+    model_kwargs: dict | None = None,
+    labels: Any = None,
+    train: bool = False,
+    layerwise: bool = False,
+    grads: bool = False,
+    tolerance: LayerTolerance | None = None,
+) -> ReferenceReport:
+    """``model`` against its PyTorch mirror with the same weights.
+
+    Give ``mirror`` (a ``torch.nn.Module`` holding the same weights) or the registry
+    ``name`` and the ``model_kwargs`` ``model`` was created with. ``x`` is in ``model``'s
+    layout; the torch side runs channels-first and every activation is compared there.
+    Gradients are compared in ``model``'s parameter layout.
+    """
+    from layoutlab.compare.torch_layerwise import (
+        TORCH_PRECISION,
+        torch_grads,
+        torch_layer_outputs,
+    )
+    from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
+
+    if mirror is None and name is None:
+        raise ValueError("against_torch needs a torch mirror or the registry model name.")
+    layout = model_layout(model)
+    ref_layout = channels_first(layout.num_spatial)
+    if tolerance is None:
+        tolerance = default_layer_tolerance(model_policy(model).compute_dtype)
+    x = np.asarray(x)
+    x_ref = np.asarray(to_layout(x, layout, ref_layout))
+    settings = run_settings(train, **TORCH_PRECISION)
+    cand = layer_outputs(model, x, train=train)
+    if mirror is None:
+        kwargs = dict(model_kwargs or {})
+        kwargs.setdefault("num_classes", _num_classes(cand[0], layout))
+        mirror = torch_mirror_of(model, name, **kwargs)
+    ref = torch_layer_outputs(mirror, x_ref, train=train)
+
+    def gradients(labels: Any) -> GradientPair:
+        ref_loss, named = torch_grads(mirror, x_ref, labels, train=train)
+        cand_loss, cand_grads, order = parameter_grads(model, x, labels, train=train)
+        # Torch gradients go through the weight importer, which puts each one in the
+        # model's own parameter layout.
+        holder = set_mode(model, train)
+        load_torch_state_dict(holder, {**to_torch_state_dict(holder), **named})
+        ref_grads = nnx.state(holder, nnx.Param)
+        return GradientPair(model, ref_grads, cand_grads, order, ref_loss, cand_loss)
+
+    return build_report(
+        "torch",
+        ref,
+        cand,
+        tolerance,
+        layerwise=layerwise,
+        reference_layout=ref_layout,
+        candidate_layout=layout,
+        names=(f"PyTorch {type(mirror).__name__} {ref_layout.value} float32", describe(model)),
+        settings=settings,
+        labels=labels,
+        gradients=gradients if grads else None,
+    )
