@@ -40,12 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layoutlab.bench.autotune.conv_candidates import candidate_fns
-from layoutlab.bench.autotune.conv_reference import candidate_errors, reference_conv, spec_inputs
-from layoutlab.bench.autotune.convs import candidates_for
 from layoutlab.bench.machine import machine_info
 from layoutlab.bench.report import markdown_grid
 from layoutlab.bench.timing import interleaved_ms
+from layoutlab.bench.tuning.conv_candidates import candidate_fns
+from layoutlab.bench.tuning.conv_reference import candidate_errors, reference_conv, spec_inputs
+from layoutlab.bench.tuning.convs import candidates_for
 from layoutlab.nn import conv_algos as ca
 
 # (in_channels, out_channels, kernel, stride, input size) of ResNet-18's distinct convs
@@ -352,7 +352,7 @@ def run_model(args, use_torch):
     from flax import nnx
 
     from layoutlab import models
-    from layoutlab.bench.autotune.convs import autotune_model
+    from layoutlab.bench.tuning.convs import autotune_model
     from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage, with_conv_plan
 
     rows = []

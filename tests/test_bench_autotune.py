@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from layoutlab import models
-from layoutlab.bench.autotune import (
+from layoutlab.bench.tuning import (
     ShapeChurnWarning,
     ShapeWatcher,
     autotune,

@@ -9,11 +9,11 @@ import pytest
 
 from layoutlab import models
 from layoutlab.bench import command
-from layoutlab.bench.autotune import command as autotune_command
 from layoutlab.bench.jax_runner import JaxRunner, build_model
 from layoutlab.bench.results import load_results, variant
 from layoutlab.bench.sweep import SweepConfig, run_sweep
 from layoutlab.bench.timing import JaxStep
+from layoutlab.bench.tuning import command as autotune_command
 from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import conv_settings
 

@@ -30,7 +30,7 @@ def test_models_lists_the_registry(capsys):
 
 
 def test_train_autotune_passes_the_choice_to_training(monkeypatch, tmp_path):
-    import layoutlab.bench.autotune as autotune
+    import layoutlab.bench.tuning as autotune
     import layoutlab.train.loop as loop
 
     seen = {}

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.bench.autotune.conv_reference import conv_tolerance, reference_conv, spec_inputs
+from layoutlab.bench.tuning.conv_reference import conv_tolerance, reference_conv, spec_inputs
 from layoutlab.compare import compare
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_config import (

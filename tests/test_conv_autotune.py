@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.bench import autotune as cat
-from layoutlab.bench.autotune import convs as tune_convs
+from layoutlab.bench import tuning as cat
+from layoutlab.bench.tuning import convs as tune_convs
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_config import (

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from layoutlab import cli, models
-from layoutlab.bench import autotune as at
+from layoutlab.bench import tuning as at
 from layoutlab.nn.conv_algos import ConvPlan, PlanEntry, load_plan
 from layoutlab.nn.conv_config import (
     conv_specs,

@@ -16,7 +16,7 @@ COMMANDS = (
     "layoutlab.xla.command",
     "layoutlab.compare.command",
     "layoutlab.bench.command",
-    "layoutlab.bench.autotune.command",
+    "layoutlab.bench.tuning.command",
 )
 
 # The commands that run steps over and over, where a per-call temp buffer's page faults add up.
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _autotune_train(args: argparse.Namespace) -> None:
     """``train --autotune``: bench/ sits above train/ in the import map, so it is joined here."""
-    from layoutlab.bench.autotune import autotune_config
+    from layoutlab.bench.tuning import autotune_config
     from layoutlab.data import get_dataset
     from layoutlab.train.command import build_config
 
@@ -87,7 +87,7 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
     from flax import nnx
 
     from layoutlab import models
-    from layoutlab.bench.autotune import autotune_model
+    from layoutlab.bench.tuning import autotune_model
     from layoutlab.data import get_dataset
     from layoutlab.nn.conv_algos import AUTO
     from layoutlab.train.command import build_config
@@ -137,7 +137,7 @@ def _keep_host_memory() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from layoutlab.bench.autotune.command import legacy_argv
+    from layoutlab.bench.tuning.command import legacy_argv
 
     parser = build_parser()
     args = parser.parse_args(legacy_argv(list(sys.argv[1:] if argv is None else argv)))

@@ -7,7 +7,7 @@
 - ``autotune(model, batch_size, input_shape, ...)``: the fastest layout x precision whose
   numerics pass, cached on disk; ``autotune_config`` for training; ``ShapeWatcher``;
   ``autotune_model(model, x)``: a ``ConvPlan`` of each conv's fastest algorithm
-  (``layoutlab.bench.autotune``).
+  (``layoutlab.bench.tuning``).
 
 Names are imported lazily so ``import layoutlab.bench`` stays light (PyTorch is never
 imported unless a PyTorch configuration runs).
@@ -38,14 +38,14 @@ _EXPORTS = {
     "plot_memory": "plots",
     "plot_ratios": "plots",
     "markdown_table": "report",
-    "AutotuneResult": "autotune.layout",
-    "ShapeChurnWarning": "autotune.shapes",
-    "ShapeWatcher": "autotune.shapes",
-    "autotune": "autotune.layout",
-    "autotune_config": "autotune.layout",
-    "cache_key": "autotune.layout",
-    "autotune_model": "autotune.convs",
-    "ConvTuning": "autotune.convs",
+    "AutotuneResult": "tuning.layout",
+    "ShapeChurnWarning": "tuning.shapes",
+    "ShapeWatcher": "tuning.shapes",
+    "autotune": "tuning.layout",
+    "autotune_config": "tuning.layout",
+    "cache_key": "tuning.layout",
+    "autotune_model": "tuning.convs",
+    "ConvTuning": "tuning.convs",
 }
 
 __all__ = sorted(_EXPORTS)

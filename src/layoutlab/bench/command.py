@@ -1,5 +1,5 @@
 """``layoutlab bench``: the benchmark sweep (``layoutlab autotune`` is in
-``bench.autotune.command`` and shares the option helpers here)."""
+``bench.tuning.command`` and shares the option helpers here)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def tune_convs(
 ):
     """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
     runs, for its mode and XLA options; returns ``(plan, seconds it took)``."""
-    from layoutlab.bench.autotune.convs import autotune_model
+    from layoutlab.bench.tuning.convs import autotune_model
 
     t0 = time.perf_counter()
     tuning = autotune_model(

@@ -1,4 +1,4 @@
-"""Lazy package exports: ``import layoutlab.bench`` (and ``bench.autotune``, which the CLI
+"""Lazy package exports: ``import layoutlab.bench`` (and ``bench.tuning``, which the CLI
 imports to build its parser) stays light; a name's module is imported on first use."""
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def _report_plan_coverage(config, dataset, shard: Shardings, log) -> None:
         log(
             f"conv_algorithm=auto: {missing} of {total} conv(s) have no conv_plan entry for "
             "their shape and run XLA's native conv; `layoutlab train --conv-algo auto` tunes "
-            "them, as does layoutlab.bench.autotune.autotune_model(model, x) (its plan's "
+            "them, as does layoutlab.bench.tuning.autotune_model(model, x) (its plan's "
             "to_dict() is the conv_plan)."
         )
 

@@ -3,7 +3,7 @@
 - ``conv2d(x, kernel, ..., algorithm="xla"|"im2col"|"winograd2"|"winograd4"|"pointwise"|
   "s2d"|"auto")``; ``nn.Conv(..., algorithm=...)`` calls it.
 - ``"auto"`` runs the conv's entry in a ``ConvPlan`` (``conv_config.with_conv_plan``), which
-  ``layoutlab.bench.autotune`` produces; a conv without one runs XLA's native conv.
+  ``layoutlab.bench.tuning`` produces; a conv without one runs XLA's native conv.
 - ``set_conv_algorithm(model, name)`` / ``set_kernel_storage(model, storage)``: per-model.
 - Grouped, depthwise and dilated convs, and shapes an algorithm does not handle (Winograd:
   stride-1 3x3 only; pointwise: 1x1; s2d: stride 2), fall back to XLA's native conv;

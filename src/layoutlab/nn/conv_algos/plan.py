@@ -3,7 +3,7 @@
 A plan maps a conv's path in the model (``"layer1/0/conv1"``, as ``conv_config.convs``
 names it) to a ``PlanEntry``: the algorithm, the spec key of the shape it was chosen on
 (``ConvSpec.key()``) and, optionally, the evidence (times, device, versions). Autotuning
-produces plans (``layoutlab.bench.autotune``), runs store them in their config and
+produces plans (``layoutlab.bench.tuning``), runs store them in their config and
 checkpoints, and ``conv_config.with_conv_plan(model, plan)`` hands one to a model. Nothing
 process-wide is read while a step is traced: an ``"auto"`` conv runs its own entry, and one
 with no entry, or traced at another shape than its entry's, runs XLA's native conv.

@@ -7,7 +7,7 @@
   ``ConvPlan`` (``autotune_model``, ``autotune_registry_model``; ``layoutlab autotune
   convs``, ``layoutlab train --conv-algo auto``).
 
-Names are imported lazily so ``import layoutlab.bench.autotune`` stays light.
+Names are imported lazily so ``import layoutlab.bench.tuning`` stays light.
 """
 
 from __future__ import annotations

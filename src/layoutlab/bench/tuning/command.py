@@ -41,7 +41,7 @@ def legacy_argv(argv: list[str]) -> list[str]:
 
 
 def run_layout(args: argparse.Namespace) -> int:
-    from layoutlab.bench.autotune.layout import autotune
+    from layoutlab.bench.tuning.layout import autotune
 
     if args.cache_dir:
         _deprecated("autotune --cache-dir DIR", "autotune layout --cache DIR/autotune.json")
@@ -74,7 +74,7 @@ def run_layout(args: argparse.Namespace) -> int:
 
 
 def run_convs(args: argparse.Namespace) -> int:
-    from layoutlab.bench.autotune.registry_model import autotune_registry_model
+    from layoutlab.bench.tuning.registry_model import autotune_registry_model
 
     try:
         tuning = autotune_registry_model(

@@ -41,13 +41,13 @@ import numpy as np
 from flax import nnx
 
 from layoutlab import models
-from layoutlab.bench.autotune.cache import CACHE_FILE, AutotuneCache
 from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_shape
 from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
 from layoutlab.bench.machine import library_versions
 from layoutlab.bench.status import OK, classify_failure
 from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.bench.timing import summarize, timed
+from layoutlab.bench.tuning.cache import CACHE_FILE, AutotuneCache
 from layoutlab.compare import Tolerance, compare, default_tolerance
 from layoutlab.loss_scale import NoOpLossScale
 from layoutlab.precision import get_policy

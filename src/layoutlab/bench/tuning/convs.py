@@ -29,14 +29,14 @@ from typing import NamedTuple
 
 from flax import nnx
 
-from layoutlab.bench.autotune.cache import AutotuneCache, device_for, versions
-from layoutlab.bench.autotune.conv_candidates import (
+from layoutlab.bench.tuning.cache import AutotuneCache, device_for, versions
+from layoutlab.bench.tuning.conv_candidates import (
     CandidateResult,
     check_candidate,
     options_key,
     time_candidates,
 )
-from layoutlab.bench.autotune.conv_reference import reference_conv, spec_inputs
+from layoutlab.bench.tuning.conv_reference import reference_conv, spec_inputs
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import ConvPlan, ConvSpec
 from layoutlab.nn.conv_config import conv_specs

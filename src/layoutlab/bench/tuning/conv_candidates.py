@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layoutlab.bench.autotune.conv_reference import candidate_errors, conv_shapes
 from layoutlab.bench.timing import interleaved_ms
+from layoutlab.bench.tuning.conv_reference import candidate_errors, conv_shapes
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import ConvSpec
 

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layoutlab import models
-from layoutlab.bench.autotune.convs import ConvTuning, autotune_model
 from layoutlab.bench.cases import parse_shape
 from layoutlab.bench.sweep_config import check_compile_options, resolve_input
+from layoutlab.bench.tuning.convs import ConvTuning, autotune_model
 from layoutlab.nn.conv_config import check_conv_options, configure_convs
 from layoutlab.precision import get_policy
 
