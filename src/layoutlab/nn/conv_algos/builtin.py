@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from layoutlab.nn.conv_algos import pointwise, space_to_depth, winograd
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
@@ -21,17 +23,15 @@ BUILTIN = (
         plain_2d,
         "XLA forward and input gradient, weight gradient by per-offset GEMMs",
     ),
-    Algorithm(
-        "winograd2",
-        core(Methods("winograd2", "winograd2", "gemm")),
-        winograd.supports,
-        "Winograd F(2x2,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
-    ),
-    Algorithm(
-        "winograd4",
-        core(Methods("winograd4", "winograd4", "gemm")),
-        winograd.supports,
-        "Winograd F(4x4,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
+    *(
+        Algorithm(
+            f"winograd{m}",
+            core(Methods(f"winograd{m}", f"winograd{m}", "gemm")),
+            winograd.supports_for(m),
+            f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
+            functools.partial(winograd.dtype_reason, m),
+        )
+        for m in (2, 4)
     ),
     # Winograd forward and dX with XLA's own weight gradient: on XLA:CPU with convs on Eigen
     # (cpu_fast_options) the native dW beats the per-offset GEMMs, while Winograd's fewer
@@ -40,8 +40,9 @@ BUILTIN = (
         Algorithm(
             f"winograd{m}_xla_dw",
             core(Methods(f"winograd{m}", f"winograd{m}", "native")),
-            winograd.supports,
+            winograd.supports_for(m),
             f"Winograd F({m}x{m},3x3) forward and dX, XLA's native weight gradient",
+            functools.partial(winograd.dtype_reason, m),
         )
         for m in (2, 4)
     ),
