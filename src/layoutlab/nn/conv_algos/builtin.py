@@ -9,6 +9,18 @@ from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
 
+
+def _winograd(m: int, suffix: str, weight_grad: str, description: str) -> Algorithm:
+    """F(m x m, 3 x 3) forward and input gradient; refuses dtypes past its error bar."""
+    return Algorithm(
+        f"winograd{m}{suffix}",
+        core(Methods(f"winograd{m}", f"winograd{m}", weight_grad)),
+        winograd.supports_for(m),
+        description,
+        functools.partial(winograd.dtype_reason, m),
+    )
+
+
 BUILTIN = (
     Algorithm(XLA, native_conv, supports_all, "XLA's native convolution (the default)"),
     Algorithm(
@@ -24,12 +36,8 @@ BUILTIN = (
         "XLA forward and input gradient, weight gradient by per-offset GEMMs",
     ),
     *(
-        Algorithm(
-            f"winograd{m}",
-            core(Methods(f"winograd{m}", f"winograd{m}", "gemm")),
-            winograd.supports_for(m),
-            f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
-            functools.partial(winograd.dtype_reason, m),
+        _winograd(
+            m, "", "gemm", f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs"
         )
         for m in (2, 4)
     ),
@@ -37,12 +45,11 @@ BUILTIN = (
     # (cpu_fast_options) the native dW beats the per-offset GEMMs, while Winograd's fewer
     # multiplies still pay in the two 3x3 stride-1 convs (README, "Convolution algorithms").
     *(
-        Algorithm(
-            f"winograd{m}_xla_dw",
-            core(Methods(f"winograd{m}", f"winograd{m}", "native")),
-            winograd.supports_for(m),
+        _winograd(
+            m,
+            "_xla_dw",
+            "native",
             f"Winograd F({m}x{m},3x3) forward and dX, XLA's native weight gradient",
-            functools.partial(winograd.dtype_reason, m),
         )
         for m in (2, 4)
     ),
