@@ -15,6 +15,7 @@ from layoutlab.data import (
     load_fashion_mnist,
     load_folder,
     load_mnist,
+    make_dataset,
     make_synthetic,
     read_idx,
 )
@@ -192,6 +193,34 @@ def test_cifar_corrupt_truncated_missing_and_hostile(tmp_path):
         load_cifar10(root)
 
 
+def test_cifar_labels_checked_before_the_int32_cast(tmp_path):
+    # 2**32 + 3 is class 3 after an int32 cast: the range check must see the stored value.
+    root = tmp_path / "c10"
+    _write_cifar10(root, np.random.default_rng(9))
+    big = np.array([2**32 + 3, 1, 2], np.int64)
+    _dump(root / "data_batch_3", {b"data": np.zeros((3, 3072), np.uint8), b"labels": big})
+    with pytest.raises(
+        DataError,
+        match=r"cifar10 train labels must lie in \[0, 10\), got range "
+        r"\[0, 4294967299\]",
+    ):
+        load_cifar10(root)
+    _dump(root / "data_batch_3", {b"data": np.zeros((1, 3072), np.uint8), b"labels": [-(2**32)]})
+    with pytest.raises(DataError, match=r"got range \[-4294967296, 9\]"):
+        load_cifar10(root)
+
+
+def test_make_dataset_checks_label_range_and_dtype_before_casting():
+    images = np.zeros((2, 4, 4, 1), np.uint8)
+    ok = np.array([0, 1], np.int64)
+    with pytest.raises(DataError, match=r"t test labels must lie in \[0, 2\).*4294967297"):
+        make_dataset("t", (images, ok), (images, ok + 2**32), num_classes=2, scale=255.0)
+    with pytest.raises(DataError, match="t train labels have dtype float64, expected integer"):
+        make_dataset("t", (images, np.array([0.0, 1.5])), (images, ok), num_classes=2, scale=1.0)
+    ds = make_dataset("t", (images, ok.astype(np.uint64)), (images, ok), num_classes=2, scale=1.0)
+    assert ds.train_labels.dtype == np.int32 and ds.train_labels.tolist() == [0, 1]
+
+
 # ---------------------------------------------------------------- IDX
 
 
@@ -261,6 +290,15 @@ def test_idx_errors(tmp_path):
     (tmp_path / "train-images-idx3-ubyte.gz").unlink()
     with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte"):
         load_mnist(tmp_path)
+
+
+@pytest.mark.parametrize("dim", [2**21, 2**32 - 1])
+def test_idx_size_message_does_not_overflow(tmp_path, dim):
+    # dim**3 bytes overflows int64 (2**63, 2**96): the message gives the exact Python count.
+    path = tmp_path / "huge-idx3-ubyte"
+    path.write_bytes((0x803).to_bytes(4, "big") + dim.to_bytes(4, "big") * 3 + b"\0" * 10)
+    with pytest.raises(DataError, match=rf"holds 10 bytes of data, expected {dim**3} for shape"):
+        read_idx(path)
 
 
 # ---------------------------------------------------------------- image folder

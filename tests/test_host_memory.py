@@ -8,6 +8,7 @@ backend, and this test process started it at collection (conftest).
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -34,7 +35,7 @@ f = jax.jit(lambda x: jnp.sort(x * 2.0)[::1024].sum())
 x = jnp.arange(9 * 2**20, dtype=jnp.float32)
 temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
 faults = []
-for _ in range(12):
+for _ in range(24):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -63,15 +64,23 @@ def test_kept_host_memory_stops_the_temp_buffer_faulting():
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
     assert pages > 8000  # the probe really has a temp buffer above the mmap threshold
     # The first calls grow the heap to its peak: until the free space left by earlier calls
-    # fits the buffer again, a call can still take fresh pages (seen up to the 5th call of
-    # 12, in 14 runs). After that a call reuses the heap. Steady state: the last four calls.
-    # Without the setting each call faults the whole buffer again (one fault per page,
-    # unless transparent huge pages back the mapping: then faults are cheap too and the
-    # comparison says nothing).
-    if min(default["faults"][-4:]) < pages / 2:
+    # fits the buffer again, a call can still take fresh pages (seen up to the 5th call in
+    # 14 quiet runs, up to the 8th under load). Steady state: calls 9 to 24.
+    # On a loaded machine steady calls still fault the whole buffer now and then, often two
+    # in a row (one run: [..., 0, 0, 9225]; five runs at load 5 on 2 cores: 0 to 4 of the 12
+    # calls 9-20 did), presumably when the previous call's temp buffer is freed by a worker
+    # thread only after the next call has allocated its own. So the claim is about the
+    # typical steady call, not every one: most of them (more than half: the median call)
+    # reuse the heap, under 1% of the buffer's pages faulted, where without the setting
+    # every steady call faults the whole buffer again (one fault per page, unless
+    # transparent huge pages back the mapping: then faults are cheap too and the comparison
+    # says nothing).
+    steady_default, steady_kept = default["faults"][8:], kept["faults"][8:]
+    if statistics.median(steady_default) < pages / 2:
         pytest.skip("this kernel backs fresh mappings with huge pages; nothing to compare")
-    assert max(kept["faults"][-4:]) < pages / 100, kept
-    assert min(default["faults"][-4:]) > pages / 2, default
+    reused = sum(f < pages / 100 for f in steady_kept)
+    assert reused > len(steady_kept) / 2, kept
+    assert min(steady_default) > pages / 2, default
 
 
 @glibc_only

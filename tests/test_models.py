@@ -8,6 +8,8 @@ order 1) leaves two orders of magnitude over float32's 1.2e-7 epsilon; gradients
 through BatchNorm's backward, which subtracts nearly equal sums, so they use atol=1e-4.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,10 +134,52 @@ def test_layout_mismatch_errors():
         "\\(2, 3, 8, 8\\).*looks like NCHW",
     ):
         m(nchw_batch)
-    with pytest.raises(ValueError, match="rank 4, got shape \\(3, 8, 8\\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"SmallCNN expects a 4-D array \(N, H, W, C\) for layout NHWC, got shape "
+        r"\(3, 8, 8\); add the batch axis, e.g. x\[None\]\.",
+    ):
         m(jnp.zeros((3, 8, 8), jnp.float32))
     with pytest.raises(ValueError, match="with 3 channels on axis 3, got shape \\(2, 8, 8, 1\\)"):
         m(jnp.zeros((2, 8, 8, 1), jnp.float32))
+
+
+# Every model, both layouts; built abstractly (nnx.eval_shape: the check runs before any
+# layer, and eager init dominates the time) except the two small ones, built for real to
+# show that a refused empty batch leaves BatchNorm's running statistics alone.
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("name", NAMES)
+def test_list_empty_and_unbatched_inputs_are_clear_errors(name, layout):
+    """One check in ``models.base.ImageModel`` covers every registered model (run, an empty
+    batch would store the NaN mean of nothing in BatchNorm, or fail in a reshape)."""
+    s = models.spec(name)
+    concrete = name in ("small_cnn", "small_cnn3d")
+    build = lambda: models.create(name, layout=layout, rngs=nnx.Rngs(0), **s.tiny)  # noqa: E731
+    m = build() if concrete else nnx.eval_shape(build)
+    lay, cls = m.layout, type(m).__name__
+    axes = "\\(" + ", ".join(lay.value) + "\\)"
+    x = np.asarray(_input(name, layout))
+    before = nnx.state(m, nnx.BatchStat)
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cls} expects a {lay.rank}-D array {axes} for layout {lay.value}, got a "
+        r"list; convert it first, e.g. jnp.asarray\(x\)\.$",
+    ):
+        m(x.tolist())
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cls} got an empty batch, shape {re.escape(str((0, *x.shape[1:])))}: pass at "
+        r"least one example \(BatchNorm would average over nothing and store NaN statistics\)\.$",
+    ):
+        m(x[:0])
+    with pytest.raises(
+        ValueError, match=rf"got shape {re.escape(str(x.shape[1:]))}; add the batch"
+    ):
+        m(x[0])
+    if concrete:
+        assert_trees_close(nnx.state(m, nnx.BatchStat), before, rtol=0, atol=0)
+        if layout == "NHWC":  # a NumPy batch is fine (once: eager calls are slow)
+            assert m(x).shape == (x.shape[0], 10)
 
 
 def test_imagenet_stem_and_resnet50_shapes():

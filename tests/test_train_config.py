@@ -97,11 +97,30 @@ def test_bad_overrides_name_the_field(item, message):
         ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
         ({"schedule": "step"}, "Unknown schedule 'step'"),
         ({"seed": -1}, "seed must lie in"),
+        (
+            {"conv_algorithm": "winograd4", "precision": "mixed_bf16"},
+            r"conv_algorithm='winograd4' with precision 'mixed_bf16' \(compute bfloat16\)",
+        ),
+        (
+            {"conv_algorithm": "winograd4_xla_dw", "precision": "mixed_fp16"},
+            "compute float16.*choose --conv-algo auto",
+        ),
     ],
 )
 def test_validate_names_the_field_and_fix(changes, message):
     with pytest.raises(ValueError, match=message):
         validate(TrainConfig(**changes), NDEV)
+
+
+def test_winograd_refusals_follow_the_compute_dtype():
+    # F(2x2,3x3) stays within the bfloat16 bar and F(4x4,3x3) within float32's
+    # (tests/test_conv_algos.py measures both against float64 NumPy).
+    for algo, precision in (
+        ("winograd2", "mixed_bf16"),
+        ("winograd4", "fp32"),
+        ("auto", "mixed_fp16"),
+    ):
+        validate(TrainConfig(conv_algorithm=algo, precision=precision), NDEV)
 
 
 def test_batch_divisibility_only_matters_when_data_parallel():

@@ -91,7 +91,8 @@ def _batch_arrays(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
         )
     # Rows are channel-major (1024 R, 1024 G, 1024 B), each channel row-major.
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return images, labels.astype(np.int32)
+    # Labels keep their dtype: make_dataset checks their range before casting to int32.
+    return images, labels
 
 
 def _find_root(directory: str | Path, subdir: str, marker: str) -> Path:

@@ -105,6 +105,10 @@ def _check_split(name: str, split: str, images: np.ndarray, labels: np.ndarray, 
         )
     if images.shape[0] == 0:
         raise DataError(f"{name} {split} split is empty.")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(
+            f"{name} {split} labels have dtype {labels.dtype}, expected integer class indices."
+        )
     if labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise DataError(
             f"{name} {split} labels must lie in [0, {classes}), got range "
@@ -123,10 +127,11 @@ def make_dataset(
 ) -> Dataset:
     """Normalize raw NHWC pixels (``0..scale``) with train-split stats and build a ``Dataset``."""
     (x_train, y_train), (x_test, y_test) = train, test
-    y_train = np.asarray(y_train).astype(np.int32)
-    y_test = np.asarray(y_test).astype(np.int32)
+    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    # The range is checked in the labels' own dtype: cast first, 2**32 + 3 would be class 3.
     _check_split(name, "train", x_train, y_train, num_classes)
     _check_split(name, "test", x_test, y_test, num_classes)
+    y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
     if x_train.shape[1:] != x_test.shape[1:]:
         raise DataError(
             f"{name}: train images are {x_train.shape[1:]} but test images are "

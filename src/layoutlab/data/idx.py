@@ -8,6 +8,7 @@ The directory may also be the parent of a ``raw/`` folder, as torchvision leaves
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def read_idx(path: str | Path, *, expected_magic: int | None = None) -> np.ndarr
         raise DataError(f"{path} is truncated inside its IDX header ({len(data)} bytes).")
     shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = _IDX_DTYPES[code]
-    expected = int(np.prod(shape)) * dtype.itemsize
+    # Python ints: the declared dims (up to 2**32 - 1 each) overflow numpy's int64 product.
+    expected = math.prod(shape) * dtype.itemsize
     if len(data) - header != expected:
         raise DataError(
             f"{path} holds {len(data) - header} bytes of data, expected {expected} for shape "
@@ -112,7 +114,7 @@ def _split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
             f"{images_path} has {images.shape[0]} images but {labels_path} has "
             f"{labels.shape[0]} labels; the files do not belong together."
         )
-    return images[..., None], labels.astype(np.int32)
+    return images[..., None], labels  # make_dataset checks the range, then casts
 
 
 def _load(directory: str | Path, name: str, class_names: tuple[str, ...]) -> Dataset:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from flax import nnx
-
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registry import register
 
 
-class SmallCNN3D(nnx.Module):
+class SmallCNN3D(ImageModel):
     def __init__(self, *, num_classes, layout, policy, rngs, in_channels=3, width=16):
         self.layout, self.policy = layout, policy
         conv, norm = layer_factories(layout, policy, rngs)
@@ -22,7 +21,7 @@ class SmallCNN3D(nnx.Module):
         self.avgpool = nn.GlobalAvgPool(layout=layout, policy=policy)
         self.fc = nn.Dense(2 * width, num_classes, policy=policy, rngs=rngs)
 
-    def __call__(self, x):
+    def forward(self, x):
         return self.policy.cast_to_output(self.fc(self.avgpool(self.features(x))))
 
 

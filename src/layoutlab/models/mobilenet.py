@@ -5,6 +5,7 @@ from __future__ import annotations
 from flax import nnx
 
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, run_block
 from layoutlab.models.registry import register
 
@@ -47,7 +48,7 @@ class InvertedResidual(nnx.Module):
         return x + y if self.use_res_connect else y
 
 
-class MobileNetV2(nnx.Module):
+class MobileNetV2(ImageModel):
     def __init__(
         self,
         *,
@@ -79,7 +80,7 @@ class MobileNetV2(nnx.Module):
             nn.Dense(self.last_channel, num_classes, policy=policy, rngs=rngs),
         )
 
-    def __call__(self, x):
+    def forward(self, x):
         for layer in self.features:
             x = run_block(layer, x, self.remat)
         return self.policy.cast_to_output(self.classifier(self.avgpool(x)))

@@ -8,6 +8,7 @@ import jax
 from flax import nnx
 
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, layer_factories, run_block
 from layoutlab.models.registry import register
 
@@ -57,7 +58,7 @@ def _downsample(conv, norm, cin, cout, stride):
     return Sequential(conv(cin, cout, 1, strides=stride, padding=0), norm(cout))
 
 
-class ResNet(nnx.Module):
+class ResNet(ImageModel):
     def __init__(
         self,
         block,
@@ -106,7 +107,7 @@ class ResNet(nnx.Module):
                 x = run_block(blk, x, self.remat)
         return x
 
-    def __call__(self, x):
+    def forward(self, x):
         logits = self.fc(self.avgpool(self.features(x)))
         return self.policy.cast_to_output(logits)
 

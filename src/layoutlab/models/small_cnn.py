@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from flax import nnx
-
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registry import register
 
 
-class SmallCNN(nnx.Module):
+class SmallCNN(ImageModel):
     """conv-bn-relu x3 with a max pool, adaptive pool to 2x2, flatten, two dense layers."""
 
     def __init__(
@@ -41,7 +40,7 @@ class SmallCNN(nnx.Module):
             nn.Dense(hidden, num_classes, policy=policy, rngs=rngs),
         )
 
-    def __call__(self, x):
+    def forward(self, x):
         x = self.flatten(self.avgpool(self.features(x)))
         return self.policy.cast_to_output(self.classifier(x))
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registry import register
 
@@ -37,7 +38,7 @@ class Up(nnx.Module):
         return self.conv(jnp.concatenate([skip, x], axis=self.layout.channel_axis))
 
 
-class UNet(nnx.Module):
+class UNet(ImageModel):
     """Per-pixel logits ``(N, num_classes, H, W)`` in the model's layout; H, W divisible by 4."""
 
     def __init__(
@@ -55,7 +56,7 @@ class UNet(nnx.Module):
         self.up1 = Up(conv, norm, 2 * w, w, **kw)
         self.head = nn.Conv(w, num_classes, 1, padding=0, layout=layout, policy=policy, rngs=rngs)
 
-    def __call__(self, x):
+    def forward(self, x):
         spatial = self.layout.spatial_shape(x.shape)
         if any(s % 4 for s in spatial):
             raise ValueError(f"UNet needs spatial sizes divisible by 4, got {spatial}.")

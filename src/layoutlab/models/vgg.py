@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from flax import nnx
-
 from layoutlab import nn
+from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential
 from layoutlab.models.registry import register
 
 _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
-class VGG(nnx.Module):
+class VGG(ImageModel):
     """``features`` and ``classifier`` index their layers as torchvision's Sequentials do."""
 
     def __init__(
@@ -55,7 +54,7 @@ class VGG(nnx.Module):
             nn.Dense(hidden, num_classes, policy=policy, rngs=rngs),
         )
 
-    def __call__(self, x):
+    def forward(self, x):
         x = self.flatten(self.avgpool(self.features(x)))
         return self.policy.cast_to_output(self.classifier(x))
 

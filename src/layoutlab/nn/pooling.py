@@ -58,7 +58,11 @@ class _Pool(LayoutModule):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
 def max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Array:
     """Window maximum (padding counts as ``-inf``) whose gradient goes to the first maximum
-    of each window in row-major window order, as XLA's and PyTorch's do.
+    of each window in row-major window order, as XLA's and PyTorch's do; a window holding a
+    NaN has a NaN maximum and its gradient goes to its last NaN, as PyTorch's does (CPU and
+    CUDA kernels: ``val > maxval || isnan(val)``). XLA:CPU's select-and-scatter does not
+    route it to the NaN: its ``ge`` selection flips on every comparison with a NaN, so the
+    gradient lands on whichever element follows (measured in tests/test_max_pool_grad.py).
 
     The backward visits the window offsets (9 for 3x3): a strided slice of the input and an
     equality mask against the output give each offset's share of the output gradient, and
@@ -81,14 +85,26 @@ def _max_pool_bwd(dims, strides, pads, residuals, g):
         pads = lax.padtype_to_pads(x.shape, dims, strides, pads)
     xp = lax.pad(x, jnp.asarray(-jnp.inf, x.dtype), [(lo, hi, 0) for lo, hi in pads])
     zero = jnp.zeros((), g.dtype)
-    # Masked output gradient per window offset, first maximum wins.
-    taken = jnp.zeros(y.shape, bool)
-    parts = {}
-    for offset in itertools.product(*(range(d) for d in dims)):
+    offsets = list(itertools.product(*(range(d) for d in dims)))
+
+    def window_slice(offset):
         limit = [o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, y.shape, strict=True)]
-        hit = (lax.slice(xp, offset, limit, strides) == y) & ~taken
-        taken = taken | hit
-        parts[offset] = jnp.where(hit, g, zero)
+        return lax.slice(xp, offset, limit, strides)
+
+    # Offset chosen per window: the first maximum; in a NaN window (its max is NaN, and NaN
+    # equals nothing) the last NaN, found scanning backwards. The two never overlap.
+    hits = {}
+    taken = jnp.zeros(y.shape, bool)
+    for offset in offsets:
+        hits[offset] = (window_slice(offset) == y) & ~taken
+        taken = taken | hits[offset]
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        later_nan = jnp.zeros(y.shape, bool)
+        for offset in reversed(offsets):
+            nan = jnp.isnan(window_slice(offset))
+            hits[offset] = hits[offset] | (nan & ~later_nan)
+            later_nan = later_nan | nan
+    parts = {offset: jnp.where(hits[offset], g, zero) for offset in offsets}
     # Padded input index p = s*q + r receives from offsets k = r + s*j of window q - j: each
     # phase r is a sum of shifted output-sized arrays; the phases are interleaved once.
     phases_shape = [-(-n // s) for n, s in zip(xp.shape, strides, strict=True)]

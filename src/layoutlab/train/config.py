@@ -17,7 +17,7 @@ from typing import Any
 from layoutlab.data import SPEC_FORMS
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.loss_scale import get_loss_scale
-from layoutlab.nn.conv_algos import ConvPlan
+from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.train.model_checks import builder_options, check_model
@@ -299,6 +299,14 @@ def _check_conv(config: TrainConfig) -> None:
         check_conv_options(config.conv_algorithm, config.kernel_storage)
     except ValueError as e:
         raise ValueError(f"conv settings: {e}") from None
+    # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
+    # XLA's conv instead; say so before anything compiles ("auto" never picks one).
+    compute = get_policy(config.precision).compute_dtype
+    if (reason := unsupported_reason(config.conv_algorithm, compute)) is not None:
+        raise ValueError(
+            f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
+            f"(compute {compute.name}): {reason}; choose --conv-algo auto or another algorithm."
+        )
     if config.conv_plan is not None:
         try:
             ConvPlan.from_dict(config.conv_plan)

@@ -8,6 +8,8 @@
 - Grouped, depthwise and dilated convs, and shapes an algorithm does not handle (Winograd:
   stride-1 3x3 only; pointwise: 1x1; s2d: stride 2), fall back to XLA's native conv;
   ``select_algorithm(spec, name)`` says what runs and why.
+- Compute dtypes where an algorithm's error exceeds the dtype's bar are refused the same
+  way (``winograd4*``: float32 only); ``unsupported_reason(name, dtype)`` says so up front.
 """
 
 from layoutlab.nn.conv_algos import builtin as _builtin  # noqa: F401  (registers)
@@ -28,6 +30,7 @@ from layoutlab.nn.conv_algos.registry import (
     get_algorithm,
     register_algorithm,
     unregister_algorithm,
+    unsupported_reason,
 )
 
 __all__ = [
@@ -51,4 +54,5 @@ __all__ = [
     "resolve_geometry",
     "select_algorithm",
     "unregister_algorithm",
+    "unsupported_reason",
 ]

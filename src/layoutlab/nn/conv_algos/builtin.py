@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import functools
+
 from layoutlab.nn.conv_algos import pointwise, space_to_depth, winograd
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
+
+
+def _winograd(m: int, suffix: str, weight_grad: str, description: str) -> Algorithm:
+    """F(m x m, 3 x 3) forward and input gradient; refuses dtypes past its error bar."""
+    return Algorithm(
+        f"winograd{m}{suffix}",
+        core(Methods(f"winograd{m}", f"winograd{m}", weight_grad)),
+        winograd.supports_for(m),
+        description,
+        functools.partial(winograd.dtype_reason, m),
+    )
+
 
 BUILTIN = (
     Algorithm(XLA, native_conv, supports_all, "XLA's native convolution (the default)"),
@@ -21,26 +35,20 @@ BUILTIN = (
         plain_2d,
         "XLA forward and input gradient, weight gradient by per-offset GEMMs",
     ),
-    Algorithm(
-        "winograd2",
-        core(Methods("winograd2", "winograd2", "gemm")),
-        winograd.supports,
-        "Winograd F(2x2,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
-    ),
-    Algorithm(
-        "winograd4",
-        core(Methods("winograd4", "winograd4", "gemm")),
-        winograd.supports,
-        "Winograd F(4x4,3x3) batched GEMMs; dX by Winograd, dW by GEMMs",
+    *(
+        _winograd(
+            m, "", "gemm", f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs"
+        )
+        for m in (2, 4)
     ),
     # Winograd forward and dX with XLA's own weight gradient: on XLA:CPU with convs on Eigen
     # (cpu_fast_options) the native dW beats the per-offset GEMMs, while Winograd's fewer
     # multiplies still pay in the two 3x3 stride-1 convs (README, "Convolution algorithms").
     *(
-        Algorithm(
-            f"winograd{m}_xla_dw",
-            core(Methods(f"winograd{m}", f"winograd{m}", "native")),
-            winograd.supports,
+        _winograd(
+            m,
+            "_xla_dw",
+            "native",
             f"Winograd F({m}x{m},3x3) forward and dX, XLA's native weight gradient",
         )
         for m in (2, 4)

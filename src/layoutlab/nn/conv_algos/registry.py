@@ -3,7 +3,9 @@
 An algorithm computes a 2D conv on a channels-last input (``NHWC``) with an ``HWIO`` kernel;
 ``dispatch.conv2d`` moves other layouts in and out. ``supports(spec)`` returns None when
 the algorithm handles ``spec`` and otherwise the reason it does not, and the conv then
-falls back to XLA's native convolution.
+falls back to XLA's native convolution. ``dtype_reason(dtype)`` is the part of that which
+depends only on the compute dtype (an algorithm whose error exceeds a dtype's bar refuses
+it), so a config can be refused before anything is traced: ``unsupported_reason``.
 """
 
 from __future__ import annotations
@@ -11,21 +13,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax.numpy as jnp
+
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 
 # core(x_nhwc, w_hwio, geometry, preferred_element_type) -> y_nhwc
 Core = Callable[..., object]
 Supports = Callable[[ConvSpec], "str | None"]
+DtypeReason = Callable[[str], "str | None"]
 
 XLA = "xla"
 AUTO = "auto"
 
 
+def any_dtype(dtype: str) -> str | None:
+    return None
+
+
 class Algorithm(NamedTuple):
+    """``supports`` must refuse every spec whose dtype ``dtype_reason`` refuses."""
+
     name: str
     core: Core
     supports: Supports
     description: str
+    dtype_reason: DtypeReason = any_dtype
 
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -59,6 +71,19 @@ def get_algorithm(name: str) -> Algorithm:
             f"Unknown conv algorithm {name!r}; choose one of: {', '.join((AUTO, *_REGISTRY))}."
         )
     return _REGISTRY[name]
+
+
+def unsupported_reason(name: str, dtype) -> str | None:
+    """Why algorithm ``name`` refuses compute ``dtype`` (``"bfloat16"``, ``jnp.float16``, ...)
+    for every shape, or None; ``"auto"`` refuses nothing (it never picks a refusing one).
+
+    For config validation: an explicit ``winograd4`` with bfloat16 compute would otherwise
+    fall back to XLA at trace time (``select_algorithm`` says why). Unknown names raise the
+    ``ValueError`` of ``get_algorithm``.
+    """
+    if check_name(name) == AUTO:
+        return None
+    return get_algorithm(name).dtype_reason(jnp.dtype(dtype).name)
 
 
 def check_name(name: str) -> str:

@@ -21,6 +21,8 @@ F(4x4, 3x3), see ``benchmarks/conv_algos.py``.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -69,7 +71,32 @@ def matrices(m: int) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, np.float64) for k, v in TRANSFORMS[m].items()}
 
 
-def supports(spec: ConvSpec) -> str | None:
+# Compute dtypes whose error stays within the project's bar (``compare.default_tolerance``
+# of the dtype, plus float32 accumulation: ``bench.conv_autotune.conv_tolerance``), measured
+# against float64 NumPy in tests/test_conv_algos.py (test_winograd_dtypes_follow_measured_error).
+# F(2x2,3x3) (entries up to 1) about doubles a direct conv's error: bfloat16 ~4.6e-3 and
+# float16 ~5.7e-4 normwise, within 1.6e-2 and 1e-3. F(4x4,3x3) (entries up to 8) magnifies
+# it about 10x: bfloat16 ~2.5e-2 normwise (max error 5-6e-2 of max|ref|), float16 ~3e-3, past
+# both bars. float64 is refused by both: the transforms run in float32, whose error
+# (2e-7 to 2e-6 measured) is past the float64 bar of 1e-7.
+ACCURATE_DTYPES = {2: ("float32", "bfloat16", "float16"), 4: ("float32",)}
+
+
+def dtype_reason(m: int, dtype) -> str | None:
+    """Why Winograd F(m x m, 3 x 3) refuses compute ``dtype`` (a name or dtype), or None."""
+    name = jnp.dtype(dtype).name
+    if name in ACCURATE_DTYPES[m]:
+        return None
+    if name == "float64":
+        return "float64 compute (the Winograd transforms run in float32; use xla)"
+    also = " or winograd2" if name in ACCURATE_DTYPES[2] else ""
+    return (
+        f"{name} compute (F({m}x{m},3x3)'s transforms magnify {name} rounding past its "
+        f"error bar; use xla{also}, or float32 compute)"
+    )
+
+
+def shape_reason(spec: ConvSpec) -> str | None:
     reason = plain_2d(spec)
     if reason:
         return reason
@@ -79,6 +106,15 @@ def supports(spec: ConvSpec) -> str | None:
     if g.strides != (1, 1):
         return f"strides {g.strides} (Winograd needs stride 1)"
     return None
+
+
+def supports_for(m: int) -> Callable[[ConvSpec], str | None]:
+    """The registry ``supports`` of F(m x m, 3 x 3): the shape, then the compute dtype."""
+
+    def supports(spec: ConvSpec) -> str | None:
+        return shape_reason(spec) or dtype_reason(m, spec.dtype)
+
+    return supports
 
 
 def _strided_tiles(xp, m: int, tiles):
