@@ -327,6 +327,16 @@ def test_folder_presplit_png(tmp_path):
     _check_normalized(ds, np.stack(raw["train"]) / 255.0, np.stack(raw["test"]) / 255.0)
 
 
+@pytest.mark.parametrize("have, missing", [("train", "test"), ("test", "train")])
+def test_folder_with_half_a_split_names_the_missing_one(tmp_path, have, missing):
+    for cls in ("cat", "dog"):
+        _save(tmp_path / have / cls / "0.png", np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(
+        DataError, match=rf"has {have}/ but no {missing}/; add .*{missing}/<class>/"
+    ):
+        load_folder(tmp_path)
+
+
 def test_folder_single_split_grayscale_jpeg_resize(tmp_path):
     rng = np.random.default_rng(6)
     for cls in ("a", "b", "c"):

@@ -125,6 +125,13 @@ def load_folder(
         raise FileNotFoundError(f"Image folder {root} does not exist or is not a directory.")
     size = _check_size(image_size)
     pre_split = (root / "train").is_dir() and (root / "test").is_dir()
+    # Half a pre-split layout would otherwise be read as a class named "train" or "test".
+    for have, missing in (("train", "test"), ("test", "train")):
+        if (root / have).is_dir() and not (root / missing).exists():
+            raise DataError(
+                f"{root} has {have}/ but no {missing}/; add {root / missing}/<class>/ with the "
+                f"same classes, or put the class folders directly under {root} to split by seed."
+            )
     train_files = _class_files(root / "train" if pre_split else root, None)
     classes = tuple(train_files)
     test_files = _class_files(root / "test", classes) if pre_split else {}
