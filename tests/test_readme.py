@@ -59,3 +59,17 @@ def test_readme_block_runs(code, tmp_path):
         timeout=_TIMEOUT_S,
     )
     assert proc.returncode == 0, f"block failed:\n{code}\n--- stderr ---\n{proc.stderr[-4000:]}"
+
+
+def test_readme_yaml_blocks_are_valid_train_config_files(tmp_path):
+    """Each ```yaml block is a ``train --config`` file: it reads into a config that validates
+    (the data set it names need not exist here; validation checks the spec's form)."""
+    from layoutlab.train.config import validate
+    from layoutlab.train.config_file import read_config_file
+
+    blocks = re.findall(r"^```yaml\n(.*?)^```", README.read_text(), re.S | re.M)
+    assert blocks
+    for i, text in enumerate(blocks):
+        path = tmp_path / f"block{i}.yaml"
+        path.write_text(text)
+        validate(read_config_file(path), 1)

@@ -5,6 +5,7 @@ Nothing here compiles a train step: validation must fail before that.
 
 import argparse
 import json
+import re
 
 import jax
 import numpy as np
@@ -217,6 +218,52 @@ def test_cli_resume_starts_from_the_saved_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TrainConfig(epochs=5, seed=3).to_dict()))
     config, _ = build_config(_train_args(["--workdir", str(tmp_path), "--resume", "--epochs", "6"]))
     assert (config.epochs, config.seed) == (6, 3)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_config_file_then_flags_then_set(tmp_path, suffix):
+    fields = {"model": "resnet18", "model_kwargs": {"stem": "cifar"}, "epochs": 4, "seed": 9}
+    path = tmp_path / f"run{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(fields))
+    else:
+        path.write_text("model: resnet18\nmodel_kwargs:\n  stem: cifar\nepochs: 4\nseed: 9\n")
+    argv = ["--config", str(path), "--epochs", "6", "--set", "seed=2", "--workdir", "w"]
+    config, _ = build_config(_train_args(argv))
+    # The file sets model and model_kwargs; the flag beats the file; --set beats both.
+    assert (config.model, config.model_kwargs) == ("resnet18", {"stem": "cifar"})
+    assert (config.epochs, config.seed) == (6, 2)
+    assert config.batch_size == TrainConfig().batch_size  # not in the file: the default
+
+
+def test_an_earlier_runs_config_json_is_a_config_file(tmp_path):
+    saved = TrainConfig(epochs=3, precision="mixed_bf16", layout="NCHW")
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    config, _ = build_config(_train_args(["--config", str(tmp_path / "config.json")]))
+    assert config == saved
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("c.json", '{"epochs": 2', r"c.json does not parse \(Expecting"),
+        ("c.yaml", "model: [unclosed", r"c.yaml does not parse"),
+        ("c.yaml", "- a\n- b\n", "holds a list, not a mapping of TrainConfig fields"),
+        ("c.json", '{"epoch": 2}', r"Unknown TrainConfig fields \['epoch'\]"),
+        ("c.json", '{"epochs": "many"}', "epochs"),
+        ("c.toml", "epochs = 2", "use a .json, .yaml or .yml file"),
+        (None, None, "cannot be read"),
+    ],
+)
+def test_bad_config_files_exit_2_with_one_line(tmp_path, capsys, name, text, message):
+    path = tmp_path / (name or "missing.json")
+    if text is not None:
+        path.write_text(text)
+    assert main(["train", "--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --config {path}") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert not (tmp_path / "w").exists()  # refused before the workdir was made
 
 
 @pytest.mark.parametrize(

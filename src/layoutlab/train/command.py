@@ -10,6 +10,7 @@ from pathlib import Path
 from layoutlab.nn import KERNEL_STORAGES
 from layoutlab.nn.conv_algos import AUTO, algorithm_names
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
+from layoutlab.train.config_file import read_config_file
 
 __all__ = ["register", "run", "main"]
 
@@ -34,6 +35,12 @@ _FLAGS = {
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a .json/.yaml mapping of config fields (an earlier run's config.json works); "
+        "the flags and --set below apply on top of it",
+    )
     p.add_argument("--model", help=f"registered model name (default {d.model})")
     p.add_argument(
         "--data",
@@ -74,7 +81,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"algorithm of every 2D conv: {' | '.join((*algorithm_names(), AUTO))} "
         f"(default {d.conv_algorithm}); '{AUTO}' first measures each conv shape of this run "
-        "(cached on disk, see $LAYOUTLAB_CONV_AUTOTUNE_CACHE) and runs the fastest",
+        "(cached in the autotune cache, see `layoutlab autotune convs`) and runs the fastest; "
+        "the plan is stored in config.json and kept by --resume",
     )
     p.add_argument(
         "--kernel-storage",
@@ -132,12 +140,15 @@ def _saved_config(workdir: Path) -> TrainConfig:
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
-    """The config from defaults (or the workdir's config.json on --resume) plus the flags."""
+    """The config from defaults (or the workdir's config.json on --resume), then the fields
+    of ``--config FILE``, then the flags and ``--set`` (last wins)."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
     if args.resume:
         config = _saved_config(Path(args.workdir))
+    if args.config:
+        config = read_config_file(args.config, config)
     overrides = [
         f"{field}={getattr(args, flag)}"
         for flag, field in _FLAGS.items()
