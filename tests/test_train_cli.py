@@ -157,3 +157,32 @@ def test_same_seed_in_process_is_bitwise_identical_to_the_cli_run(full_run, tmp_
         np.testing.assert_array_equal(got[path], want[path], err_msg=path)
     init = ".params['classifier']['layers'][3]['kernel'].value"
     assert not np.array_equal(read_checkpoint(tmp_path / "checkpoints", step=8)[0][init], got[init])
+
+
+def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
+    import jax
+
+    try:
+        jax.devices("gpu")
+        pytest.skip("a GPU is present: --backend gpu would start it")
+    except RuntimeError:
+        pass
+    missing = subprocess.run(
+        [*_cli(), "train", "--backend", "gpu", "--workdir", str(tmp_path / "gpu")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr.startswith("error: --backend gpu is not available here")
+    assert missing.stderr.count("\n") == 1 and not (tmp_path / "gpu").exists()
+    ok = subprocess.run(
+        [*_cli(), "train", *ARGS, "--backend", "cpu", "--workdir", str(tmp_path / "cpu")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "cpu" / "config.json").read_text())["num_steps"] == 12

@@ -136,6 +136,25 @@ def _keep_host_memory() -> int | None:
     return None
 
 
+def _use_backend(name: str) -> int | None:
+    """``train --backend``: the only platform JAX starts in this process (before any other)."""
+    import jax
+
+    jax.config.update("jax_platforms", name)
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        reason = " ".join(str(e).split(". (set JAX_PLATFORMS")[0].split())
+        hint = "install jax's CUDA build (pip install 'jax[cuda12]')" if name == "gpu" else ""
+        print(
+            f"error: --backend {name} is not available here ({reason}); "
+            f"{hint + ', or ' if hint else ''}leave --backend out to use jax's default.",
+            file=sys.stderr,
+        )
+        return 2
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from layoutlab.bench.tuning.command import legacy_argv
 
@@ -145,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "keep_host_memory", False) and (failed := _keep_host_memory()):
+        return failed
+    if args.command == "train" and args.backend and (failed := _use_backend(args.backend)):
         return failed
     if args.command == "train":
         try:

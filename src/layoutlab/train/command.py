@@ -71,6 +71,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-eval lines")
     p.add_argument(
+        "--backend",
+        choices=("cpu", "gpu"),
+        help="the only platform this process starts (default: jax's choice, a GPU if present)",
+    )
+    p.add_argument(
         "--autotune",
         action="store_true",
         help="pick layout and precision by measuring them for this model, batch and input "
