@@ -56,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _autotune_train(args: argparse.Namespace) -> None:
     """``train --autotune``: bench/ sits above train/ in the import map, so it is joined here."""
     from layoutlab.bench.tuning import autotune_config
-    from layoutlab.data import get_dataset
     from layoutlab.train.command import build_config
+    from layoutlab.train.config import load_run_data
 
     config, _ = build_config(args)
-    dataset = get_dataset(config.data, seed=config.seed)
+    dataset = load_run_data(config)
     args.layout, args.precision = autotune_config(
         config.model,
         config.batch_size,
@@ -88,10 +88,9 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
 
     from layoutlab import models
     from layoutlab.bench.tuning import autotune_model
-    from layoutlab.data import get_dataset
     from layoutlab.nn.conv_algos import AUTO
     from layoutlab.train.command import build_config
-    from layoutlab.train.config import validate
+    from layoutlab.train.config import load_run_data, validate
     from layoutlab.train.loop import build_model, check_xla_options
 
     config, _ = build_config(args)
@@ -104,7 +103,7 @@ def _autotune_train_convs(args: argparse.Namespace) -> None:
     config = validate(config, jax.device_count())
     # A rejected option would make every candidate fail to compile and cache "xla" for all.
     check_xla_options(config.xla_options)
-    dataset = get_dataset(config.data, seed=config.seed)
+    dataset = load_run_data(config)
     h, w, c = dataset.image_shape
     # The global batch: the plan's spec keys must be the shapes the jitted step traces.
     shape = models.resolve_layout(config.layout, 2).shape(config.batch_size, c, (h, w))

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layoutlab.data import Dataset, get_dataset
+from layoutlab.data import Dataset
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
-from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.config import TrainConfig, load_run_data, validate
 from layoutlab.train.loop import CHECKPOINT_DIR, build_model
 from layoutlab.train.metrics import CONFIG_FILE
 from layoutlab.train.state import ModelDefs, TrainState, split_model
@@ -148,9 +148,9 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     workdir = Path(workdir)
     config = read_config(workdir)
     arrays, meta = _read(workdir, step)
-    dataset = get_dataset(config.data)  # as train_and_evaluate loads it
+    dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
-        dataset = _other_data(data, dataset)
+        dataset = _other_data(data, dataset, config)
     abstract = nnx.eval_shape(lambda: build_model(config, dataset))
     defs, params, model_state = split_model(abstract)
     where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
@@ -181,8 +181,8 @@ def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
             )
 
 
-def _other_data(spec: str, run_data: Dataset) -> Dataset:
-    other = get_dataset(spec)
+def _other_data(spec: str, run_data: Dataset, config: TrainConfig) -> Dataset:
+    other = load_run_data(dataclasses.replace(config, data=spec))  # resized as the run was
     if (other.image_shape, other.num_classes) != (run_data.image_shape, run_data.num_classes):
         raise ValueError(
             f"--data {spec} has images {other.image_shape} (HxWxC) and {other.num_classes} "

@@ -30,6 +30,7 @@ _FLAGS = {
     "seed": "seed",
     "conv_algo": "conv_algorithm",
     "kernel_storage": "kernel_storage",
+    "image_size": "image_size",
 }
 
 
@@ -54,6 +55,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--loss-scale",
         help="none | static:S | dynamic (default: dynamic for float16 compute, else none)",
+    )
+    p.add_argument(
+        "--image-size",
+        metavar="H[,W]",
+        help="folder data: resize every image to HxW (one number: square); default: the "
+        "images' own size",
     )
     p.add_argument("--epochs", help=f"passes over the train split (default {d.epochs})")
     p.add_argument("--steps", help="optimizer steps; overrides --epochs")

@@ -10,11 +10,12 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import types
 import typing
 from typing import Any
 
-from layoutlab.data import SPEC_FORMS
+from layoutlab.data import SPEC_FORMS, Dataset, get_dataset
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
@@ -28,6 +29,7 @@ __all__ = [
     "SCHEDULES",
     "TrainConfig",
     "apply_overrides",
+    "load_run_data",
     "resolve",
     "validate",
 ]
@@ -83,6 +85,9 @@ class TrainConfig:
     # What each "auto" conv runs: a ConvPlan's to_dict() (layoutlab.nn.conv_algos.ConvPlan),
     # written by `train --conv-algo auto`; None: every "auto" conv runs XLA's native conv.
     conv_plan: dict | None = None
+    # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
+    # which must then be one size. An int n means [n, n].
+    image_size: list | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -116,8 +121,23 @@ def _split_optional(tp) -> tuple[type, bool]:
     return tp, False
 
 
+def _image_size(value) -> list:
+    """``64`` or ``(64, 48)`` -> ``[64, 64]`` / ``[64, 48]``; anything else is an error."""
+    sizes = [value, value] if isinstance(value, int) else value
+    ok = isinstance(sizes, (list, tuple)) and len(sizes) == 2
+    ok = ok and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)
+    if not ok:
+        raise ValueError(
+            f"image_size must be a positive integer or [H, W] of positive integers, got "
+            f"{value!r}; e.g. image_size=64 or image_size=64,48."
+        )
+    return list(sizes)
+
+
 def _coerce(name: str, value):
     """Checks a python value's type for field ``name`` (ints pass as floats)."""
+    if name == "image_size" and value is not None:
+        return _image_size(value)
     base, optional = _split_optional(_field_types()[name])
     if value is None:
         if optional:
@@ -146,6 +166,14 @@ def _parse_text(name: str, text: str):
         return raw
     if optional and raw.lower() in ("none", "null", "auto"):
         return None
+    if name == "image_size":  # 64, 64,48, 64x48 or [64, 48]
+        parts = [p for p in re.split(r"[\s,x\[\]]+", raw.lower()) if p]
+        try:
+            return _image_size([int(p) for p in parts] if len(parts) != 1 else int(parts[0]))
+        except ValueError:
+            raise ValueError(
+                f"Bad value for image_size: {text!r} is not H,W or one size (e.g. 64 or 64,48)."
+            ) from None
     try:
         if base is bool:
             if raw.lower() in _TRUE:
@@ -292,6 +320,11 @@ def _check_names(config: TrainConfig) -> None:
     if name not in _DATA_NAMES:
         forms = ", ".join(SPEC_FORMS)
         raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
+    if config.image_size is not None and name != "folder":
+        raise ValueError(
+            f"image_size resizes folder data only; {config.data!r} has a fixed image size: "
+            "drop image_size, or use folder:DIR."
+        )
 
 
 def _check_conv(config: TrainConfig) -> None:
@@ -334,6 +367,14 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
             )
 
 
+def load_run_data(config: TrainConfig) -> Dataset:
+    """The run's data set, as training, autotuning, evaluation and prediction all load it:
+    the split is drawn with seed 0 (not the training seed), so every seed of a run family
+    trains and is evaluated on the same split."""
+    size = None if config.image_size is None else tuple(config.image_size)
+    return get_dataset(config.data, image_size=size)
+
+
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     """Fills the automatic fields (loss scale, data parallel, eval batch size)."""
     policy = get_policy(config.precision)
@@ -364,6 +405,8 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
         raise TypeError(f"Expected a TrainConfig, got {type(config).__name__}.")
     for name in field_names():
         _coerce(name, getattr(config, name))
+    if config.image_size is not None:  # one stored form: [H, W]
+        config = dataclasses.replace(config, image_size=_image_size(config.image_size))
     _check_numbers(config)
     _check_names(config)
     check_model(config)

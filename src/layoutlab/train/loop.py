@@ -29,7 +29,6 @@ from layoutlab import models
 from layoutlab.data import (
     Dataset,
     augment,
-    get_dataset,
     prefetch_to_device,
     train_batches,
 )
@@ -38,7 +37,7 @@ from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
 from layoutlab.train.checkpoint import Checkpointer
-from layoutlab.train.config import TrainConfig, builder_options, validate
+from layoutlab.train.config import TrainConfig, builder_options, load_run_data, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
     CONFIG_FILE,
@@ -230,7 +229,7 @@ def train_and_evaluate(
     """
     config = validate(config, jax.device_count())
     workdir = Path(workdir)
-    dataset = get_dataset(config.data)
+    dataset = load_run_data(config)
     schedule = make_step_schedule(config, dataset)
     _check_dataset(config, dataset)
     try:
