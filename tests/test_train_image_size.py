@@ -11,7 +11,7 @@ from PIL import Image
 from layoutlab import cli
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import evaluate_workdir
-from layoutlab.train import TrainConfig, train_and_evaluate
+from layoutlab.train import TrainConfig
 from layoutlab.train.config import apply_overrides, load_run_data, validate
 from layoutlab.train.metrics import read_records
 

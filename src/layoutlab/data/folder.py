@@ -74,7 +74,8 @@ def _common_size(paths: list[Path], headers: list[tuple[tuple[int, int], str]]) 
         if (w, h) != (first_w, first_h):
             raise DataError(
                 f"{path} is {h}x{w} (HxW) but {paths[0]} is {first_h}x{first_w}; all images "
-                f"must have one size, or resize them with --image-size H,W (TrainConfig image_size=[H, W])."
+                "must have one size, or resize them with --image-size H,W "
+                "(TrainConfig image_size=[H, W])."
             )
     return first_h, first_w
 
