@@ -31,6 +31,7 @@ _FLAGS = {
     "conv_algo": "conv_algorithm",
     "kernel_storage": "kernel_storage",
     "image_size": "image_size",
+    "log_every": "log_every",
 }
 
 
@@ -61,6 +62,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="H[,W]",
         help="folder data: resize every image to HxW (one number: square); default: the "
         "images' own size",
+    )
+    p.add_argument(
+        "--log-every",
+        metavar="N",
+        help=f"write the train loss of every N-th step to steps.jsonl and TensorBoard "
+        f"(default {d.log_every}; 0: none; --set tensorboard=false: no event files)",
     )
     p.add_argument("--epochs", help=f"passes over the train split (default {d.epochs})")
     p.add_argument("--steps", help="optimizer steps; overrides --epochs")

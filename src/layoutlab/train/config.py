@@ -88,6 +88,10 @@ class TrainConfig:
     # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
     # which must then be one size. An int n means [n, n].
     image_size: list | None = None
+    # Optimizer steps between per-step train records (steps.jsonl, TensorBoard); 0: none.
+    log_every: int = 10
+    # TensorBoard event files in <workdir>/tensorboard (tensorboardX).
+    tensorboard: bool = True
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -283,6 +287,9 @@ def _check_numbers(config: TrainConfig) -> None:
     _check_positive(
         config, "num_steps", "eval_batch_size", "eval_every", "checkpoint_every", allow_none=True
     )
+    if not isinstance(config.log_every, int) or config.log_every < 0:
+        raise ValueError(f"log_every must be an integer >= 0 (0: no per-step log), got "
+                         f"{config.log_every!r}.")
     if config.warmup_steps is not None and config.warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
     _check_float(config, "learning_rate", 0.0, low_open=True)

@@ -54,6 +54,7 @@ from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.sharding import Shardings, make_shardings
 from layoutlab.train.state import create_train_state, split_model
+from layoutlab.train.step_log import STEPS_FILE, StepLog
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
 from layoutlab.train.steps import make_eval_step, make_train_step
 from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
@@ -266,6 +267,7 @@ class _Run:
     eval_step: Callable
     progress: Progress
     main: bool  # process 0 writes the workdir files
+    step_log: StepLog
 
 
 def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
@@ -305,19 +307,21 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
         f"{shard.num_devices} device(s), train step compiled in {compile_s:.1f}s); "
         f"outputs in {workdir}"
     )
-    run = _Run(
-        config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress, main
-    )
+    step_log = StepLog.for_run(workdir, config, schedule, start, enabled=main)
+    run = _Run(config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
+               main, step_log)  # fmt: skip
     try:
         state, record = _loop(run, state, start)
     finally:
         progress.close()
+        step_log.close()
     if record is None:  # nothing left to train: report the final state as it is
         record = _eval_record(run, state, schedule.total_steps)
     if main:
         plot_metrics(
             read_records(workdir / METRICS_FILE),
             workdir / PLOT_FILE,
+            steps=read_records(workdir / STEPS_FILE),
             title=f"{config.model} on {config.data} ({config.precision}, {config.layout})",
         )
     return record
@@ -351,6 +355,7 @@ def _loop(run: _Run, state, start: int):
         # One host transfer for many steps' metrics; the device keeps running ahead.
         fetched = jax.device_get(pending)
         pending.clear()
+        run.step_log.add(fetched, micro)
         for m in fetched:
             meter.add({"loss": m["loss"], "accuracy": m["accuracy"]})
         return fetched[-1] if fetched else None
@@ -385,6 +390,7 @@ def _loop(run: _Run, state, start: int):
                 }
                 if run.main:
                     append_record(run.workdir / METRICS_FILE, record)
+                    run.step_log.add_eval(record)
                 run.progress.write(format_record(record))
                 meter.reset()
             if step % schedule.checkpoint_every == 0 or is_last:

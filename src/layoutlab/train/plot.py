@@ -18,17 +18,38 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def plot_metrics(records: list[dict], path: str | os.PathLike, *, title: str = "") -> None:
-    """Two panels: train/test loss and train/test accuracy against the optimizer step."""
+def _zoom(values: list[float]) -> tuple[float, float]:
+    """Accuracy limits around the data (with a margin), inside [0, 1]: a run at 97-99%
+    shows its differences instead of a flat line at the top of a 0..1 axis."""
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    margin = max(0.02, 0.1 * (high - low))
+    return max(0.0, low - margin), min(1.0, high + margin)
+
+
+def plot_metrics(
+    records: list[dict], path: str | os.PathLike, *, title: str = "", steps: list[dict] = ()
+) -> None:
+    """Two panels against the optimizer step: loss and accuracy. ``records`` are the
+    per-evaluation records (train means and test values), ``steps`` the per-step train
+    records of ``steps.jsonl``, drawn as thin lines under them."""
     fig = Figure(figsize=(10, 4), layout="constrained")
     FigureCanvasAgg(fig)
     loss_ax, acc_ax = fig.subplots(1, 2)
-    for key, label in (("train_loss", "train"), ("test_loss", "test")):
-        loss_ax.plot(*_series(records, key), marker="o", markersize=3, label=label)
-    for key, label in (("train_accuracy", "train"), ("test_accuracy", "test")):
-        acc_ax.plot(*_series(records, key), marker="o", markersize=3, label=label)
+    accuracies = []
+    for ax, key in ((loss_ax, "loss"), (acc_ax, "accuracy")):
+        xs, ys = _series(list(steps), key)
+        if xs:
+            ax.plot(xs, ys, linewidth=0.8, alpha=0.6, label="train (per step)")
+        for prefix, label in (("train_", "train (mean per eval)"), ("test_", "test")):
+            xs, ys = _series(records, prefix + key)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+            if key == "accuracy":
+                accuracies += ys
+    accuracies += _series(list(steps), "accuracy")[1]
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
-    acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(0.0, 1.0))
+    acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=_zoom(accuracies))
     for ax in (loss_ax, acc_ax):
         ax.grid(True, alpha=0.3)
         ax.legend()

@@ -41,6 +41,8 @@ MAY_CHANGE = frozenset(
         "remat",
         "conv_algorithm",
         "xla_options",
+        "log_every",
+        "tensorboard",
     }
 )
 FROM_CHECKPOINT = ("conv_plan",)

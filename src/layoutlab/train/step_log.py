@@ -1,0 +1,131 @@
+"""Per-step training metrics: ``steps.jsonl`` and TensorBoard event files in the workdir.
+
+The loop hands over metrics it has already fetched for its progress bar (every few steps and
+at every evaluation), so logging adds no device synchronisation. Every ``log_every``-th
+optimizer step is written: the mean loss and accuracy of its micro-batches, the loss scale
+it ran with and its learning rate. TensorBoard files are written with tensorboardX, which
+needs no TensorFlow; read them with ``tensorboard --logdir WORKDIR/tensorboard``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from layoutlab.train.metrics import append_record, truncate_records
+from layoutlab.train.optim import make_schedule
+
+__all__ = ["STEPS_FILE", "TENSORBOARD_DIR", "StepLog"]
+
+STEPS_FILE = "steps.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+# Evaluation record keys shown in TensorBoard, under these tags.
+_EVAL_TAGS = {
+    "test_loss": "test/loss",
+    "test_accuracy": "test/accuracy",
+    "train_loss": "train_epoch/loss",
+    "train_accuracy": "train_epoch/accuracy",
+    "images_per_sec": "speed/images_per_sec",
+}
+
+
+class StepLog:
+    """Writes per-step metrics of steps ``start + 1 ..``; ``every=0`` writes none.
+
+    ``learning_rate(steps)`` maps an array of optimizer counts to their rates (the optax
+    schedule). On resume, records and events after ``start`` are dropped first, so a resumed
+    run shows each step once.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        every: int,
+        tensorboard: bool,
+        start: int,
+        accum_steps: int,
+        learning_rate=None,
+        enabled: bool = True,
+    ):
+        self.every = every if enabled else 0
+        self.accum = accum_steps
+        self.learning_rate = learning_rate
+        self.path = Path(workdir) / STEPS_FILE
+        self.writer = None
+        if not enabled:
+            return
+        truncate_records(self.path, start)
+        if tensorboard:
+            from tensorboardX import SummaryWriter  # a run without TensorBoard never imports it
+
+            # purge_step: TensorBoard hides events at or after it from earlier runs in the dir.
+            self.writer = SummaryWriter(
+                os.fspath(Path(workdir) / TENSORBOARD_DIR), purge_step=start + 1, flush_secs=30
+            )
+
+    @classmethod
+    def for_run(cls, workdir, config, schedule, start: int, *, enabled: bool) -> StepLog:
+        """The log of a ``TrainConfig`` run (``log_every``, ``tensorboard``) resumed at
+        ``start``; ``enabled=False`` on processes other than 0, which write nothing."""
+        return cls(
+            workdir,
+            every=config.log_every,
+            tensorboard=config.tensorboard,
+            start=start,
+            accum_steps=schedule.accum_steps,
+            learning_rate=make_schedule(config, schedule.total_steps),
+            enabled=enabled,
+        )
+
+    def add(self, fetched: list[dict], end_micro: int) -> None:
+        """``fetched``: host metrics of consecutive micro-steps ending at micro-step
+        ``end_micro`` (counted from 1); they cover whole optimizer steps."""
+        if not self.every or not fetched:
+            return
+        first = end_micro - len(fetched)
+        rows = []
+        for i in range(0, len(fetched), self.accum):
+            step = (first + i) // self.accum + 1
+            if step % self.every:
+                continue
+            group = fetched[i : i + self.accum]
+            rows.append(
+                {
+                    "step": step,
+                    "loss": float(np.mean([m["loss"] for m in group], dtype=np.float64)),
+                    "accuracy": float(np.mean([m["accuracy"] for m in group], dtype=np.float64)),
+                    "loss_scale": float(group[-1]["loss_scale"]),
+                }
+            )
+        if rows and self.learning_rate is not None:
+            # The update of step s used the schedule at optimizer count s - 1.
+            counts = np.array([r["step"] - 1 for r in rows], np.int32)
+            with jax.numpy_dtype_promotion("standard"):  # as the optimizer evaluates it
+                rates = np.asarray(self.learning_rate(counts))
+            for row, lr in zip(rows, rates, strict=True):
+                row["learning_rate"] = float(lr)
+        for row in rows:
+            append_record(self.path, row)
+            if self.writer is not None:
+                for key, value in row.items():
+                    if key != "step" and math.isfinite(value):
+                        self.writer.add_scalar(f"train/{key}", value, row["step"])
+
+    def add_eval(self, record: dict) -> None:
+        if self.writer is None:
+            return
+        for key, tag in _EVAL_TAGS.items():
+            value = record.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(tag, value, record["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
