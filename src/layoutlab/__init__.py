@@ -1,9 +1,25 @@
-"""layoutlab: Flax vision models written once, run in NHWC or NCHW, in any precision."""
+"""layoutlab: Flax vision models written once, run in NHWC or NCHW, in any precision.
 
-from layoutlab.layout import Layout, channels_first, channels_last, parse_layout, to_layout
-from layoutlab.precision import Policy, get_policy
+Names load lazily (``layoutlab.lazy``): ``import layoutlab`` and the ``layoutlab`` command's
+``--help`` import no JAX; ``layoutlab.Layout`` and the others import what they need.
+"""
+
+from layoutlab.lazy import lazy_exports
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Layout": "layout",
+    "channels_first": "layout",
+    "channels_last": "layout",
+    "parse_layout": "layout",
+    "to_layout": "layout",
+    "Policy": "precision",
+    "get_policy": "precision",
+    "convert_layout": "nn.convert",
+    # A trained run's model; imports JAX, flax and orbax.
+    "load_model": "infer.load",
+}
 
 __all__ = [
     "Layout",
@@ -17,15 +33,4 @@ __all__ = [
     "to_layout",
 ]
 
-
-def __getattr__(name):
-    # convert_layout lives in nn/, which imports flax; keep `import layoutlab` light.
-    if name == "convert_layout":
-        from layoutlab.nn.convert import convert_layout
-
-        return convert_layout
-    if name == "load_model":  # a trained run's model; imports JAX, flax and orbax
-        from layoutlab.infer.load import load_model
-
-        return load_model
-    raise AttributeError(f"module 'layoutlab' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

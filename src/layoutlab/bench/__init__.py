@@ -15,7 +15,7 @@ imported unless a PyTorch configuration runs).
 
 from __future__ import annotations
 
-from layoutlab.bench.lazy import lazy_exports
+from layoutlab.lazy import lazy_exports
 
 _EXPORTS = {
     "SweepConfig": "sweep",

@@ -126,9 +126,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _algorithm_list() -> str:
-    from layoutlab.nn.conv_algos import algorithm_names
+    from layoutlab.nn.conv_names import BUILTIN_ALGORITHMS  # no JAX: this writes --help
 
-    return ", ".join(algorithm_names())
+    return ", ".join(BUILTIN_ALGORITHMS)
 
 
 def register(subparsers) -> None:

@@ -4,19 +4,44 @@
 folder or synthetic data into a ``Dataset`` of normalized NHWC float32 host arrays;
 ``epoch_batches`` yields batches in any layout and dtype from any step of an epoch;
 ``augment`` crops and flips on device; ``prefetch_to_device`` overlaps input with compute.
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.data.augment import augment, random_crop, random_flip
-from layoutlab.data.cifar import load_cifar10, load_cifar100
-from layoutlab.data.dataset import SPLITS, Dataset, channel_stats, make_dataset, split_by_seed
-from layoutlab.data.digits import load_digits
-from layoutlab.data.errors import DataError
-from layoutlab.data.folder import load_folder
-from layoutlab.data.idx import load_fashion_mnist, load_mnist, read_idx
-from layoutlab.data.loader import epoch_batches, epoch_order, steps_per_epoch, train_batches
-from layoutlab.data.prefetch import Prefetcher, prefetch_to_device
-from layoutlab.data.spec import SPEC_FORMS, get_dataset, parse_image_shape
-from layoutlab.data.synthetic import make_synthetic
+from __future__ import annotations
+
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "augment": "augment",
+    "random_crop": "augment",
+    "random_flip": "augment",
+    "load_cifar10": "cifar",
+    "load_cifar100": "cifar",
+    "SPLITS": "dataset",
+    "Dataset": "dataset",
+    "channel_stats": "dataset",
+    "make_dataset": "dataset",
+    "split_by_seed": "dataset",
+    "load_digits": "digits",
+    "DataError": "errors",
+    "load_folder": "folder",
+    "load_fashion_mnist": "idx",
+    "load_mnist": "idx",
+    "read_idx": "idx",
+    "epoch_batches": "loader",
+    "epoch_order": "loader",
+    "steps_per_epoch": "loader",
+    "train_batches": "loader",
+    "Prefetcher": "prefetch",
+    "prefetch_to_device": "prefetch",
+    "SPEC_FORMS": "spec_forms",
+    "get_dataset": "spec",
+    "parse_image_shape": "spec",
+    "make_synthetic": "synthetic",
+}
 
 __all__ = [
     "SPEC_FORMS",
@@ -46,3 +71,5 @@ __all__ = [
     "steps_per_epoch",
     "train_batches",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -10,7 +10,7 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers) -> None:
-    from layoutlab.data.spec import SPEC_FORMS
+    from layoutlab.data.spec_forms import SPEC_FORMS
 
     parser = subparsers.add_parser(
         "data",

@@ -7,19 +7,11 @@ from layoutlab.data.dataset import Dataset
 from layoutlab.data.digits import load_digits
 from layoutlab.data.folder import load_folder
 from layoutlab.data.idx import load_fashion_mnist, load_mnist
+from layoutlab.data.spec_forms import SPEC_FORMS
 from layoutlab.data.synthetic import make_synthetic
 
 __all__ = ["get_dataset", "SPEC_FORMS", "parse_image_shape"]
 
-SPEC_FORMS = (
-    "digits",
-    "cifar10:DIR",
-    "cifar100:DIR",
-    "mnist:DIR",
-    "fashion_mnist:DIR",
-    "folder:DIR",
-    "synthetic[:HxWxC[:CLASSES[:N]]]  (e.g. synthetic:32x32x3:10:1280)",
-)
 
 _DIR_LOADERS = {
     "cifar10": load_cifar10,

@@ -1,17 +1,34 @@
 """Model registry and architectures, built only from ``layoutlab.nn``.
 
 ``names()`` lists them, ``create(name, num_classes=, layout=, policy=, rngs=, **kw)`` builds one.
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.models import cnn3d, mobilenet, resnet, small_cnn, unet, vgg  # noqa: F401
-from layoutlab.models.registry import (
-    ModelSpec,
-    create,
-    names,
-    register,
-    resolve_layout,
-    spec,
-    unregister,
-)
+from __future__ import annotations
 
-__all__ = ["ModelSpec", "create", "names", "register", "resolve_layout", "spec", "unregister"]
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "ModelSpec": "registry",
+    "create": "registry",
+    "names": "registry",
+    "register": "registry",
+    "resolve_layout": "registry",
+    "spec": "registry",
+    "unregister": "registry",
+}
+
+__all__ = [
+    "ModelSpec",
+    "create",
+    "names",
+    "register",
+    "resolve_layout",
+    "spec",
+    "unregister",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -5,19 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from layoutlab.models import registry
+from layoutlab.models.catalog import BUILTIN_MODELS
 
 
 def _run(args: argparse.Namespace) -> int:
     rows = [
         {
-            "name": name,
-            "task": registry.spec(name).task,
-            "dims": f"{registry.spec(name).num_spatial}D",
-            "default_input": "x".join(map(str, registry.spec(name).default_input)),
-            "description": registry.spec(name).description,
+            "name": entry.name,
+            "task": entry.task,
+            "dims": f"{entry.num_spatial}D",
+            "default_input": "x".join(map(str, entry.default_input)),
+            "description": entry.description,
         }
-        for name in registry.names()
+        for entry in BUILTIN_MODELS
     ]
     if args.json:
         print(json.dumps(rows, indent=2))

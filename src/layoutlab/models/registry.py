@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 from collections.abc import Callable
 
@@ -33,11 +34,23 @@ class ModelSpec:
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
+# The architecture modules register themselves on import; they are imported on the first
+# lookup, so `import layoutlab.models` (the CLI builds its parser from it) loads no flax.
+BUILTIN_MODULES = ("cnn3d", "mobilenet", "resnet", "small_cnn", "unet", "vgg")
+_builtins_loaded: list[bool] = []
+
+
+def _registry() -> dict[str, ModelSpec]:
+    if not _builtins_loaded:
+        _builtins_loaded.append(True)
+        for module in BUILTIN_MODULES:
+            importlib.import_module(f"layoutlab.models.{module}")
+    return _REGISTRY
 
 
 def register(name: str, **spec_kw):
     def wrap(builder):
-        if name in _REGISTRY:
+        if name in _registry():
             raise ValueError(f"Model {name!r} is registered twice.")
         _REGISTRY[name] = ModelSpec(name=name, builder=builder, **spec_kw)
         return builder
@@ -48,16 +61,16 @@ def register(name: str, **spec_kw):
 def unregister(name: str) -> None:
     """Remove a model added with ``register`` (for test-only and experimental models)."""
     spec(name)  # raises with the known names if it is not there
-    del _REGISTRY[name.strip().lower()]
+    del _registry()[name.strip().lower()]
 
 
 def names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def spec(name: str) -> ModelSpec:
     key = name.strip().lower() if isinstance(name, str) else name
-    if key not in _REGISTRY:
+    if key not in _registry():
         raise ValueError(f"Unknown model {name!r}; known models are: {', '.join(names())}.")
     return _REGISTRY[key]
 

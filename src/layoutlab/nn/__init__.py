@@ -2,24 +2,41 @@
 
 Every layer takes ``layout`` (``Layout`` or its name) and ``policy`` (``Policy`` or a spec
 understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D layouts.
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.nn.activation import ReLU, ReLU6
-from layoutlab.nn.base import LayoutModule
-from layoutlab.nn.conv import KERNEL_STORAGES, Conv, ConvTranspose
-from layoutlab.nn.conv_config import (
-    check_conv_options,
-    configure_convs,
-    missing_from_plan,
-    set_conv_algorithm,
-    set_kernel_storage,
-    with_conv_plan,
-)
-from layoutlab.nn.convert import convert_layout
-from layoutlab.nn.linear import Dense, Dropout, Flatten
-from layoutlab.nn.norm import BatchNorm, GroupNorm
-from layoutlab.nn.pooling import AdaptiveAvgPool, AvgPool, GlobalAvgPool, MaxPool
-from layoutlab.nn.upsample import Upsample
+from __future__ import annotations
+
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "ReLU": "activation",
+    "ReLU6": "activation",
+    "LayoutModule": "base",
+    "KERNEL_STORAGES": "conv_names",
+    "Conv": "conv",
+    "ConvTranspose": "conv",
+    "check_conv_options": "conv_config",
+    "configure_convs": "conv_config",
+    "missing_from_plan": "conv_config",
+    "set_conv_algorithm": "conv_config",
+    "set_kernel_storage": "conv_config",
+    "with_conv_plan": "conv_config",
+    "convert_layout": "convert",
+    "Dense": "linear",
+    "Dropout": "linear",
+    "Flatten": "linear",
+    "BatchNorm": "norm",
+    "GroupNorm": "norm",
+    "AdaptiveAvgPool": "pooling",
+    "AvgPool": "pooling",
+    "GlobalAvgPool": "pooling",
+    "MaxPool": "pooling",
+    "Upsample": "upsample",
+}
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -46,3 +63,5 @@ __all__ = [
     "with_conv_plan",
     "set_kernel_storage",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

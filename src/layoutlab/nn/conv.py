@@ -21,6 +21,7 @@ from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv_algos import AUTO, XLA, ConvSpec, conv2d, conv_spec
 from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import check_name
+from layoutlab.nn.conv_names import KERNEL_STORAGES
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
@@ -173,7 +174,6 @@ class Conv(LayoutModule):
         return y.astype(dtype)
 
 
-KERNEL_STORAGES = ("layout", "channels_last")
 
 
 def check_kernel_storage(storage: str) -> str:

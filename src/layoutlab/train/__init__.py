@@ -2,23 +2,34 @@
 
 ``train_and_evaluate(TrainConfig(...), workdir)`` is the entry point; ``layoutlab train`` is a
 thin shell over it.
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.train.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    CorruptCheckpointError,
-    IncompatibleCheckpointError,
-    read_checkpoint,
-)
-from layoutlab.train.config import TrainConfig, apply_overrides, validate
-from layoutlab.train.loop import train_and_evaluate
-from layoutlab.train.metrics import read_records
-from layoutlab.train.optim import make_optimizer, make_schedule
-from layoutlab.train.plot import plot_metrics
-from layoutlab.train.resume import ResumeError
-from layoutlab.train.sharding import make_shardings
-from layoutlab.train.workdir import WorkdirError
+from __future__ import annotations
+
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "Checkpointer": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "CorruptCheckpointError": "checkpoint",
+    "IncompatibleCheckpointError": "checkpoint",
+    "read_checkpoint": "checkpoint",
+    "TrainConfig": "config",
+    "apply_overrides": "config",
+    "validate": "config",
+    "train_and_evaluate": "loop",
+    "read_records": "metrics",
+    "make_optimizer": "optim",
+    "make_schedule": "optim",
+    "plot_metrics": "plot",
+    "ResumeError": "resume",
+    "make_shardings": "sharding",
+    "WorkdirError": "workdir",
+}
 
 __all__ = [
     "CheckpointError",
@@ -38,3 +49,5 @@ __all__ = [
     "train_and_evaluate",
     "validate",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

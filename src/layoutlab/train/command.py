@@ -7,8 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from layoutlab.nn import KERNEL_STORAGES
-from layoutlab.nn.conv_algos import AUTO, algorithm_names
+from layoutlab.nn.conv_names import AUTO, BUILTIN_ALGORITHMS, KERNEL_STORAGES
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 
@@ -98,7 +97,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--conv-algo",
         metavar="NAME",
-        help=f"algorithm of every 2D conv: {' | '.join((*algorithm_names(), AUTO))} "
+        help=f"algorithm of every 2D conv: {' | '.join((*BUILTIN_ALGORITHMS, AUTO))} "
         f"(default {d.conv_algorithm}); '{AUTO}' first measures each conv shape of this run "
         "(cached in the autotune cache, see `layoutlab autotune convs`) and runs the fastest; "
         "the plan is stored in config.json and kept by --resume",

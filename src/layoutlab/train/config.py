@@ -13,19 +13,15 @@ import math
 import re
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from layoutlab.data import SPEC_FORMS, Dataset, get_dataset
-from layoutlab.layout import Layout, parse_layout
-from layoutlab.loss_scale import get_loss_scale
-from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
-from layoutlab.nn.conv_config import check_conv_options
-from layoutlab.precision import get_policy
-from layoutlab.train.model_checks import builder_options, check_model
+# This module is imported to build `layoutlab train --help`, which must not start JAX:
+# what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
+if TYPE_CHECKING:
+    from layoutlab.data import Dataset
 
 __all__ = [
     "OPTIMIZERS",
-    "builder_options",
     "SCHEDULES",
     "TrainConfig",
     "apply_overrides",
@@ -37,7 +33,6 @@ __all__ = [
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 AUTO_LOSS_SCALE = "auto"
-_DATA_NAMES = tuple(sorted({form.split(":")[0].split("[")[0] for form in SPEC_FORMS}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +295,11 @@ def _check_numbers(config: TrainConfig) -> None:
 
 
 def _check_names(config: TrainConfig) -> None:
+    from layoutlab.data import SPEC_FORMS
+    from layoutlab.layout import Layout, parse_layout
+    from layoutlab.loss_scale import get_loss_scale
+    from layoutlab.precision import get_policy
+
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(
             f"Unknown optimizer {config.optimizer!r}; use one of: {', '.join(OPTIMIZERS)}."
@@ -324,7 +324,7 @@ def _check_names(config: TrainConfig) -> None:
         except ValueError as e:
             raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
     name = config.data.strip().partition(":")[0].lower().replace("-", "_")
-    if name not in _DATA_NAMES:
+    if name not in {form.split(":")[0].split("[")[0] for form in SPEC_FORMS}:
         forms = ", ".join(SPEC_FORMS)
         raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
     if config.image_size is not None and name != "folder":
@@ -335,6 +335,10 @@ def _check_names(config: TrainConfig) -> None:
 
 
 def _check_conv(config: TrainConfig) -> None:
+    from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
+    from layoutlab.nn.conv_config import check_conv_options
+    from layoutlab.precision import get_policy
+
     try:
         check_conv_options(config.conv_algorithm, config.kernel_storage)
     except ValueError as e:
@@ -378,12 +382,16 @@ def load_run_data(config: TrainConfig) -> Dataset:
     """The run's data set, as training, autotuning, evaluation and prediction all load it:
     the split is drawn with seed 0 (not the training seed), so every seed of a run family
     trains and is evaluated on the same split."""
+    from layoutlab.data import get_dataset
+
     size = None if config.image_size is None else tuple(config.image_size)
     return get_dataset(config.data, image_size=size)
 
 
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     """Fills the automatic fields (loss scale, data parallel, eval batch size)."""
+    from layoutlab.precision import get_policy
+
     policy = get_policy(config.precision)
     loss_scale = config.loss_scale
     if loss_scale is None:
@@ -416,6 +424,8 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
         config = dataclasses.replace(config, image_size=_image_size(config.image_size))
     _check_numbers(config)
     _check_names(config)
+    from layoutlab.train.model_checks import check_model
+
     check_model(config)
     _check_conv(config)
     config = resolve(config, num_devices)

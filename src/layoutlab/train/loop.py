@@ -37,7 +37,8 @@ from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
 from layoutlab.train.checkpoint import Checkpointer
-from layoutlab.train.config import TrainConfig, builder_options, load_run_data, validate
+from layoutlab.train.config import TrainConfig, load_run_data, validate
+from layoutlab.train.model_checks import builder_options
 from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
     CONFIG_FILE,

@@ -10,47 +10,63 @@
   buffer stops page-faulting); call before JAX starts
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.xla.backends import Backend, BackendError, available_backends, resolve_backend
-from layoutlab.xla.cache import (
-    compilation_cache,
-    disable_compilation_cache,
-    enable_compilation_cache,
-    watch_compilation,
-)
-from layoutlab.xla.compile import CompileReport, compile_report
-from layoutlab.xla.conv_rows import ConvRow
-from layoutlab.xla.flags import (
-    CPU_FAST_OPTIONS,
-    CPU_FLAGS,
-    GPU_FLAGS,
-    XlaFlagError,
-    cpu_fast_options,
-)
-from layoutlab.xla.formats import (
-    LayoutAPIUnavailable,
-    LayoutUnsupportedError,
-    auto_format,
-    layout_api,
-    major_to_minor_for,
-    physical_format,
-    place_in_formats,
-)
-from layoutlab.xla.hlo import HloReport, compare_table, conv_table, diff, hlo_report
-from layoutlab.xla.hlo_extract import decode_dim_labels
-from layoutlab.xla.hlo_ops import ConvOp, DataMoveOp, DotOp
-from layoutlab.xla.hlo_parse import HloParseError, parse_hlo
-from layoutlab.xla.host_memory import (
-    HostMemoryError,
-    HostMemoryState,
-    host_memory_state,
-    keep_host_memory,
-)
-from layoutlab.xla.inspect import inspect_model
-from layoutlab.xla.inspection import ModelInspection
-from layoutlab.xla.layout_compare import LayoutComparison, compare_layouts, time_call
-from layoutlab.xla.model_layout_comparison import ModelLayoutComparison, compare_model_layouts
+from __future__ import annotations
+
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "Backend": "backends",
+    "BackendError": "backends",
+    "available_backends": "backends",
+    "resolve_backend": "backends",
+    "compilation_cache": "cache",
+    "disable_compilation_cache": "cache",
+    "enable_compilation_cache": "cache",
+    "watch_compilation": "cache",
+    "CompileReport": "compile",
+    "compile_report": "compile",
+    "ConvRow": "conv_rows",
+    "CPU_FAST_OPTIONS": "flags",
+    "CPU_FLAGS": "flags",
+    "GPU_FLAGS": "flags",
+    "XlaFlagError": "flags",
+    "cpu_fast_options": "flags",
+    "LayoutAPIUnavailable": "formats",
+    "LayoutUnsupportedError": "formats",
+    "auto_format": "formats",
+    "layout_api": "formats",
+    "major_to_minor_for": "formats",
+    "physical_format": "formats",
+    "place_in_formats": "formats",
+    "HloReport": "hlo",
+    "compare_table": "hlo",
+    "conv_table": "hlo",
+    "diff": "hlo",
+    "hlo_report": "hlo",
+    "decode_dim_labels": "hlo_extract",
+    "ConvOp": "hlo_ops",
+    "DataMoveOp": "hlo_ops",
+    "DotOp": "hlo_ops",
+    "HloParseError": "hlo_parse",
+    "parse_hlo": "hlo_parse",
+    "HostMemoryError": "host_memory",
+    "HostMemoryState": "host_memory",
+    "host_memory_state": "host_memory",
+    "keep_host_memory": "host_memory",
+    "inspect_model": "inspect",
+    "ModelInspection": "inspection",
+    "LayoutComparison": "layout_compare",
+    "compare_layouts": "layout_compare",
+    "time_call": "layout_compare",
+    "ModelLayoutComparison": "model_layout_comparison",
+    "compare_model_layouts": "model_layout_comparison",
+}
 
 __all__ = [
     "CPU_FAST_OPTIONS",
@@ -99,3 +115,5 @@ __all__ = [
     "time_call",
     "watch_compilation",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -12,7 +12,7 @@ Names are imported lazily so ``import layoutlab.bench.tuning`` stays light.
 
 from __future__ import annotations
 
-from layoutlab.bench.lazy import lazy_exports
+from layoutlab.lazy import lazy_exports
 
 _EXPORTS = {
     "AutotuneCache": "cache",

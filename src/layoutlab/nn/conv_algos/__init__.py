@@ -10,28 +10,39 @@
   ``select_algorithm(spec, name)`` says what runs and why.
 - Compute dtypes where an algorithm's error exceeds the dtype's bar are refused the same
   way (``winograd4*``: float32 only); ``unsupported_reason(name, dtype)`` says so up front.
+
+
+Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
+to build its parser, imports no JAX.
 """
 
-from layoutlab.nn.conv_algos import builtin as _builtin  # noqa: F401  (registers)
-from layoutlab.nn.conv_algos.dispatch import (
-    Selection,
-    conv2d,
-    conv_spec,
-    planned_algorithm,
-    select_algorithm,
-)
-from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry, resolve_geometry
-from layoutlab.nn.conv_algos.plan import PLAN_FORMAT, ConvPlan, PlanEntry, as_plan, load_plan
-from layoutlab.nn.conv_algos.registry import (
-    AUTO,
-    XLA,
-    Algorithm,
-    algorithm_names,
-    get_algorithm,
-    register_algorithm,
-    unregister_algorithm,
-    unsupported_reason,
-)
+from __future__ import annotations
+
+from layoutlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "Selection": "dispatch",
+    "conv2d": "dispatch",
+    "conv_spec": "dispatch",
+    "planned_algorithm": "dispatch",
+    "select_algorithm": "dispatch",
+    "ConvSpec": "geometry",
+    "Geometry": "geometry",
+    "resolve_geometry": "geometry",
+    "PLAN_FORMAT": "plan",
+    "ConvPlan": "plan",
+    "PlanEntry": "plan",
+    "as_plan": "plan",
+    "load_plan": "plan",
+    "AUTO": "registry",
+    "XLA": "registry",
+    "Algorithm": "registry",
+    "algorithm_names": "registry",
+    "get_algorithm": "registry",
+    "register_algorithm": "registry",
+    "unregister_algorithm": "registry",
+    "unsupported_reason": "registry",
+}
 
 __all__ = [
     "AUTO",
@@ -56,3 +67,5 @@ __all__ = [
     "unregister_algorithm",
     "unsupported_reason",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -10,20 +10,20 @@ it), so a config can be refused before anything is traced: ``unsupported_reason`
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax.numpy as jnp
 
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+from layoutlab.nn.conv_names import AUTO, XLA
 
 # core(x_nhwc, w_hwio, geometry, preferred_element_type) -> y_nhwc
 Core = Callable[..., object]
 Supports = Callable[[ConvSpec], "str | None"]
 DtypeReason = Callable[[str], "str | None"]
 
-XLA = "xla"
-AUTO = "auto"
 
 
 def any_dtype(dtype: str) -> str | None:
@@ -41,13 +41,23 @@ class Algorithm(NamedTuple):
 
 
 _REGISTRY: dict[str, Algorithm] = {}
+_builtins_loaded: list[bool] = []
+
+
+def _registry() -> dict[str, Algorithm]:
+    # The built-in algorithms register on import of ``builtin``, on the first lookup, so
+    # importing the package (as the CLI does to build its parser) stays light.
+    if not _builtins_loaded:
+        _builtins_loaded.append(True)
+        importlib.import_module("layoutlab.nn.conv_algos.builtin")
+    return _REGISTRY
 
 
 def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
     """Add ``algorithm`` to the table (``replace=True`` to overwrite a name)."""
     if algorithm.name in (AUTO,):
         raise ValueError(f"{algorithm.name!r} is reserved; pick another algorithm name.")
-    if algorithm.name in _REGISTRY and not replace:
+    if algorithm.name in _registry() and not replace:
         raise ValueError(
             f"conv algorithm {algorithm.name!r} is already registered; pass replace=True."
         )
@@ -58,15 +68,15 @@ def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algori
 def unregister_algorithm(name: str) -> None:
     if name == XLA:
         raise ValueError("the native 'xla' algorithm cannot be removed.")
-    _REGISTRY.pop(name, None)
+    _registry().pop(name, None)
 
 
 def algorithm_names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return tuple(_registry())
 
 
 def get_algorithm(name: str) -> Algorithm:
-    if name not in _REGISTRY:
+    if name not in _registry():
         raise ValueError(
             f"Unknown conv algorithm {name!r}; choose one of: {', '.join((AUTO, *_REGISTRY))}."
         )

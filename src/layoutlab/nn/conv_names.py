@@ -1,0 +1,21 @@
+"""The names of conv settings, without the code behind them.
+
+Argument parsers read these to write their help (``layoutlab train --help`` must not import
+JAX); ``tests/test_cli_fast_start.py`` checks ``BUILTIN_ALGORITHMS`` against the registry.
+"""
+
+XLA = "xla"
+AUTO = "auto"
+# How a conv's kernel is stored: in the layer's layout, or HWIO (channels-last) always.
+KERNEL_STORAGES = ("layout", "channels_last")
+BUILTIN_ALGORITHMS = (
+    "xla",
+    "im2col",
+    "gemm_dw",
+    "winograd2",
+    "winograd4",
+    "winograd2_xla_dw",
+    "winograd4_xla_dw",
+    "pointwise",
+    "s2d",
+)

@@ -1,0 +1,102 @@
+"""``layoutlab --help``, every command's ``--help`` and ``layoutlab models`` import no JAX.
+
+Each is run in a fresh interpreter, which then reports the heavy packages it imported; the
+assertion is on modules, not on seconds (the machines are shared and noisy). The static
+tables the parsers read instead of the real registries are checked against them here.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from layoutlab import cli, models
+from layoutlab.models.catalog import BUILTIN_MODELS
+from layoutlab.nn.conv_algos import algorithm_names
+from layoutlab.nn.conv_names import BUILTIN_ALGORITHMS
+
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "matplotlib", "tensorboardX")
+
+PROBE = """
+import json, sys, time
+start = time.perf_counter()
+from layoutlab import cli
+try:
+    code = cli.main(json.loads(sys.argv[1]))
+except SystemExit as e:
+    code = e.code
+seconds = time.perf_counter() - start
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
+print("\\n" + json.dumps({"code": code, "heavy": heavy, "seconds": seconds}))
+"""
+
+
+def _command_paths(parser=None, prefix=()):
+    """Every command and nested subcommand of the ``layoutlab`` parser."""
+    parser = parser or cli.build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _command_paths(sub, (*prefix, name))
+
+
+def _probe(argv):
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_help_and_models_import_no_jax():
+    paths = sorted(set(_command_paths()))
+    assert ("train",) in paths and ("autotune", "convs") in paths
+    runs = [["--help"], ["models"], ["models", "--json"]] + [[*p, "--help"] for p in paths]
+    slowest = 0.0
+    for argv in runs:
+        result = _probe(argv)
+        assert result["code"] == 0, argv
+        assert result["heavy"] == [], (argv, result["heavy"])
+        slowest = max(slowest, result["seconds"])
+    print(f"slowest in-process time of {len(runs)} commands: {slowest:.3f}s")
+
+
+def test_layoutlab_help_wall_time_is_reported():
+    # Informational: the wall time of the installed console script, process start included.
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "layoutlab.cli", "--help"], capture_output=True, timeout=60
+    )
+    assert proc.returncode == 0
+    print(f"layoutlab --help: {time.perf_counter() - start:.3f}s wall")
+
+
+def test_the_static_tables_match_the_registries():
+    assert BUILTIN_ALGORITHMS == algorithm_names()[: len(BUILTIN_ALGORITHMS)]
+    listed = {e.name: e for e in BUILTIN_MODELS}
+    assert sorted(listed) == models.names()
+    for name in models.names():
+        spec = models.spec(name)
+        entry = listed[name]
+        assert (entry.task, entry.num_spatial, entry.default_input, entry.description) == (
+            spec.task,
+            spec.num_spatial,
+            tuple(spec.default_input),
+            spec.description,
+        ), name
+
+
+@pytest.mark.parametrize("argv", [["models"], ["models", "--json"]])
+def test_models_lists_every_registered_model(argv, capsys):
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    names = [r["name"] for r in json.loads(out)] if "--json" in argv else out.split()
+    for name in models.names():
+        assert name in names
