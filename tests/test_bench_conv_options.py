@@ -166,7 +166,7 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
               "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false"]  # fmt: skip
     plan_file = tmp_path / "plan.json"
     tune = ["autotune", "convs", *common, "--batch-size", "2", "--layout", "NCHW",
-            "--repeats", "1", "--objective", "inference", "--out", str(plan_file)]  # fmt: skip
+            "--repeats", "1", "--mode", "infer", "--out", str(plan_file)]  # fmt: skip
     assert _cli(tune) == 0
     captured = capsys.readouterr()
     out = captured.out

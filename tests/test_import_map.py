@@ -6,7 +6,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
 ORDER = [
-    ("layout", "precision", "loss_scale", "lazy"),
+    ("layout", "precision", "loss_scale", "lazy", "arguments"),
     ("nn",),
     ("models",),
     ("data",),
@@ -56,3 +56,21 @@ def test_imports_go_one_way():
             if RANK[there] > RANK[here]:
                 upward.append(f"{rel}:{line} imports {there} (above {here})")
     assert not upward, "\n".join(upward)
+
+
+def test_standard_library_leaves_import_nothing_else():
+    """``lazy.py`` and ``arguments.py`` are imported by every package's ``__init__`` and
+    ``command`` module to keep ``--help`` free of JAX: they import the standard library only."""
+    import sys
+
+    for name in ("lazy", "arguments"):
+        tree = ast.parse((SRC / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                roots = [(node.module or "").split(".")[0]]
+            else:
+                continue
+            for root in roots:
+                assert root in sys.stdlib_module_names or root == "__future__", (name, root)

@@ -48,7 +48,7 @@ def test_single_report_dump_hlo_and_flags(tmp_path, capsys):
             "nchw",
             "--dump-hlo",
             str(folder),
-            "--flag",
+            "--xla-option",
             "xla_cpu_enable_fast_math=false",
             "--json",
             "-",
@@ -73,7 +73,7 @@ def test_single_report_dump_hlo_and_flags(tmp_path, capsys):
 
 def test_auto_layout_and_cache(tmp_path, capsys):
     code, out, err = run_cli(
-        [*TINY, "--layout", "NCHW", "--auto-layout", "--cache-dir", str(tmp_path / "c")], capsys
+        [*TINY, "--layout", "NCHW", "--auto-layout", "--compile-cache", str(tmp_path / "c")], capsys
     )
     assert code == 0, err
     assert "Layout.AUTO" in out
@@ -89,10 +89,9 @@ def test_auto_layout_and_cache(tmp_path, capsys):
         (["--model", "resnet19"], "Unknown model 'resnet19'"),
         (["--precision", "fp8"], "Unknown precision policy 'fp8'"),
         (["--layout", "NWHC"], "Unknown layout 'NWHC'"),
-        (["--mode", "eval"], "Unknown mode 'eval'"),
-        (["--flag", "xla_cpu_enable_fast_math"], "--flag expects name=value"),
-        (["--flag", "xla_no_such_flag=1"], "XLA does not know the flag"),
-        (["--flag", "xla_cpu_enable_fast_math=maybe"], "Bad value for XLA flag"),
+        (["--xla-option", "xla_cpu_enable_fast_math"], "--xla-option expects name=value"),
+        (["--xla-option", "xla_no_such_flag=1"], "XLA does not know the flag"),
+        (["--xla-option", "xla_cpu_enable_fast_math=maybe"], "Bad value for XLA flag"),
         (["--model-arg", "depth=3"], "unknown options \\['depth'\\]"),
         (["--conv-algo", "fastest"], "Unknown conv algorithm 'fastest'; choose one of: auto, xla"),
         (["--kernel-storage", "HWIO"], "Unknown kernel_storage 'HWIO'; use 'layout'"),

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+from layoutlab.arguments import parse_model_args
+
 __all__ = ["register"]
 
 
@@ -35,6 +37,7 @@ def _model_kwargs(args) -> dict:
     kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
     if args.stem is not None:
         kwargs["stem"] = args.stem
+    kwargs.update(parse_model_args(args.model_arg))
     return kwargs
 
 
@@ -75,6 +78,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="registry name, e.g. resnet18 (see `models`)")
     p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
     p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
+    p.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="NAME=VALUE",
+        help="model option, e.g. width=8 (repeatable; JSON values)",
+    )
     p.add_argument("--num-classes", type=int, help="default: 1000 for an ImageNet stem, else 10")
     p.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
 

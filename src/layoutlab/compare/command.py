@@ -10,6 +10,8 @@ import dataclasses
 import math
 import sys
 
+from layoutlab.arguments import MODES, parse_mode, parse_model_args
+
 __all__ = ["register", "run"]
 
 AGAINST = ("layout", "fp32", "numpy", "torch")
@@ -34,9 +36,10 @@ def register(subparsers) -> None:
     parser.add_argument("--grads", action="store_true", help="compare every parameter gradient")
     parser.add_argument(
         "--mode",
-        choices=("eval", "train"),
-        default="eval",
-        help="eval: running BatchNorm stats; train: batch stats (default eval)",
+        type=parse_mode,
+        choices=MODES,
+        default="infer",
+        help="infer: running BatchNorm stats; train: batch stats (default infer)",
     )
     parser.add_argument(
         "--torch-weights",
@@ -59,6 +62,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
     parser.add_argument("--tiny", action="store_true", help="the model's tiny test variant")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="NAME=VALUE",
+        help="model option, e.g. width=8 (repeatable; JSON values)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
     parser.add_argument("--json", metavar="OUT.json", default=None, help="write the report")
     parser.add_argument(
@@ -120,6 +129,7 @@ def _build(args):
     policy = get_policy(args.precision)
     _check_args(args, policy)
     options = dict(spec.tiny) if args.tiny else {}
+    options.update(parse_model_args(args.model_arg))
     model = models.create(
         args.model,
         num_classes=args.num_classes,

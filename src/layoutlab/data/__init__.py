@@ -15,9 +15,9 @@ from __future__ import annotations
 from layoutlab.lazy import lazy_exports
 
 _EXPORTS = {
-    "augment": "augment",
-    "random_crop": "augment",
-    "random_flip": "augment",
+    "augment": "augmentation",
+    "random_crop": "augmentation",
+    "random_flip": "augmentation",
     "load_cifar10": "cifar",
     "load_cifar100": "cifar",
     "SPLITS": "dataset",

@@ -109,6 +109,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "channels_last keeps HWIO kernels in every layout, saving NCHW's kernel transposes",
     )
     p.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="model option, e.g. width=8 (repeatable; JSON values); the same as --set "
+        "model_kwargs.NAME=VALUE",
+    )
+    p.add_argument(
         "--xla-option",
         action="append",
         default=[],
@@ -174,6 +182,11 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     ]
     if args.remat:
         overrides.append("remat=true")
+    for item in args.model_arg:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--model-arg {item!r} is not of the form NAME=VALUE.")
+        overrides.append(f"model_kwargs.{name.strip()}={value}")
     for item in args.xla_option:
         name, sep, value = item.partition("=")
         name = name.strip().lstrip("-")  # --xla_foo=1 as in XLA_FLAGS

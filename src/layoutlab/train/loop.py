@@ -38,7 +38,6 @@ from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.config import TrainConfig, load_run_data, validate
-from layoutlab.train.model_checks import builder_options
 from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
     CONFIG_FILE,
@@ -49,6 +48,7 @@ from layoutlab.train.metrics import (
     truncate_records,
     write_json,
 )
+from layoutlab.train.model_checks import builder_options
 from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record

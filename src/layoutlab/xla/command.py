@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from layoutlab.arguments import MODES, add_deprecated_flag, parse_mode, parse_model_args
+
 __all__ = ["parse_assignments", "register", "run"]
 
 
@@ -49,7 +51,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
     from layoutlab import models
 
     kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
-    kwargs.update(parse_assignments(args.model_arg, "--model-arg"))
+    kwargs.update(parse_model_args(args.model_arg))
     return kwargs
 
 
@@ -68,7 +70,7 @@ def _inspect(args: argparse.Namespace):
         backend=args.backend,
         flags={
             **(cpu_fast_options(args.mode) if args.cpu_fast else {}),
-            **parse_assignments(args.flag, "--flag"),
+            **parse_assignments(args.xla_option, "--xla-option"),
         }
         or None,
         model_kwargs=_model_kwargs(args),
@@ -88,10 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from layoutlab.xla.model_layout_comparison import ModelLayoutComparison
 
     try:
-        if args.cache_dir:
+        if args.compile_cache:
             from layoutlab.xla.cache import enable_compilation_cache
 
-            enable_compilation_cache(args.cache_dir)
+            enable_compilation_cache(args.compile_cache)
         result = _inspect(args)
         items = (
             list(result.inspections.values())
@@ -132,7 +134,13 @@ def register(subparsers) -> None:
     p.add_argument(
         "--precision", default="fp32", help="policy preset (fp32, mixed_bf16, ...) or spec"
     )
-    p.add_argument("--mode", default="infer", help="infer (forward) or train (full step)")
+    p.add_argument(
+        "--mode",
+        type=parse_mode,
+        choices=MODES,
+        default="infer",
+        help="infer (forward) or train (full step)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=None, help="spatial size (default: model's)")
     p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
@@ -168,11 +176,12 @@ def register(subparsers) -> None:
         help="extra model option, e.g. width=8 (repeatable)",
     )
     p.add_argument(
-        "--flag",
+        "--xla-option",
         action="append",
         metavar="NAME=VALUE",
         help="XLA option for this compile, e.g. xla_cpu_enable_fast_math=true (repeatable)",
     )
+    add_deprecated_flag(p, "--flag", "--xla-option", dest="xla_option", append=True)
     p.add_argument(
         "--cpu-fast",
         action="store_true",
@@ -188,5 +197,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': print it)")
     p.add_argument("--dump-hlo", metavar="DIR", help="write pre- and post-optimization HLO")
-    p.add_argument("--cache-dir", metavar="DIR", help="use a persistent compilation cache")
+    p.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="JAX's persistent compilation cache directory (not the autotune --cache file)",
+    )
+    add_deprecated_flag(p, "--cache-dir", "--compile-cache", dest="compile_cache")
     p.set_defaults(func=run)

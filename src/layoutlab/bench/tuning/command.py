@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from layoutlab.arguments import MODES, deprecated, parse_mode
 from layoutlab.bench.command import (
     _add_conv_args,
     _add_model_args,
@@ -28,6 +29,12 @@ _SUBCOMMANDS = ("layout", "convs")
 
 def _deprecated(old: str, new: str) -> None:
     print(f"warning: `{old}` is deprecated; use `{new}` (same options).", file=sys.stderr)
+
+
+def _objective(text: str) -> str:
+    """The old ``--objective train|inference``: warns, then means ``--mode train|infer``."""
+    deprecated(f"--objective {text}", "--mode train|infer")
+    return parse_mode("infer" if text.strip().lower() == "inference" else text)
 
 
 def legacy_argv(argv: list[str]) -> list[str]:
@@ -83,9 +90,9 @@ def run_convs(args: argparse.Namespace) -> int:
             args.input_shape,
             layout=args.layout,
             precision=args.precision,
-            objective=args.objective,
+            objective="train" if args.mode == "train" else "inference",
             kernel_storage=args.kernel_storage,
-            compiler_options=_xla_options(args, "train" if args.objective == "train" else "infer"),
+            compiler_options=_xla_options(args, args.mode),
             model_kwargs=_model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,
@@ -120,7 +127,7 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
     a.add_argument("--batch-size", type=int, required=True)
     a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
-    a.add_argument("--mode", choices=("train", "infer"), default="train")
+    a.add_argument("--mode", type=parse_mode, choices=MODES, default="train")
     a.add_argument("--repeats", type=int, default=5)
     a.add_argument("--warmup", type=int, default=1)
     a.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
@@ -137,7 +144,9 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
     c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
     c.add_argument("--layout", default="NHWC")
     c.add_argument("--precision", default="fp32", help="policy preset or spec")
-    c.add_argument("--objective", choices=("train", "inference"), default="train")
+    c.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
+                   help="train: forward and backward of each conv; infer: forward")  # fmt: skip
+    c.add_argument("--objective", type=_objective, dest="mode", help=argparse.SUPPRESS)
     _add_conv_args(c)
     c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
     c.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "

@@ -1,0 +1,75 @@
+"""Command-line spellings every ``layoutlab`` command shares, and the old ones they replace.
+
+One vocabulary: ``--mode train|infer``, ``--xla-option NAME=VALUE``, ``--model-arg
+NAME=VALUE``, ``--cache FILE`` (the autotune cache). An old spelling keeps working for one
+release and prints one ``warning:`` line on stderr naming the new one. Standard library only,
+so every command module can use it without importing JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["MODES", "add_deprecated_flag", "deprecated", "parse_mode", "parse_model_args"]
+
+MODES = ("train", "infer")
+# Values other commands used for the forward-only mode.
+_MODE_ALIASES = {"eval": "infer", "inference": "infer"}
+
+
+def deprecated(old: str, new: str) -> None:
+    print(
+        f"warning: {old} is deprecated and will be removed in the next release; use {new}.",
+        file=sys.stderr,
+    )
+
+
+def parse_mode(text: str) -> str:
+    """``train`` or ``infer``; ``eval`` and ``inference`` still mean ``infer``, with a warning."""
+    value = text.strip().lower()
+    if value in _MODE_ALIASES:
+        deprecated(f"--mode {value}", f"--mode {_MODE_ALIASES[value]}")
+        return _MODE_ALIASES[value]
+    if value not in MODES:
+        raise argparse.ArgumentTypeError(f"choose train or infer, got {text!r}")
+    return value
+
+
+def parse_model_args(items: list[str] | None) -> dict:
+    """``--model-arg NAME=VALUE`` items -> model keyword arguments; a value is JSON where it
+    parses (``8``, ``0.5``, ``true``, ``[1, 2]``), else the text itself (``stem=cifar``)."""
+    out = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--model-arg {item!r} is not of the form NAME=VALUE (e.g. width=8).")
+        try:
+            out[name.strip()] = json.loads(value)
+        except ValueError:
+            out[name.strip()] = value.strip()
+    return out
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old option string that stores into the new option's ``dest``, after a warning."""
+
+    def __init__(self, option_strings, dest, *, new: str, append: bool = False, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new, self.append = new, append
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        deprecated(option_string, self.new)
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_flag(
+    parser: argparse.ArgumentParser, old: str, new: str, *, dest: str, append: bool = False
+) -> None:
+    """``old`` (hidden from ``--help``) does what ``new`` does; ``append`` for repeatable ones."""
+    parser.add_argument(
+        old, dest=dest, action=_DeprecatedFlag, new=new, append=append, help=argparse.SUPPRESS
+    )
