@@ -132,7 +132,7 @@ _FP32_LAYER_FACTORIES = {
 def _fp32_op_classes() -> dict[type, str]:
     return {
         obj: obj.fp32_op
-        for obj in vars(nn).values()
+        for obj in (getattr(nn, name) for name in nn.__all__)
         if inspect.isclass(obj) and isinstance(getattr(obj, "fp32_op", None), str)
     }
 
