@@ -152,7 +152,7 @@ def test_bad_configs_fail_before_building_or_compiling(tmp_path, monkeypatch, ch
         raise AssertionError("built a model or compiled before validating the config")
 
     monkeypatch.setattr(loop, "build_model", must_not_run)
-    monkeypatch.setattr(loop, "_compile_train_step", must_not_run)
+    monkeypatch.setattr(loop, "compile_train_step", must_not_run)
     with pytest.raises(ValueError, match=message):
         loop.train_and_evaluate(TrainConfig(**changes), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()

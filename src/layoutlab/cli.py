@@ -135,11 +135,29 @@ def _keep_host_memory() -> int | None:
     return None
 
 
+def _join_run(args: argparse.Namespace) -> int | None:
+    """``train --distributed`` (or any of its launch flags): join before JAX starts."""
+    from layoutlab.train.distributed import DistributedError, initialize_distributed
+
+    launch = (args.coordinator, args.num_processes, args.process_id)
+    if not args.distributed:
+        if any(x is not None for x in launch):
+            print("error: --coordinator, --num-processes and --process-id need --distributed.",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        return None
+    try:
+        initialize_distributed(*launch, timeout_s=args.distributed_timeout)
+    except DistributedError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return None
+
+
 def _use_backend(name: str) -> int | None:
     """``train --backend``: the only platform JAX starts in this process (before any other)."""
     import jax
 
-    jax.config.update("jax_platforms", name)
     try:
         jax.devices()
     except RuntimeError as e:
@@ -164,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "keep_host_memory", False) and (failed := _keep_host_memory()):
         return failed
-    if args.command == "train" and args.backend and (failed := _use_backend(args.backend)):
-        return failed
+    if args.command == "train":
+        if args.backend:  # before the distributed join, which picks collectives per platform
+            import jax
+
+            jax.config.update("jax_platforms", args.backend)
+        if (failed := _join_run(args)) or (args.backend and (failed := _use_backend(args.backend))):
+            return failed
     if args.command == "train":
         try:
             if args.autotune:

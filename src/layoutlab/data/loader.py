@@ -6,7 +6,7 @@ epoch ``e`` is the same batch whether the epoch is read from its start or from s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -73,11 +73,14 @@ def epoch_batches(
     start_step: int = 0,
     shuffle: bool = True,
     drop_last: bool = True,
+    rows: Sequence[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield ``(images, labels)`` host batches of one epoch, from ``start_step`` on.
 
     ``images`` are in ``layout`` and ``dtype`` (float32, bfloat16 or float16), ``labels`` are
-    int32. With ``drop_last=False`` the final batch may be smaller.
+    int32. With ``drop_last=False`` the final batch may be smaller. ``rows`` (``[(start,
+    stop), ...]``) keeps only those rows of every full batch, in that order: one process's
+    part of a global batch, built without building the rest.
     """
     layout = _check_layout(layout)
     dtype = parse_dtype(dtype)
@@ -86,10 +89,14 @@ def epoch_batches(
         raise ValueError(f"start_step must lie in [0, {steps}] for this epoch, got {start_step}.")
     images, labels = dataset.split(split)
     order = epoch_order(images.shape[0], seed=seed, epoch=epoch, shuffle=shuffle)
-    return (
-        _host_batch(images, labels, order[s * batch_size : (s + 1) * batch_size], layout, dtype)
-        for s in range(start_step, steps)
-    )
+    def indices(s):
+        idx = order[s * batch_size : (s + 1) * batch_size]
+        if rows is None or idx.size < batch_size:  # a last partial batch goes to everyone
+            return idx
+        return np.concatenate([idx[a:b] for a, b in rows])
+
+    batches = range(start_step, steps)
+    return (_host_batch(images, labels, indices(s), layout, dtype) for s in batches)
 
 
 def train_batches(
@@ -102,12 +109,13 @@ def train_batches(
     start_step: int = 0,
     num_steps: int | None = None,
     split: str = "train",
+    rows: Sequence[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Endless shuffled full batches across epochs, starting at global step ``start_step``.
 
     Global step ``g`` is step ``g % steps_per_epoch`` of epoch ``g // steps_per_epoch``, so a
     run restored at step ``g`` sees the batches an uninterrupted run would have seen.
-    ``num_steps`` stops after that many batches.
+    ``num_steps`` stops after that many batches; ``rows`` as in ``epoch_batches``.
     """
     steps = steps_per_epoch(dataset, split, batch_size)
     layout, dtype = _check_layout(layout), parse_dtype(dtype)
@@ -115,10 +123,12 @@ def train_batches(
         raise ValueError(f"start_step must be >= 0, got {start_step}.")
     if num_steps is not None and num_steps < 0:
         raise ValueError(f"num_steps must be >= 0 or None, got {num_steps}.")
-    return _endless(dataset, split, batch_size, layout, dtype, seed, start_step, num_steps, steps)
+    return _endless(
+        dataset, split, batch_size, layout, dtype, seed, start_step, num_steps, steps, rows
+    )
 
 
-def _endless(dataset, split, batch_size, layout, dtype, seed, start_step, num_steps, steps):
+def _endless(dataset, split, batch_size, layout, dtype, seed, start_step, num_steps, steps, rows):
     epoch, step = divmod(start_step, steps)
     produced = 0
     while num_steps is None or produced < num_steps:
@@ -131,6 +141,7 @@ def _endless(dataset, split, batch_size, layout, dtype, seed, start_step, num_st
             seed=seed,
             epoch=epoch,
             start_step=step,
+            rows=rows,
         ):
             if num_steps is not None and produced >= num_steps:
                 return

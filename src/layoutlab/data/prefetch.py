@@ -38,12 +38,12 @@ def _put(q: queue.Queue, stop: threading.Event, item) -> bool:
     return False
 
 
-def _produce(iterator: Iterator, sharding, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(iterator: Iterator, put, q: queue.Queue, stop: threading.Event) -> None:
     # A function of its own, not a method: the thread must not keep the Prefetcher alive, so
     # that dropping the Prefetcher (its __del__) stops the thread.
     try:
         for batch in iterator:
-            if not _put(q, stop, jax.device_put(batch, sharding)):
+            if not _put(q, stop, put(batch)):
                 return
         _put(q, stop, _Done())
     except BaseException as e:  # handed to the consumer, which re-raises it
@@ -54,10 +54,14 @@ def _produce(iterator: Iterator, sharding, q: queue.Queue, stop: threading.Event
             close()
 
 
+def _device_put(sharding):
+    return lambda batch: jax.device_put(batch, sharding)
+
+
 class Prefetcher(Iterator):
     """Iterator over device batches filled by a daemon thread; ``close()`` stops the thread."""
 
-    def __init__(self, iterable: Iterable, size: int = 2, sharding=None):
+    def __init__(self, iterable: Iterable, size: int = 2, sharding=None, put=None):
         if size < 1:
             raise ValueError(f"Prefetch size must be >= 1, got {size}.")
         self._queue: queue.Queue = queue.Queue(maxsize=size)
@@ -65,7 +69,7 @@ class Prefetcher(Iterator):
         self._finished = False
         self._thread = threading.Thread(
             target=_produce,
-            args=(iter(iterable), sharding, self._queue, self._stop),
+            args=(iter(iterable), put or _device_put(sharding), self._queue, self._stop),
             daemon=True,
             name="prefetch_to_device",
         )
@@ -111,12 +115,17 @@ class Prefetcher(Iterator):
             stop.set()
 
 
-def prefetch_to_device(iterable: Iterable, size: int = 2, sharding=None) -> Prefetcher:
+def prefetch_to_device(
+    iterable: Iterable, size: int = 2, sharding=None, put=None
+) -> Prefetcher:
     """Iterate ``iterable`` in a background thread, ``jax.device_put`` each batch ahead.
 
     ``size`` batches are kept in flight. ``sharding`` (e.g. a ``NamedSharding`` splitting the
     batch axis over a mesh, or a pytree of shardings) is passed to ``jax.device_put``; ``None``
-    puts batches on the default device. An exception in the producer is re-raised by
-    ``next()``; leaving a ``with`` block or calling ``close()`` stops the thread early.
+    puts batches on the default device. ``put(batch)`` replaces ``jax.device_put`` (e.g.
+    assembling a global array from one process's rows, which writes local devices only:
+    ``jax.device_put`` of a global array runs a cross-process check, a collective that must
+    not run on this thread). An exception in the producer is re-raised by ``next()``;
+    leaving a ``with`` block or calling ``close()`` stops the thread early.
     """
-    return Prefetcher(iterable, size=size, sharding=sharding)
+    return Prefetcher(iterable, size=size, sharding=sharding, put=put)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from layoutlab.train.distributed import barrier
 from layoutlab.train.manifest import (
     MANIFEST,
     CheckpointError,
@@ -211,6 +212,7 @@ class Checkpointer:
         self._manager = _open_manager(self.directory, writing=True)
         if self._main:  # what a kill during deletion left
             shutil.rmtree(self.directory / TRASH, ignore_errors=True)
+        barrier("layoutlab-open-checkpoints")
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -225,9 +227,13 @@ class Checkpointer:
         impls = {
             p: str(jax.random.key_impl(x)) for p, x in zip(paths, leaves, strict=True) if _is_key(x)
         }
-        # Host copies: the state is replicated, and orbax would otherwise slice every array
-        # per replica on device (one small compile per shape).
-        leaves = jax.device_get([jax.random.key_data(x) if _is_key(x) else x for x in leaves])
+        leaves = [jax.random.key_data(x) if _is_key(x) else x for x in leaves]
+        if jax.process_count() == 1:
+            # Host copies: the state is replicated, and orbax would otherwise slice every
+            # array per replica on device (one small compile per shape). Across processes
+            # orbax writes each array's shards from the processes that hold them instead,
+            # so no host fetches the whole state.
+            leaves = jax.device_get(leaves)
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
         meta.update(key_impls=impls, extra=extra or {})
         _kill_point("before_save", step)
@@ -244,23 +250,27 @@ class Checkpointer:
         if self._main:
             write_manifest(step_dir)
             verify_manifest(step_dir)
+        barrier(f"layoutlab-manifest-{step}")
         _kill_point("after_manifest", step)
         self._prune(step)
         return step_dir
 
     def _prune(self, newest: int) -> None:
-        """Deletes the oldest steps beyond ``max_to_keep``; ``newest`` is verified."""
-        if self.max_to_keep is None or not self._main:
+        """Deletes the oldest steps beyond ``max_to_keep``; ``newest`` is verified. Process
+        0 moves the files; every process then reloads the step list (after a barrier)."""
+        if self.max_to_keep is None:
             return
         old = [s for s in self.steps() if s != newest][: -self.max_to_keep + 1 or None]
         if not old:
             return
-        trash = self.directory / TRASH
-        trash.mkdir(exist_ok=True)
-        for step in old:
-            os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
-            _kill_point("during_delete", newest)
-        shutil.rmtree(trash)
+        if self._main:
+            trash = self.directory / TRASH
+            trash.mkdir(exist_ok=True)
+            for step in old:
+                os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
+                _kill_point("during_delete", newest)
+            shutil.rmtree(trash)
+        barrier(f"layoutlab-prune-{newest}")
         self._manager.reload()
 
     def read_meta(self, step: int) -> dict:
@@ -284,6 +294,7 @@ class Checkpointer:
         if not verified:
             if self._main:
                 write_manifest(step_dir)
+            barrier(f"layoutlab-late-manifest-{step}")
             self.log(
                 f"note: checkpoint {step_dir} had no {MANIFEST} (the run was killed right after "
                 "saving it); it reads back whole, so it is used and its manifest written now."
@@ -305,6 +316,7 @@ class Checkpointer:
         if self._main:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(self.step_dir(step)), str(dest))
+        barrier(f"layoutlab-quarantine-{step}")  # nobody reloads before the move
         self._manager.reload()
         return dest
 

@@ -31,6 +31,7 @@ _FLAGS = {
     "kernel_storage": "kernel_storage",
     "image_size": "image_size",
     "log_every": "log_every",
+    "param_sharding": "param_sharding",
 }
 
 
@@ -135,6 +136,34 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_distributed_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "more than one process (jax.distributed; see the README's multi-machine section)"
+    )
+    g.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run: JAX detects SLURM, Open MPI, GKE or Cloud TPU, or "
+        "give --coordinator, --num-processes and --process-id",
+    )
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address and port")
+    g.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process, 0..N-1")
+    g.add_argument(
+        "--param-sharding",
+        choices=("replicated", "fsdp"),
+        help="replicated (default): every device holds the whole train state; fsdp: "
+        "parameters and optimizer state split over the devices (about 1/N each)",
+    )
+    g.add_argument(
+        "--distributed-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds to wait for the coordinator and every process (default 120)",
+    )
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train",
@@ -143,6 +172,7 @@ def register(subparsers) -> None:
         "Outputs: config.json, metrics.jsonl, metrics.png and checkpoints/ in --workdir.",
     )
     _add_arguments(p)
+    _add_distributed_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -194,8 +224,14 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
             raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
         overrides.append(f"xla_options.{name}={value}")
     config = apply_overrides(config, overrides + list(args.set))
-    workdir = args.workdir or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return config, Path(workdir)
+    if not args.workdir:
+        from layoutlab.train.distributed import agree_on, wall_clock
+
+        # Decided once (every process takes process 0's clock) and kept in args, so the
+        # autotune steps before training and the run itself name the same directory.
+        now = time.localtime(agree_on(wall_clock()))
+        args.workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
+    return config, Path(args.workdir)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -204,13 +240,19 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         config, workdir = build_config(args)
-        record = train_and_evaluate(config, workdir, resume=args.resume, quiet=args.quiet)
+        from layoutlab.train.distributed import main_process
+
+        main = main_process()  # the other processes of a distributed run print only errors
+        quiet = args.quiet or not main
+        record = train_and_evaluate(config, workdir, resume=args.resume, quiet=quiet)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; continue with --resume", file=sys.stderr)
         return 130
+    if not main:
+        return 0
     print(
         f"step {record['step']}: test_accuracy {record['test_accuracy']:.4f} "
         f"test_loss {record['test_loss']:.4f} ({time.perf_counter() - start:.1f}s)"

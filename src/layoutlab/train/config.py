@@ -87,6 +87,9 @@ class TrainConfig:
     log_every: int = 10
     # TensorBoard event files in <workdir>/tensorboard (tensorboardX).
     tensorboard: bool = True
+    # "replicated": each device holds the whole train state; "fsdp": parameters and
+    # optimizer state are split over the data axis too (about 1/N of them per device).
+    param_sharding: str = "replicated"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -303,6 +306,10 @@ def _check_names(config: TrainConfig) -> None:
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(
             f"Unknown optimizer {config.optimizer!r}; use one of: {', '.join(OPTIMIZERS)}."
+        )
+    if config.param_sharding not in ("replicated", "fsdp"):
+        raise ValueError(
+            f"param_sharding must be 'replicated' or 'fsdp', got {config.param_sharding!r}."
         )
     if config.schedule not in SCHEDULES:
         raise ValueError(

@@ -7,7 +7,7 @@ import jax
 
 from layoutlab.data import Dataset, epoch_batches
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.sharding import Shardings
+from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.state import TrainState
 
@@ -20,18 +20,23 @@ def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Sha
     Full batches are split over the devices; the remainder (any size) runs replicated, which
     costs one more compile of the eval step and keeps every example counted once.
     """
-    total = None
-    for images, labels in epoch_batches(
+    total, size = None, config.eval_batch_size
+    full_batches = dataset.split("test")[1].shape[0] // size
+    batches = epoch_batches(
         dataset,
         "test",
-        config.eval_batch_size,
+        size,
         layout=config.layout,
         shuffle=False,
         drop_last=False,
-    ):
-        full = images.shape[0] == config.eval_batch_size
-        sharding = shard.batch if full else shard.replicated
-        out = jax.device_get(eval_step(state, *jax.device_put((images, labels), sharding)))
+        rows=local_rows(shard.batch, size),  # this process's rows of each full batch
+    )
+    for i, local in enumerate(batches):
+        if i < full_batches:
+            batch = assemble(shard.batch, local, size)
+        else:  # every process holds the whole remainder
+            batch = assemble(shard.replicated, local, local[1].shape[0])
+        out = jax.device_get(eval_step(state, *batch))
         total = out if total is None else {k: total[k] + out[k] for k in total}
     count = int(total["count"])
     return {

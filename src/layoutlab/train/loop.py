@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -28,15 +29,14 @@ from flax import nnx
 from layoutlab import models
 from layoutlab.data import (
     Dataset,
-    augment,
     prefetch_to_device,
     train_batches,
 )
-from layoutlab.layout import parse_layout
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
 from layoutlab.train.checkpoint import Checkpointer
+from layoutlab.train.compiled_step import batch_spec, compile_train_step
 from layoutlab.train.config import TrainConfig, load_run_data, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.metrics import (
@@ -53,11 +53,17 @@ from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
-from layoutlab.train.sharding import Shardings, make_shardings
+from layoutlab.train.sharding import (
+    Shardings,
+    assemble,
+    local_rows,
+    make_shardings,
+    state_shardings,
+)
 from layoutlab.train.state import create_train_state, split_model
 from layoutlab.train.step_log import STEPS_FILE, StepLog
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
-from layoutlab.train.steps import make_eval_step, make_train_step
+from layoutlab.train.steps import make_eval_step
 from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
 from layoutlab.train.xla_compile import compile_with_options
 
@@ -86,7 +92,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
         )
     # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
     # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
-    images, _ = _batch_spec(config, dataset, 2, None)
+    images, _ = batch_spec(config, dataset, 2, None)
     try:
         model = nnx.eval_shape(lambda: build_model(config, dataset))
         nnx.eval_shape(lambda m, x: m(x), model, images)
@@ -132,45 +138,13 @@ def check_xla_options(options: dict) -> None:
         compile_with_options(lowered, options)
 
 
-def _augment_fn(config: TrainConfig):
-    if not config.augment:
-        return None
-    layout, seed = parse_layout(config.layout), config.seed
-
-    def fn(key, images):
-        return augment(jax.random.fold_in(key, seed), images, layout)
-
-    return fn
-
-
-def _batch_spec(config: TrainConfig, dataset: Dataset, batch: int, sharding):
-    h, w, c = dataset.image_shape
-    shape = (batch, h, w, c) if parse_layout(config.layout).is_channels_last else (batch, c, h, w)
-    return (
-        jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
-        jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=sharding),
-    )
-
-
-def _compile_train_step(config, dataset, defs, tx, state, shard: Shardings):
-    step = make_train_step(defs, tx, augment=_augment_fn(config))
-    jitted = jax.jit(
-        step,
-        donate_argnums=0,
-        out_shardings=(shard.replicated, shard.replicated),
-        compiler_options=config.xla_options or None,
-    )
-    images, labels = _batch_spec(config, dataset, config.batch_size, shard.batch)
-    return compile_with_options(jitted.lower(state, images, labels), config.xla_options)
-
-
 def _report_plan_coverage(config, dataset, shard: Shardings, log) -> None:
     """``"auto"`` convs without a ``conv_plan`` entry for their shape run XLA's native conv;
     say how many, and how to plan them (bench/ sits above train/, so not from here)."""
     if config.conv_algorithm != AUTO:
         return
     model = nnx.eval_shape(lambda: build_model(config, dataset))
-    images, _ = _batch_spec(config, dataset, config.batch_size, shard.batch)
+    images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
     missing, total = plan_coverage(model, images)
     if missing:
         log(
@@ -209,10 +183,11 @@ def _make_init(config, dataset, schedule):
     return defs, tx, init
 
 
-def _abstract(init, sharding):
+def _abstract(init, shardings):
     return jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
+        lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
         jax.eval_shape(init),
+        shardings,
     )
 
 
@@ -276,10 +251,11 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
     defs, tx, init = _make_init(config, dataset, schedule)
+    state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     _report_plan_coverage(config, dataset, shard, progress_log)
     state, start = None, 0
     if resume:
-        abstract = _abstract(init, shard.replicated)
+        abstract = _abstract(init, state_sharding)
         state, start = restore_or_start(ckpt, abstract, schedule.accum_steps, progress_log)
     if state is None:
         # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
@@ -287,14 +263,14 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
         # an ulp (no FMA contraction), identically in every run.
         # The run's xla_options apply too, except that init keeps its fast-compile level.
         options = {**config.xla_options, **_INIT_COMPILER_OPTIONS}
-        lowered = jax.jit(init, out_shardings=shard.replicated).lower()
+        lowered = jax.jit(init, out_shardings=state_sharding).lower()
         state = compile_with_options(lowered, config.xla_options, options)()
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)
 
     t0 = time.perf_counter()
-    train_step = _compile_train_step(config, dataset, defs, tx, state, shard)
+    train_step = compile_train_step(config, dataset, defs, tx, state, shard, state_sharding)
     eval_step = jax.jit(
         make_eval_step(defs),
         out_shardings=shard.replicated,
@@ -346,6 +322,7 @@ def _loop(run: _Run, state, start: int):
         seed=config.seed,
         start_step=start * accum,
         num_steps=(schedule.total_steps - start) * accum,
+        rows=local_rows(run.shard.batch, config.batch_size),
     )
     meter, pending = RunningMean(), []
     step, micro, record = start, start * accum, None
@@ -361,7 +338,8 @@ def _loop(run: _Run, state, start: int):
             meter.add({"loss": m["loss"], "accuracy": m["accuracy"]})
         return fetched[-1] if fetched else None
 
-    with prefetch_to_device(batches, sharding=run.shard.batch) as device_batches:
+    put = functools.partial(assemble, run.shard.batch, batch=config.batch_size)
+    with prefetch_to_device(batches, put=put) as device_batches:
         for images, labels in device_batches:
             state, metrics = run.train_step(state, images, labels)
             pending.append(metrics)

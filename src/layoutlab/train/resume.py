@@ -43,6 +43,7 @@ MAY_CHANGE = frozenset(
         "xla_options",
         "log_every",
         "tensorboard",
+        "param_sharding",
     }
 )
 FROM_CHECKPOINT = ("conv_plan",)

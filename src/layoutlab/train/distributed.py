@@ -1,0 +1,166 @@
+"""Joining a multi-process run: ``jax.distributed.initialize`` with errors a user can act on.
+
+``initialize_distributed()`` must run before anything starts JAX's backend. With no
+arguments JAX detects the cluster (SLURM, Open MPI, GKE, Cloud TPU); explicit
+``coordinator``/``num_processes``/``process_id`` (or JAX's environment variables) serve a
+plain launch. JAX's coordination client aborts the process when it times out, with a C++
+stack trace, so a watchdog thread turns "nobody answered within ``timeout_s``" into one
+``error:`` line and exit code 2 first. After joining, every process checks that it joined
+the run it asked for (a ``--num-processes`` that differs between processes is not an error
+to JAX: the coordinator's count wins).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+__all__ = [
+    "DistributedError",
+    "agree_on",
+    "barrier",
+    "initialize_distributed",
+    "main_process",
+    "wall_clock",
+]
+
+# JAX's own timeout is set past the watchdog's, so the one-line error comes first.
+_JAX_TIMEOUT_MARGIN_S = 30
+
+
+class DistributedError(ValueError):
+    """The run could not be joined (no cluster, unreachable coordinator, mismatched counts)."""
+
+
+def _parse_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DistributedError(
+            f"--coordinator {address!r} is not HOST:PORT (e.g. 10.0.0.1:1234 or "
+            "127.0.0.1:1234 for processes on one machine)."
+        )
+    return address
+
+
+def _watchdog(timeout_s: float, what: str) -> threading.Event:
+    done = threading.Event()
+
+    def watch():
+        if not done.wait(timeout_s):
+            print(f"error: {what}", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    threading.Thread(target=watch, daemon=True, name="distributed-watchdog").start()
+    return done
+
+
+def initialize_distributed(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    timeout_s: float = 120.0,
+) -> tuple[int, int]:
+    """Joins the run and returns ``(process_index, process_count)``.
+
+    On CPU the cross-process collectives go through gloo (XLA:CPU has no other). Raises
+    ``DistributedError`` for arguments that cannot work; a coordinator that does not answer
+    within ``timeout_s`` ends the process with a one-line ``error:`` and exit code 2.
+    """
+    import jax
+
+    given = [x is not None for x in (coordinator, num_processes, process_id)]
+    if any(given) and not all(given):
+        raise DistributedError(
+            "--coordinator, --num-processes and --process-id go together (or none of them, "
+            "to let JAX detect the cluster: SLURM, Open MPI, GKE, Cloud TPU)."
+        )
+    if coordinator is not None:
+        _parse_address(coordinator)
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise DistributedError(
+                f"--process-id must lie in [0, {num_processes}) for --num-processes "
+                f"{num_processes}, got {process_id}."
+            )
+    if timeout_s <= 0:
+        raise DistributedError(f"The distributed timeout must be > 0 s, got {timeout_s}.")
+    # XLA:CPU's cross-process collectives (GPUs use NCCL whatever this says).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    where = coordinator or "the detected coordinator"
+    done = _watchdog(
+        timeout_s,
+        f"could not join the distributed run within {timeout_s:g} s: {where} did not "
+        f"answer, or not all {num_processes or 'expected'} processes joined; start every "
+        "process with the same --coordinator and --num-processes (process 0 runs the "
+        "coordinator) and check that the address is reachable.",
+    )
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+        )
+    except ValueError as e:  # JAX found no cluster to detect
+        done.set()
+        raise DistributedError(
+            f"--distributed found no cluster to join ({' '.join(str(e).split())}); pass "
+            "--coordinator HOST:PORT --num-processes N --process-id I, or run under SLURM, "
+            "Open MPI, GKE or Cloud TPU."
+        ) from None
+    except RuntimeError as e:
+        done.set()
+        raise DistributedError(f"jax.distributed.initialize failed: {e}") from None
+    done.set()
+    index, count = jax.process_index(), jax.process_count()
+    if num_processes is not None:
+        _check_count(num_processes, count)
+    return index, count
+
+
+def _check_count(requested: int, count: int) -> None:
+    """Every process learns whether any process asked for another process count."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    asked = multihost_utils.process_allgather(np.int32(requested))
+    if np.any(asked != count):
+        raise DistributedError(
+            f"the run has {count} processes but the processes were started with "
+            f"--num-processes {sorted(set(int(a) for a in np.ravel(asked)))}; start every "
+            f"process with --num-processes {count}."
+        )
+
+
+def main_process() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
+def agree_on(value: int) -> int:
+    """Process 0's ``value`` on every process (e.g. the clock that names a workdir)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return value
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+def barrier(name: str) -> None:
+    """Waits until every process got here (nothing to wait for in a single process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def wall_clock() -> int:
+    return int(time.time())

@@ -1,0 +1,189 @@
+"""Two processes x two CPU devices on localhost, joined by ``jax.distributed`` (gloo), train
+one run: it finishes, matches one process x four devices, writes its files once, and a
+kill -9 of both processes followed by ``--resume`` on both ends bit for bit where the
+uninterrupted two-process run ends. Every subprocess has a timeout, so nothing hangs.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from layoutlab.train.checkpoint import KILL_HOOK_ENV, read_checkpoint
+from layoutlab.train.metrics import read_records
+from layoutlab.train.step_log import TENSORBOARD_DIR
+
+TRAIN = ["--set", "model_kwargs.width=4", "--steps", "6", "--batch-size", "16",
+         "--set", "eval_every=3", "--log-every", "2", "--quiet"]  # fmt: skip
+TIMEOUT_S = 240
+
+
+def _env(devices: int, **extra) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(workdir, *extra):
+    return [sys.executable, "-m", "layoutlab.cli", "train", "--workdir", str(workdir),
+            *TRAIN, *extra]  # fmt: skip
+
+
+def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None):
+    """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``."""
+    port = _free_port()
+    procs = []
+    for i in range(processes):
+        flags = launch_flags(i, port) if launch_flags else [
+            "--distributed", "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", str(processes), "--process-id", str(i),
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                _command(workdir, *extra, *flags),
+                env=_env(2, **(env_extra or {})),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=TIMEOUT_S)
+            results.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("multihost") / "run"
+    results = _launch(workdir)
+    for code, _, err in results:
+        assert code == 0, err[-2000:]
+    return workdir, results
+
+
+def test_two_processes_train_one_run_like_one_process_with_four_devices(two_process_run, tmp_path):
+    workdir, _ = two_process_run
+    single = tmp_path / "single"
+    proc = subprocess.run(
+        _command(single), env=_env(4), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got, want = read_records(workdir / "metrics.jsonl"), read_records(single / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [3, 6]
+    # The same global batches and the same program; only the gradient all-reduce differs
+    # (gloo's ring across processes against XLA:CPU's in-process sum), which changes float32
+    # rounding: ~1 ulp per step, well inside 1e-5 after 6 steps of a tiny model.
+    for a, b in zip(got, want, strict=True):
+        for key in ("train_loss", "test_loss", "test_accuracy"):
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-5, err_msg=key)
+    params_2p, _ = read_checkpoint(workdir / "checkpoints")
+    params_1p, _ = read_checkpoint(single / "checkpoints")
+    for path, value in params_1p.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(params_2p[path], value, rtol=1e-5, atol=1e-6, err_msg=path)
+
+
+def test_only_process_0_writes_the_run_files(two_process_run):
+    workdir, results = two_process_run
+    # Two writers would show as duplicated records and a second event file.
+    assert [r["step"] for r in read_records(workdir / "metrics.jsonl")] == [3, 6]
+    assert [r["step"] for r in read_records(workdir / "steps.jsonl")] == [2, 4, 6]
+    assert len(list((workdir / TENSORBOARD_DIR).iterdir())) == 1
+    assert json.loads((workdir / "config.json").read_text())["num_steps"] == 6
+    # Process 0 reports; process 1 prints no line of layoutlab's own.
+    assert "step 6: test_accuracy" in results[0][1]
+    assert "test_accuracy" not in results[1][1] and "outputs in" not in results[1][1]
+    assert "error" not in results[1][2].lower()
+
+
+def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path):
+    workdir = tmp_path / "killed"
+    killed = _launch(workdir, env_extra={KILL_HOOK_ENV: "before_save@6"})
+    assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
+    resumed = _launch(workdir, "--resume")
+    for code, _, err in resumed:
+        assert code == 0, err[-2000:]
+    want, _ = read_checkpoint(two_process_run[0] / "checkpoints")
+    got, meta = read_checkpoint(workdir / "checkpoints")
+    assert meta["step"] == 6
+    for path in want:
+        np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+
+
+def _one_line_error(result, *words):
+    code, out, err = result
+    lines = [line for line in err.strip().splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1, (code, err[-2000:])
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_bad_launches_are_one_line_errors(tmp_path):
+    port = _free_port()
+    base = [sys.executable, "-m", "layoutlab.cli", "train", "--workdir", str(tmp_path / "x")]
+    def run(*args):
+        proc = subprocess.run(
+            [*base, *args], env=_env(2), capture_output=True, text=True, timeout=60
+        )
+        return proc.returncode, proc.stdout, proc.stderr
+
+    # Nobody listens at the coordinator: an error after the timeout, not a hang.
+    _one_line_error(
+        run("--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+            "--process-id", "1", "--distributed-timeout", "3"),  # fmt: skip
+        "could not join",
+    )
+    _one_line_error(run("--distributed"), "found no cluster")
+    _one_line_error(run("--coordinator", "127.0.0.1:1"), "need --distributed")
+    _one_line_error(
+        run("--distributed", "--coordinator", "localhost", "--num-processes", "2",
+            "--process-id", "0"),  # fmt: skip
+        "HOST:PORT",
+    )
+    _one_line_error(
+        run("--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+            "--process-id", "2"),  # fmt: skip
+        "--process-id must lie in [0, 2)",
+    )
+
+
+def test_mismatched_process_counts_and_batch_sizes(tmp_path):
+    def flags(i, port):
+        count = ["2", "3"][i]  # process 1 was told another count
+        return ["--distributed", "--coordinator", f"127.0.0.1:{port}",
+                "--num-processes", count, "--process-id", str(i)]  # fmt: skip
+
+    for result in _launch(tmp_path / "a", launch_flags=flags):
+        _one_line_error(result, "--num-processes")
+    # 4 devices in all: a global batch of 6 does not split over them.
+    for result in _launch(tmp_path / "b", "--batch-size", "6"):
+        _one_line_error(result, "batch_size=6", "4 devices")
+
+
+def test_initialize_distributed_checks_its_arguments_before_starting_jax():
+    from layoutlab.train.distributed import DistributedError, initialize_distributed
+
+    with pytest.raises(DistributedError, match="go together"):
+        initialize_distributed("127.0.0.1:1234")
+    with pytest.raises(DistributedError, match="HOST:PORT"):
+        initialize_distributed("127.0.0.1", 2, 0)
