@@ -258,7 +258,8 @@ def run(args: argparse.Namespace) -> int:
         f"test_loss {record['test_loss']:.4f} ({time.perf_counter() - start:.1f}s)"
     )
     print(
-        f"outputs in {workdir}: config.json, metrics.jsonl, {PLOT_FILE}, checkpoints/ "
+        f"outputs in {workdir}: config.json, metrics.jsonl, steps.jsonl, {PLOT_FILE}, "
+        "tensorboard/, checkpoints/ "
         f"(resume with --workdir {workdir} --resume)"
     )
     return 0

@@ -19,8 +19,9 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
 
 
 def _zoom(values: list[float]) -> tuple[float, float]:
-    """Accuracy limits around the data (with a margin), inside [0, 1]: a run at 97-99%
-    shows its differences instead of a flat line at the top of a 0..1 axis."""
+    """Accuracy limits around the test accuracies (with a margin), inside [0, 1]: a run at
+    97-99% shows its differences instead of a flat line at the top of a 0..1 axis (single
+    batches' accuracies early in training may fall below it)."""
     if not values:
         return 0.0, 1.0
     low, high = min(values), max(values)
@@ -33,7 +34,8 @@ def plot_metrics(
 ) -> None:
     """Two panels against the optimizer step: loss and accuracy. ``records`` are the
     per-evaluation records (train means and test values), ``steps`` the per-step train
-    records of ``steps.jsonl``, drawn as thin lines under them."""
+    records of ``steps.jsonl``, drawn as thin lines under them. The accuracy axis zooms to
+    the test accuracy."""
     fig = Figure(figsize=(10, 4), layout="constrained")
     FigureCanvasAgg(fig)
     loss_ax, acc_ax = fig.subplots(1, 2)
@@ -45,9 +47,8 @@ def plot_metrics(
         for prefix, label in (("train_", "train (mean per eval)"), ("test_", "test")):
             xs, ys = _series(records, prefix + key)
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            if key == "accuracy":
+            if key == "accuracy" and prefix == "test_":
                 accuracies += ys
-    accuracies += _series(list(steps), "accuracy")[1]
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
     acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=_zoom(accuracies))
     for ax in (loss_ax, acc_ax):
