@@ -40,8 +40,16 @@ def _command(workdir, *extra):
             *TRAIN, *extra]  # fmt: skip
 
 
+def _by_environment(i, port):
+    """The launch through JAX's environment variables instead of flags."""
+    env = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
+           "JAX_PROCESS_ID": str(i)}  # fmt: skip
+    return ["--distributed"], env
+
+
 def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None):
-    """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``."""
+    """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``.
+    ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``."""
     port = _free_port()
     procs = []
     for i in range(processes):
@@ -49,10 +57,11 @@ def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None):
             "--distributed", "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(processes), "--process-id", str(i),
         ]  # fmt: skip
+        flags, env = flags if isinstance(flags, tuple) else (flags, {})
         procs.append(
             subprocess.Popen(
                 _command(workdir, *extra, *flags),
-                env=_env(2, **(env_extra or {})),
+                env=_env(2, **(env_extra or {}), **env),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -116,11 +125,12 @@ def test_only_process_0_writes_the_run_files(two_process_run):
 
 
 def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path):
+    # The resume joins through JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID.
     workdir = tmp_path / "killed"
     killed = _launch(workdir, env_extra={KILL_HOOK_ENV: "before_save@6"})
     assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
-    resumed = _launch(workdir, "--resume")
+    resumed = _launch(workdir, "--resume", launch_flags=_by_environment)
     for code, _, err in resumed:
         assert code == 0, err[-2000:]
     want, _ = read_checkpoint(two_process_run[0] / "checkpoints")

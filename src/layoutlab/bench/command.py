@@ -31,6 +31,15 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _repeats(text: str):
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
+
+
 def _model_kwargs(args) -> dict:
     from layoutlab import models
 
@@ -110,6 +119,8 @@ def run_bench(args: argparse.Namespace) -> int:
             backend=args.backend,
             repeats=args.repeats,
             warmup=args.warmup,
+            target=args.target,
+            time_budget_s=args.time_budget,
             torch=args.torch or args.torch_compile,
             torch_compile=args.torch_compile,
             max_step_s=args.max_step_seconds,
@@ -172,7 +183,17 @@ def register(subparsers) -> None:
     p.add_argument(
         "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"
     )
-    p.add_argument("--repeats", type=int, default=10, help="measured steps per configuration")
+    p.add_argument(
+        "--repeats",
+        type=_repeats,
+        default="auto",
+        help="measured steps per configuration, or auto (default): until each median is "
+        "known within --target (95%% interval), at least 6, within --time-budget per group",
+    )
+    p.add_argument("--target", type=float, default=0.03, help="auto: relative precision")
+    p.add_argument(
+        "--time-budget", type=float, default=60.0, help="auto: seconds of measured rounds per group"
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps after compiling")
     p.add_argument(
         "--max-step-seconds",

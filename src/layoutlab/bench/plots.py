@@ -56,6 +56,12 @@ def _line_panels(rows, value, ylabel: str, path: Path, title: str) -> Path:
         for (fw, layout, prec), pts in _series(mode_rows, value).items():
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, _STYLE.get(fw, "-."), marker="o", label=f"{fw} {layout} {prec}")
+        # Unstable rows (bench.stats) get a red ring: their values are not to be trusted.
+        shaky = [(r["batch_size"], value(r)) for r in mode_rows if r.get("unstable")]
+        shaky = [(x, y) for x, y in shaky if y is not None]
+        if shaky:
+            ax.scatter(*zip(*shaky, strict=True), s=120, facecolors="none", edgecolors="red",
+                       label="unstable (see table)", zorder=3)  # fmt: skip
         ax.set_title(f"{mode}")
         ax.set_xlabel("batch size")
         ax.set_ylabel(ylabel)
@@ -120,7 +126,14 @@ def plot_ratios(rows, path) -> Path | None:
     fig = _figure(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
     ax = fig.subplots()
     colors = ["tab:green" if v >= 1 else "tab:red" for v in ratios]
-    ax.bar(range(len(rows)), ratios, color=colors)
+    # The paired-ratio interval as an error bar (it is about the median of per-round ratios,
+    # which need not contain the ratio of medians drawn; clipped there); unstable rows hatched.
+    low = [max(0.0, v - (r.get("ratio_ci_low") or v)) for v, r in zip(ratios, rows, strict=True)]
+    high = [max(0.0, (r.get("ratio_ci_high") or v) - v) for v, r in zip(ratios, rows, strict=True)]
+    hatch = ["//" if r.get("unstable") else "" for r in rows]
+    bars = ax.bar(range(len(rows)), ratios, color=colors, yerr=[low, high], capsize=3)
+    for bar, h in zip(bars, hatch, strict=True):
+        bar.set_hatch(h)
     ax.axhline(1.0, color="black", linewidth=1)
     # Log scale: 0.5x and 2x sit at the same distance from parity.
     ax.set_yscale("log")

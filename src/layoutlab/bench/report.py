@@ -24,14 +24,34 @@ def _num(value, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
+def _ratio(r) -> str:
+    """``1.12 [1.05, 1.19]``; ``(same)`` when the interval contains 1."""
+    ratio = _num(r.get("ratio_vs_torch_best"), ".2f")
+    if ratio and r.get("ratio_ci_low") is not None:
+        ratio += f" [{r['ratio_ci_low']:.2f}, {r['ratio_ci_high']:.2f}]"
+        if r.get("ratio_verdict") == "indistinguishable":
+            ratio += " (same)"
+    return ratio
+
+
+def _status(r) -> str:
+    if r["status"] != "ok":
+        return f"**{r['status']}**"
+    if r.get("unstable"):
+        return f"**unstable**: {r.get('unstable_reason') or ''}"
+    return "ok"
+
+
 def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
     """One line per row: configuration (``variant``: conv algorithm, kernel storage, XLA
-    options when not the defaults), images/s, median/min/max ms, compile s, ratio."""
+    options when not the defaults), images/s, median ms with its 95% interval, spread (IQR
+    over median), compile s, the ratio to PyTorch's best with its interval, status (an
+    unstable row says why)."""
     header = (
         "| framework | mode | batch | layout | precision | variant | images/s | step ms median "
-        "(min-max) | compile s | vs PyTorch best | status |"
+        "[95% interval] | IQR/median | compile s | vs PyTorch best [95% interval] | status |"
     )
-    lines = [header, "|" + "---|" * 11]
+    lines = [header, "|" + "---|" * 12]
     order = lambda r: (
         r["mode"],
         r["batch_size"],
@@ -46,12 +66,13 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
             continue
         ms = ""
         if r.get("step_ms_median") is not None:
-            ms = f"{r['step_ms_median']:.2f} ({r['step_ms_min']:.2f}-{r['step_ms_max']:.2f})"
-        ratio = _num(r.get("ratio_vs_torch_best"), ".2f")
-        status = r["status"] if r["status"] == "ok" else f"**{r['status']}**"
+            ms = f"{r['step_ms_median']:.2f}"
+            if r.get("step_ms_ci_low") is not None:
+                ms += f" [{r['step_ms_ci_low']:.2f}, {r['step_ms_ci_high']:.2f}]"
+        spread = "" if r.get("dispersion") is None else f"{r['dispersion']:.1%}"
         lines.append(
             f"| {r['framework']} | {r['mode']} | {r['batch_size']} | {r['layout']} | "
             f"{r['precision']} | {variant(r)} | {_num(r.get('images_per_sec'), '.1f')} | {ms} | "
-            f"{_num(r.get('compile_s'), '.1f')} | {ratio} | {status} |"
+            f"{spread} | {_num(r.get('compile_s'), '.1f')} | {_ratio(r)} | {_status(r)} |"
         )
     return "\n".join(lines)

@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layoutlab.bench.stats import paired_ratio
+
 __all__ = [
     "BenchResults",
     "FIELDS",
@@ -48,6 +50,13 @@ _SCHEMA: dict[str, type] = {
     "step_ms_median": float,
     "step_ms_min": float,
     "step_ms_max": float,
+    "step_ms_ci_low": float,  # the median's 95% interval (order statistics; bench.stats)
+    "step_ms_ci_high": float,
+    "dispersion": float,  # IQR / median of the measured steps
+    "load_avg": float,  # 1-minute load average, the higher of before and after the group
+    "unstable": bool,  # dispersion > 10% or load average > cores: do not trust the row
+    "unstable_reason": str,
+    "round_ms": str,  # JSON: each measured round's ms, in round order (for paired ratios)
     "compile_s": float,
     "conv_tune_s": float,  # layoutlab, conv_algo auto: seconds autotuning (0 when cached)
     "flops": float,
@@ -62,6 +71,11 @@ _SCHEMA: dict[str, type] = {
     "converts": int,
     "threads": int,
     "ratio_vs_torch_best": float,
+    # The ratio's 95% interval from the per-round paired ratios (interleaved rounds), and
+    # "faster", "slower" or "indistinguishable" (the interval contains 1).
+    "ratio_ci_low": float,
+    "ratio_ci_high": float,
+    "ratio_verdict": str,
     "torch_best": str,
     "status": str,  # ok | oom | error | skipped
     "error": str,
@@ -140,8 +154,23 @@ def add_torch_ratios(rows: list[dict]) -> list[dict]:
                 best = max(peers, key=lambda t: t["images_per_sec"])
                 row["ratio_vs_torch_best"] = row["images_per_sec"] / best["images_per_sec"]
                 row["torch_best"] = f"{best['memory_format']}/{best['precision']}"
+                row.update(_ratio_interval(best, row))
         out.append(row)
     return out
+
+
+def _ratio_interval(slow: dict, fast: dict) -> dict:
+    """The per-round paired ratio ``slow / fast`` of two rows timed in the same interleaved
+    rounds, as ``ratio_ci_low/high`` and a verdict; nothing when either lacks its rounds."""
+    try:
+        a, b = json.loads(slow["round_ms"]), json.loads(fast["round_ms"])
+    except (KeyError, TypeError, ValueError):
+        return {}
+    ci = paired_ratio(a, b)
+    if ci is None:
+        return {"ratio_verdict": "too few rounds"}
+    verdict = "indistinguishable" if ci.contains(1.0) else ("faster" if ci.low > 1 else "slower")
+    return {"ratio_ci_low": ci.low, "ratio_ci_high": ci.high, "ratio_verdict": verdict}
 
 
 def save_results(directory: str | Path, results: BenchResults) -> Path:
@@ -171,6 +200,8 @@ def _parse(name: str, text: str) -> Any:
         return int(text)
     if kind is float:
         return float(text)
+    if kind is bool:
+        return text == "True"
     return text
 
 

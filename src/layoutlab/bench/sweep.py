@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import time
 from collections.abc import Callable
 
 from layoutlab.bench.cases import JaxCase, TorchCase, Workload, make_workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.results import BenchResults, add_torch_ratios, precision_class, variant
+from layoutlab.bench.stats import (
+    MIN_REPEATS,
+    dispersion,
+    load_average,
+    median_interval,
+    precise_enough,
+    unstable_reason,
+)
 from layoutlab.bench.status import OK, SKIPPED, classify_failure
 from layoutlab.bench.sweep_config import (
     MEMORY_FORMATS,
@@ -77,14 +87,24 @@ def _row(runner, fields: dict, status: str = OK, error: str | None = None) -> di
     return {**runner.row(), **fields, "status": status, "error": error}
 
 
-def _timing_fields(seconds: list[float], batch: int, flops, repeats: int, warmup: int) -> dict:
+def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load) -> dict:
     stats = summarize(seconds)
+    ms = [1e3 * s for s in seconds]
+    ci = median_interval(ms)
+    reason = unstable_reason(ms, load)
     out = {
-        "repeats": repeats,
+        "repeats": len(seconds),
         "warmup": warmup,
         "step_ms_median": stats.median_ms,
         "step_ms_min": stats.min_ms,
         "step_ms_max": stats.max_ms,
+        "step_ms_ci_low": None if ci is None else ci.low,
+        "step_ms_ci_high": None if ci is None else ci.high,
+        "dispersion": dispersion(ms),
+        "load_avg": load,
+        "unstable": reason is not None,
+        "unstable_reason": reason,
+        "round_ms": json.dumps([round(x, 4) for x in ms]),
         "images_per_sec": batch / (stats.median_ms / 1e3),
     }
     if flops:
@@ -103,16 +123,25 @@ class _Live:
 def run_group(
     runners,
     *,
-    repeats: int,
+    repeats: int | str,
     warmup: int,
     log: Callable[[str], None] | None = None,
     max_step_s: float | None = None,
     observed: dict | None = None,
+    target: float = 0.03,
+    budget_s: float = 60.0,
+    clock: Callable[[], float] = time.perf_counter,
+    timer: Callable[[Callable], float] = timed,
+    load: Callable[[], float | None] = load_average,
 ):
     """Set up, warm up, then time ``runners`` round-robin; one row each, failures included.
 
-    A runner whose first measured step takes longer than ``max_step_s`` stops there and
-    gets a ``skipped`` row. ``observed[runner]`` receives each runner's median step time.
+    ``repeats="auto"``: at least ``MIN_REPEATS`` rounds, then more until every runner's
+    median is known within ``target`` (its 95% interval, ``bench.stats``) or the measured
+    rounds have taken ``budget_s``. A runner whose first measured step takes longer than
+    ``max_step_s`` stops there and gets a ``skipped`` row. ``observed[runner]`` receives
+    each runner's median step time. ``clock`` times the budget, ``timer(step)`` a step and
+    ``load()`` samples the load average (tests pass synthetic ones).
     """
     rows, live = [], []
     for r in runners:
@@ -124,7 +153,7 @@ def run_group(
 
     def run(entry: _Live, measured: bool) -> None:
         try:
-            t = timed(entry.runner.step)
+            t = timer(entry.runner.step)
         except Exception as err:
             entry.failure = classify_failure(err)
             entry.runner.close()
@@ -142,11 +171,28 @@ def run_group(
             )
             entry.runner.close()
 
-    for rounds, measured in ((warmup, False), (repeats, True)):
-        for _ in range(rounds):
-            for entry in live:
-                if entry.failure is None:
-                    run(entry, measured)
+    def round_(measured: bool) -> None:
+        for entry in live:
+            if entry.failure is None:
+                run(entry, measured)
+
+    load_before = load()
+    for _ in range(warmup):
+        round_(False)
+    started, done = clock(), 0
+    while True:
+        active = [e for e in live if e.failure is None]
+        if repeats != "auto":
+            enough = done >= repeats
+        else:
+            precise = all(precise_enough(e.seconds, target) for e in active)
+            enough = done >= MIN_REPEATS and (precise or clock() - started >= budget_s)
+        if enough or not active:
+            break
+        round_(True)
+        done += 1
+    loads = [x for x in (load_before, load()) if x is not None]
+    group_load = max(loads) if loads else None
     for entry in live:
         r = entry.runner
         if observed is not None and entry.seconds:
@@ -158,7 +204,7 @@ def run_group(
             fields = {**entry.fields, **r.finish()}
             batch = r.row()["batch_size"]
             fields.update(
-                _timing_fields(entry.seconds, batch, fields.get("flops"), repeats, warmup)
+                _timing_fields(entry.seconds, batch, fields.get("flops"), warmup, group_load)
             )
             rows.append(_row(r, fields))
         except Exception as err:
@@ -283,6 +329,8 @@ def run_sweep(
                 runners,
                 repeats=config.repeats,
                 warmup=config.warmup,
+                target=config.target,
+                budget_s=config.time_budget_s,
                 log=log,
                 max_step_s=config.max_step_s,
                 observed=observed,

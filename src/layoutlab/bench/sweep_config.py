@@ -49,8 +49,12 @@ class SweepConfig:
     channels: int | None = None
     num_classes: int | None = None
     backend: str | None = None
-    repeats: int = 10
+    # "auto": measured rounds until each median is known within ``target`` (95% interval) or
+    # a group's rounds took ``time_budget_s``, at least bench.stats.MIN_REPEATS; or a count.
+    repeats: int | str = "auto"
     warmup: int = 2
+    target: float = 0.03
+    time_budget_s: float = 60.0
     torch: bool = False
     torch_compile: bool = False
     max_step_s: float | None = None  # skip configurations whose steps take longer
@@ -128,10 +132,15 @@ def validate(config: SweepConfig) -> SweepConfig:
         raise ValueError(
             f"max_step_s must be a positive number of seconds, got {config.max_step_s}."
         )
-    if config.repeats < 1 or config.warmup < 0:
+    auto = config.repeats == "auto"
+    if not auto and not (isinstance(config.repeats, int) and config.repeats >= 1):
+        raise ValueError(f"repeats must be 'auto' or an integer >= 1, got {config.repeats!r}.")
+    if config.warmup < 0:
+        raise ValueError(f"Need warmup >= 0, got warmup={config.warmup}.")
+    if not (0 < config.target < 1 and config.time_budget_s > 0):
         raise ValueError(
-            f"Need repeats >= 1 and warmup >= 0, got repeats={config.repeats}, "
-            f"warmup={config.warmup}."
+            f"target must lie in (0, 1) and time_budget_s be > 0, got {config.target} and "
+            f"{config.time_budget_s}."
         )
     backend = resolve_backend(config.backend)  # unknown or absent: BackendError (ValueError)
     algos = tuple(dict.fromkeys(config.conv_algorithms))

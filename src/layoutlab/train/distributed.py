@@ -44,6 +44,23 @@ def _parse_address(address: str) -> str:
     return address
 
 
+_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def _from_environment() -> tuple[str | None, int | None, int | None]:
+    """``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` when all
+    three are set (JAX itself reads only the first); otherwise cluster detection."""
+    values = [os.environ.get(name) for name in _ENV]
+    if not all(values):
+        return None, None, None
+    try:
+        return values[0], int(values[1]), int(values[2])
+    except ValueError:
+        raise DistributedError(
+            f"{_ENV[1]}={values[1]!r} and {_ENV[2]}={values[2]!r} must be integers."
+        ) from None
+
+
 def _watchdog(timeout_s: float, what: str) -> threading.Event:
     done = threading.Event()
 
@@ -71,6 +88,8 @@ def initialize_distributed(
     """
     import jax
 
+    if coordinator is None and num_processes is None and process_id is None:
+        coordinator, num_processes, process_id = _from_environment()
     given = [x is not None for x in (coordinator, num_processes, process_id)]
     if any(given) and not all(given):
         raise DistributedError(

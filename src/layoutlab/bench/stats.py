@@ -1,0 +1,115 @@
+"""Spread, intervals and stability of step times, without assuming a distribution.
+
+Step times on a shared machine are skewed and have outliers, so everything here is
+distribution-free: the dispersion is the interquartile range over the median, the interval
+of a median comes from order statistics (the binomial argument behind the sign test), and a
+ratio between two configurations is the median of their per-round ratios (they run
+interleaved, round by round, so each pair saw the same machine load) with the same kind of
+interval. A ratio whose interval contains 1 cannot tell the two apart.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "CONFIDENCE",
+    "MIN_REPEATS",
+    "UNSTABLE_DISPERSION",
+    "Interval",
+    "dispersion",
+    "load_average",
+    "median_interval",
+    "paired_ratio",
+    "precise_enough",
+    "unstable_reason",
+]
+
+CONFIDENCE = 0.95
+# IQR / median above this marks a row unstable: on an idle machine a step's spread is a few
+# percent, and 10% is where two configurations 10% apart can no longer be told apart.
+UNSTABLE_DISPERSION = 0.10
+# No verdict (stable, precise, faster) before this many measured rounds: fewer cannot give a
+# 95% interval of a median from order statistics at all (0.5**5 * 2 > 0.05).
+MIN_REPEATS = 6
+
+
+class Interval(NamedTuple):
+    value: float  # the median
+    low: float
+    high: float
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def _order_rank(n: int, confidence: float) -> int | None:
+    """The largest ``k`` with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2; the
+    interval of the median is then the k-th smallest to the k-th largest value."""
+    alpha, cdf, k = (1 - confidence) / 2, 0.0, 0
+    for j in range(n + 1):
+        p = math.comb(n, j) / 2**n
+        if cdf + p > alpha:
+            break
+        cdf += p
+        k = j + 1
+    return k if k >= 1 else None
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
+    """The median and its distribution-free interval; None with too few values."""
+    xs = sorted(values)
+    k = _order_rank(len(xs), confidence)
+    if k is None:
+        return None
+    return Interval(statistics.median(xs), xs[k - 1], xs[len(xs) - k])
+
+
+def dispersion(values: Sequence[float]) -> float:
+    """Interquartile range over the median (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    median = statistics.median(values)
+    return (q3 - q1) / median if median > 0 else math.inf
+
+
+def precise_enough(values: Sequence[float], target: float) -> bool:
+    """Whether the median's interval lies within ``target`` (relative) of the median."""
+    if len(values) < MIN_REPEATS:
+        return False
+    ci = median_interval(values)
+    return ci is not None and max(ci.value - ci.low, ci.high - ci.value) <= target * ci.value
+
+
+def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | None:
+    """``slow / fast`` round by round (above 1: ``fast`` is faster), median and interval;
+    the rounds are paired by position (both lists from the same interleaved rounds)."""
+    n = min(len(slow), len(fast))
+    ratios = [s / f for s, f in zip(slow[:n], fast[:n], strict=True) if f > 0]
+    return median_interval(ratios)
+
+
+def load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not every platform has it
+        return None
+
+
+def unstable_reason(
+    values: Sequence[float], load: float | None, cores: int | None = None
+) -> str | None:
+    """Why a row's times cannot be trusted, or None: too much spread, or a machine busier
+    than its cores (other processes took turns with the measured one)."""
+    cores = cores or os.cpu_count() or 1
+    spread = dispersion(values)
+    if spread > UNSTABLE_DISPERSION:
+        return f"IQR/median {spread:.0%} > {UNSTABLE_DISPERSION:.0%}"
+    if load is not None and load > cores:
+        return f"load average {load:.1f} > {cores} cores"
+    return None

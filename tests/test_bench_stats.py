@@ -1,0 +1,165 @@
+"""Benchmark statistics: intervals, the unstable flag, ``repeats="auto"`` and paired ratios.
+
+The step times are synthetic (an injected timer, clock and load sampler), so the tests are
+exact and do not depend on how busy the machine is. The median's interval is checked
+against SciPy's binomial quantiles, an independent implementation of the same argument.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from layoutlab.bench.report import markdown_table
+from layoutlab.bench.results import add_torch_ratios
+from layoutlab.bench.stats import (
+    MIN_REPEATS,
+    dispersion,
+    median_interval,
+    paired_ratio,
+    unstable_reason,
+)
+from layoutlab.bench.sweep import run_group
+
+
+@pytest.mark.parametrize("n", [6, 7, 10, 20, 31, 100])
+def test_median_interval_matches_the_binomial_order_statistics(n):
+    xs = list(range(n))
+    ci = median_interval(xs)
+    # The k-th order statistic (1-based) with P(Binomial(n, 1/2) <= k - 1) <= 2.5%.
+    k = int(scipy_stats.binom.ppf(0.025, n, 0.5))
+    if scipy_stats.binom.cdf(k, n, 0.5) > 0.025:
+        k -= 1
+    assert (ci.low, ci.high) == (xs[k], xs[n - 1 - k])
+    assert scipy_stats.binom.cdf(k, n, 0.5) <= 0.025 < scipy_stats.binom.cdf(k + 1, n, 0.5)
+
+
+def test_too_few_values_give_no_interval_and_no_verdict():
+    assert median_interval([1.0] * (MIN_REPEATS - 1)) is None
+    assert dispersion([5.0]) == 0.0
+    assert dispersion([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx((4 - 2) / 3)
+
+
+class Synthetic:
+    """A runner whose step times are drawn, not measured: ``timer`` reads them."""
+
+    def __init__(self, name, times):
+        self.name, self.times = name, iter(times)
+
+    def row(self):
+        return {"framework": "layoutlab", "batch_size": 8, "name": self.name}
+
+    def setup(self):
+        return {}
+
+    def step(self):
+        return next(self.times)
+
+    def finish(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _group(runners, *, load=1.0, budget_s=60.0, repeats="auto"):
+    clock = FakeClock()
+
+    def timer(step):
+        seconds = step()
+        clock.now += seconds
+        return seconds
+
+    rows = run_group(
+        runners, repeats=repeats, warmup=1, clock=clock, timer=timer, load=lambda: load,
+        budget_s=budget_s,
+    )  # fmt: skip
+    return {r["name"]: r for r in rows}
+
+
+def test_auto_repeats_stop_when_precise_and_noise_makes_rows_unstable():
+    rng = random.Random(0)
+    steady = Synthetic("steady", (0.100 + rng.uniform(-1e-3, 1e-3) for _ in range(10_000)))
+    noisy = Synthetic("noisy", (0.100 * rng.choice([0.5, 1.0, 2.0]) for _ in range(10_000)))
+    rows = _group([steady, noisy], budget_s=5.0)
+    # The noisy runner never gets its median within 3%, so the group runs until the 5 s
+    # budget of measured time is spent (both run each round: ~0.1 + ~0.12 s a round).
+    assert rows["noisy"]["unstable"] and "IQR/median" in rows["noisy"]["unstable_reason"]
+    assert not rows["steady"]["unstable"] and rows["steady"]["dispersion"] < 0.02
+    rounds = rows["steady"]["repeats"]
+    assert rounds == rows["noisy"]["repeats"] == len(json.loads(rows["steady"]["round_ms"]))
+    assert 5.0 / 0.4 < rounds < 5.0 / 0.1 + 2
+    alone = _group([Synthetic("steady", (0.1 for _ in range(100)))])
+    assert alone["steady"]["repeats"] == MIN_REPEATS  # precise at once: the minimum, no more
+
+
+def test_a_loaded_machine_flags_every_row():
+    rows = _group([Synthetic("a", (0.1 for _ in range(100)))], load=99.0, repeats=8)
+    assert rows["a"]["unstable"] and "load average 99.0" in rows["a"]["unstable_reason"]
+    assert rows["a"]["repeats"] == 8
+    assert unstable_reason([0.1] * 8, load=1.0, cores=2) is None
+
+
+def _pair(layoutlab_ms, torch_ms):
+    common = {"model": "m", "model_kwargs": "{}", "input_shape": "8x8x1", "mode": "train",
+              "batch_size": 8, "precision_class": "fp32", "status": "ok"}  # fmt: skip
+    ll = {**common, "framework": "layoutlab", "images_per_sec": 8e3 / np.median(layoutlab_ms),
+          "round_ms": json.dumps(layoutlab_ms)}  # fmt: skip
+    pt = {**common, "framework": "torch", "images_per_sec": 8e3 / np.median(torch_ms),
+          "round_ms": json.dumps(torch_ms), "memory_format": "contiguous",
+          "precision": "fp32"}  # fmt: skip
+    return add_torch_ratios([ll, pt])[0]
+
+
+def test_ratios_carry_intervals_and_say_when_they_cannot_tell():
+    rng = random.Random(1)
+    torch_ms = [100 * rng.uniform(0.8, 1.2) for _ in range(12)]
+    # Clearly faster: 20% less time in every round.
+    faster = _pair([t * 0.8 for t in torch_ms], torch_ms)
+    assert faster["ratio_verdict"] == "faster" and faster["ratio_ci_low"] > 1.2
+    # The same times up to noise much larger than any difference: no verdict.
+    same = _pair([t * rng.uniform(0.8, 1.25) for t in torch_ms], torch_ms)
+    assert same["ratio_verdict"] == "indistinguishable"
+    assert same["ratio_ci_low"] <= 1.0 <= same["ratio_ci_high"]
+    interval = paired_ratio(torch_ms, [t * 0.8 for t in torch_ms])
+    assert interval.value == pytest.approx(1.25)
+
+
+def test_the_table_shows_intervals_and_unstable_rows():
+    row = {"framework": "layoutlab", "mode": "train", "batch_size": 8, "layout": "NHWC",
+           "precision": "fp32", "status": "ok", "images_per_sec": 80.0, "step_ms_median": 100.0,
+           "step_ms_ci_low": 95.0, "step_ms_ci_high": 104.0, "dispersion": 0.31,
+           "unstable": True, "unstable_reason": "IQR/median 31% > 10%",
+           "ratio_vs_torch_best": 1.02, "ratio_ci_low": 0.97, "ratio_ci_high": 1.08,
+           "ratio_verdict": "indistinguishable"}  # fmt: skip
+    table = markdown_table([row])
+    assert "100.00 [95.00, 104.00]" in table and "31.0%" in table
+    assert "1.02 [0.97, 1.08] (same)" in table
+    assert "**unstable**: IQR/median 31% > 10%" in table
+
+
+def test_plots_mark_unstable_rows(tmp_path):
+    from layoutlab.bench.plots import plot_all
+
+    base = {"model": "m", "model_kwargs": "{}", "input_shape": "8x8x1", "mode": "train",
+            "layout": "NHWC", "precision": "fp32", "status": "ok", "images_per_sec": 80.0,
+            "temp_bytes": 1, "argument_bytes": 1}  # fmt: skip
+    rows = [
+        {**base, "framework": "layoutlab", "batch_size": 8, "unstable": True,
+         "ratio_vs_torch_best": 1.1, "ratio_ci_low": 1.15, "ratio_ci_high": 1.3},
+        {**base, "framework": "layoutlab", "batch_size": 16, "unstable": False,
+         "ratio_vs_torch_best": 1.2, "ratio_ci_low": 1.1, "ratio_ci_high": 1.3},
+    ]  # fmt: skip
+    paths = plot_all(rows, tmp_path)
+    assert [p.name for p in paths] == ["throughput.png", "memory.png", "ratio_vs_torch.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
