@@ -34,10 +34,12 @@ def test_autotune_measures_picks_caches_and_hits(tmp_path):
     assert not result.from_cache
     assert len(result.candidates) == 4 and all(c["status"] == "ok" for c in result.candidates)
     # Same seed, same weights: every layout/precision agrees with fp32 NHWC within its
-    # dtype-scaled tolerance, so all four pass and the fastest is chosen.
+    # dtype-scaled tolerance, so all four pass. Two rounds are no evidence (a 95% interval
+    # needs six), so the default, NHWC fp32, is kept whichever was fastest.
     assert all(c["numerics_passed"] for c in result.candidates)
-    fastest = min(result.candidates, key=lambda c: c["step_ms_median"])
-    assert (result.layout, result.precision) == (fastest["layout"], fastest["precision"])
+    assert (result.layout, result.precision) == ("NHWC", "fp32")
+    assert result.evidence["verdict"] in ("tie", "default fastest")
+    assert result.evidence["fingerprint"] == result.key["fingerprint"]
     assert [c["chosen"] for c in result.candidates].count(True) == 1
     assert Path(result.cache_path) == tmp_path / "autotune.json"  # cache_dir: the file in it
     data = json.loads(Path(result.cache_path).read_text())
@@ -73,9 +75,7 @@ class FakeRunner:
         return {"compile_s": 0.0}
 
     def step(self):
-        import time
-
-        time.sleep(self.ms / 1e3)
+        return next(self.ms) if hasattr(self.ms, "__next__") else self.ms
 
     def logits(self):
         return self.out
@@ -94,12 +94,15 @@ def test_fastest_candidate_with_broken_numerics_is_skipped(tmp_path):
     }
     calls = []
     kwargs = dict(
-        model_kwargs=TINY, mode="infer", repeats=1, warmup=0, backend="cpu", cache_dir=tmp_path,
+        model_kwargs=TINY, mode="infer", repeats=8, warmup=0, backend="cpu", cache_dir=tmp_path,
         candidates="NHWC:fp32,NCHW:fp32,NHWC:mixed_bf16",
-        runner=lambda case: FakeRunner(case, ms, logits, calls),
+        runner=lambda case: FakeRunner(case, ms, logits, calls), timer=_synthetic,
     )  # fmt: skip
     result = autotune("small_cnn", 2, SHAPE, **kwargs)
+    # 30 against 40 ms in every round: clearly faster, so it replaces the default.
     assert (result.layout, result.precision) == ("NCHW", "fp32")
+    assert result.evidence["verdict"] == "faster"
+    assert result.evidence["ratio"] == pytest.approx([40 / 30] * 3)
     passed = {(c["layout"], c["precision"]): c["numerics_passed"] for c in result.candidates}
     assert passed == {("NHWC", "fp32"): True, ("NCHW", "fp32"): True,
                       ("NHWC", "mixed_bf16"): False}  # fmt: skip
@@ -107,6 +110,56 @@ def test_fastest_candidate_with_broken_numerics_is_skipped(tmp_path):
     # force=True searches again instead of reading the cache.
     autotune("small_cnn", 2, SHAPE, force=True, **kwargs)
     assert len(calls) == 6
+
+
+def _synthetic(step):
+    """The injected timer: the fake step returns its own milliseconds."""
+    return step() / 1e3
+
+
+def test_noise_makes_a_tie_and_keeps_the_default(tmp_path):
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((2, 10)).astype(np.float32)
+    # NCHW's median is a little lower, but the rounds swing by +-50%: no separation.
+    ms = {
+        ("NHWC", "fp32"): iter(40 * rng.uniform(0.5, 1.5, 100)),
+        ("NCHW", "fp32"): iter(38 * rng.uniform(0.5, 1.5, 100)),
+    }
+    logits = {k: ref for k in ms}
+    result = autotune(
+        "small_cnn", 2, SHAPE, model_kwargs=TINY, mode="infer", repeats=12, warmup=0,
+        backend="cpu", cache_dir=tmp_path, candidates="NHWC:fp32,NCHW:fp32",
+        runner=lambda case: FakeRunner(case, ms, logits, []), timer=_synthetic,
+    )  # fmt: skip
+    evidence = result.evidence
+    assert (result.layout, result.precision) == ("NHWC", "fp32")
+    assert evidence["verdict"] in ("tie", "default fastest")
+    if evidence["verdict"] == "tie":
+        assert evidence["ratio"][1] <= 1.0  # the interval's low end: not above parity
+    saved = json.loads((tmp_path / "autotune.json").read_text())
+    (entry,) = saved["entries"].values()
+    assert entry["evidence"]["verdict"] == evidence["verdict"]
+    assert all(len(c["round_ms"]) == 12 for c in entry["candidates"])
+
+
+def test_a_new_machine_fingerprint_tunes_again(tmp_path, monkeypatch):
+    import layoutlab.bench.tuning.layout as layout_tuning
+
+    ref = np.zeros((2, 10), np.float32)
+    ms = {("NHWC", "fp32"): 10.0, ("NCHW", "fp32"): 20.0}
+    calls = []
+    kwargs = dict(
+        model_kwargs=TINY, mode="infer", repeats=6, warmup=0, backend="cpu", cache_dir=tmp_path,
+        candidates="NHWC:fp32,NCHW:fp32", timer=_synthetic,
+        runner=lambda case: FakeRunner(case, ms, {k: ref for k in ms}, calls),
+    )  # fmt: skip
+    autotune("small_cnn", 2, SHAPE, **kwargs)
+    autotune("small_cnn", 2, SHAPE, **kwargs)  # same machine: from the cache
+    assert len(calls) == 2
+    monkeypatch.setattr(layout_tuning, "machine_fingerprint", lambda: "another CPU|cores=64|")
+    again = autotune("small_cnn", 2, SHAPE, **kwargs)
+    assert not again.from_cache and len(calls) == 4
+    assert again.key["fingerprint"] == "another CPU|cores=64|"
 
 
 def test_cache_key_changes_with_shape_batch_and_options():
@@ -119,7 +172,7 @@ def test_cache_key_changes_with_shape_batch_and_options():
         cache_key("small_cnn", 2, (8, 8, 1), model_kwargs=TINY, mode="infer", backend="cpu"),
     ]
     assert all(o != base for o in others)
-    for field in ("backend", "device_kind", "versions", "input_dtype"):
+    for field in ("backend", "device_kind", "versions", "input_dtype", "fingerprint"):
         assert field in base
     assert set(base["versions"]) == {"jax", "jaxlib", "flax"}
 

@@ -163,3 +163,19 @@ def test_plots_mark_unstable_rows(tmp_path):
     paths = plot_all(rows, tmp_path)
     assert [p.name for p in paths] == ["throughput.png", "memory.png", "ratio_vs_torch.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_decide_keeps_the_default_without_separation():
+    from layoutlab.bench.stats import decide
+
+    rng = random.Random(2)
+    default = [100 * rng.uniform(0.7, 1.3) for _ in range(10)]
+    noisy = [100 * rng.uniform(0.65, 1.3) for _ in range(10)]
+    clear = [t * 0.7 for t in default]
+    tie = decide("xla", {"xla": default, "other": noisy})
+    assert tie.choice == "xla" and tie.verdict in ("tie", "default fastest")
+    win = decide("xla", {"xla": default, "other": noisy, "fast": clear})
+    assert (win.choice, win.verdict) == ("fast", "faster") and win.ratio.low > 1.4
+    few = decide("xla", {"xla": default[:3], "fast": clear[:3]})
+    assert (few.choice, few.verdict, few.ratio) == ("xla", "tie", None)
+    assert decide("xla", {"fast": clear}).verdict == "default failed"

@@ -71,9 +71,10 @@ def _autotune_train(args: argparse.Namespace) -> None:
     print(f"autotune chose layout {args.layout}, precision {args.precision}")
 
 
-# Conv autotuning before training measures each candidate this many times (a cache-once
-# tune: medians of a few runs separate algorithms that differ enough to matter).
-_CONV_TUNE_REPEATS = 2
+# Conv autotuning before training measures each candidate this many interleaved rounds: a
+# cache-once tune, and the fewest rounds that give a 95% interval of the paired ratio, which
+# a candidate must clear to replace XLA's conv (bench.stats.decide).
+_CONV_TUNE_REPEATS = 6
 _CONV_TUNE_WARMUP = 1
 
 

@@ -176,7 +176,7 @@ def register(subparsers) -> None:
         "shape, cached; see `autotune convs`); one of: " + _algorithm_list(),
     )
     p.add_argument(
-        "--conv-tune-repeats", type=int, default=3, help="timing rounds per shape for auto"
+        "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"
     )
     _add_conv_args(p)
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")

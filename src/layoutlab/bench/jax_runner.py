@@ -52,7 +52,7 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
 
 
 def tune_convs(
-    model: nnx.Module, case: JaxCase, images, *, backend=None, repeats: int = 3, log=None
+    model: nnx.Module, case: JaxCase, images, *, backend=None, repeats: int = 6, log=None
 ):
     """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
     runs, for its mode and XLA options; returns ``(plan, seconds it took)``."""
@@ -86,7 +86,7 @@ class JaxRunner:
         *,
         backend: str | None = None,
         seed: int = 0,
-        conv_tune_repeats: int = 3,
+        conv_tune_repeats: int = 6,
         log=None,
     ):
         self.case, self.backend, self.seed = case, backend, seed

@@ -9,7 +9,16 @@ import platform
 import sys
 from pathlib import Path
 
-__all__ = ["cpu_model", "finish_machine_info", "library_versions", "machine_info"]
+__all__ = [
+    "cpu_model",
+    "finish_machine_info",
+    "library_versions",
+    "machine_fingerprint",
+    "machine_info",
+]
+
+# The CPU features that change which code XLA and oneDNN run (and so which choice wins).
+_FEATURE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "fma")
 
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch")
 
@@ -23,6 +32,24 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in _FEATURE_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def machine_fingerprint() -> str:
+    """What a timing-based choice depends on besides the software: CPU model, usable
+    cores and the vector features present. An autotune cache entry made under another
+    fingerprint is not reused (the choice is measured again)."""
+    return f"{cpu_model()}|cores={_usable_cores()}|{'+'.join(_cpu_flags()) or 'no-flags'}"
 
 
 def library_versions() -> dict[str, str | None]:

@@ -20,7 +20,9 @@ __all__ = [
     "CONFIDENCE",
     "MIN_REPEATS",
     "UNSTABLE_DISPERSION",
+    "Decision",
     "Interval",
+    "decide",
     "dispersion",
     "load_average",
     "median_interval",
@@ -113,3 +115,35 @@ def unstable_reason(
     if load is not None and load > cores:
         return f"load average {load:.1f} > {cores} cores"
     return None
+
+
+class Decision(NamedTuple):
+    """A tuner's choice and why: ``verdict`` is ``"faster"`` (``choice`` beat the default
+    with separation), ``"tie"`` (the fastest could not be told from the default: the
+    default is kept), ``"default fastest"`` or ``"default failed"``."""
+
+    choice: str
+    verdict: str
+    fastest: str
+    ratio: Interval | None  # default / fastest, per round
+
+
+def decide(default: str, rounds: dict[str, Sequence[float]]) -> Decision:
+    """Keep ``default`` unless another candidate is faster with separation.
+
+    ``rounds[name]``: each passing candidate's times in the same interleaved rounds. The
+    test: the 95% interval of the median per-round ratio (default / candidate; the sign
+    test's order-statistics interval) must lie above 1. Too few rounds for an interval is
+    no evidence, so the default stays.
+    """
+    if not rounds:
+        raise ValueError("decide needs at least one candidate's rounds.")
+    fastest = min(rounds, key=lambda name: statistics.median(rounds[name]))
+    if default not in rounds:
+        return Decision(fastest, "default failed", fastest, None)
+    if fastest == default:
+        return Decision(default, "default fastest", fastest, None)
+    ratio = paired_ratio(rounds[default], rounds[fastest])
+    if ratio is not None and ratio.low > 1.0:
+        return Decision(fastest, "faster", fastest, ratio)
+    return Decision(default, "tie", fastest, ratio)

@@ -64,7 +64,7 @@ class SweepConfig:
     conv_algorithms: Sequence[str] = ("xla",)
     kernel_storage: str = "layout"
     xla_options: dict = dataclasses.field(default_factory=dict)
-    conv_tune_repeats: int = 3
+    conv_tune_repeats: int = 6
     # Add layoutlab.xla.cpu_fast_options(mode) under xla_options (which override them).
     cpu_fast: bool = False
 

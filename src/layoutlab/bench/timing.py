@@ -29,6 +29,7 @@ __all__ = [
     "RecompilationError",
     "TimingStats",
     "interleaved_ms",
+    "interleaved_rounds",
     "summarize",
     "timed",
 ]
@@ -64,11 +65,12 @@ def timed(call: Callable[[], Any]) -> float:
 K = TypeVar("K", bound=Hashable)
 
 
-def interleaved_ms(
+def interleaved_rounds(
     calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1
-) -> dict[K, float]:
-    """Median milliseconds of each blocking call, all called in turn each round (A B C A B
-    C ...) after ``warmup`` unmeasured calls each, so every one sees the same machine load."""
+) -> dict[K, list[float]]:
+    """Milliseconds of each blocking call in each round, all called in turn each round (A B
+    C A B C ...) after ``warmup`` unmeasured calls each, so every one sees the same machine
+    load and round ``i`` of one pairs with round ``i`` of another."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"Need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}.")
     for call in calls.values():
@@ -77,8 +79,16 @@ def interleaved_ms(
     times: dict[K, list[float]] = {k: [] for k in calls}
     for _ in range(repeats):
         for k, call in calls.items():
-            times[k].append(timed(call))
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            times[k].append(1e3 * timed(call))
+    return times
+
+
+def interleaved_ms(
+    calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1
+) -> dict[K, float]:
+    """Median milliseconds of each call over ``interleaved_rounds``."""
+    rounds = interleaved_rounds(calls, repeats, warmup)
+    return {k: statistics.median(v) for k, v in rounds.items()}
 
 
 class JaxStep:

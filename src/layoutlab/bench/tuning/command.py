@@ -128,7 +128,7 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
     a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
     a.add_argument("--mode", type=parse_mode, choices=MODES, default="train")
-    a.add_argument("--repeats", type=int, default=5)
+    a.add_argument("--repeats", type=int, default=8, help="interleaved rounds (>= 6 to decide)")
     a.add_argument("--warmup", type=int, default=1)
     a.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
@@ -148,7 +148,8 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
                    help="train: forward and backward of each conv; infer: forward")  # fmt: skip
     c.add_argument("--objective", type=_objective, dest="mode", help=argparse.SUPPRESS)
     _add_conv_args(c)
-    c.add_argument("--repeats", type=int, default=3, help="timing rounds per shape")
+    c.add_argument("--repeats", type=int, default=8,
+                   help="interleaved rounds per shape (>= 6 to decide)")  # fmt: skip
     c.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
     c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")

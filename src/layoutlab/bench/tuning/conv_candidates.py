@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layoutlab.bench.timing import interleaved_ms
+from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.bench.tuning.conv_reference import candidate_errors, conv_shapes
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import ConvSpec
@@ -118,7 +119,14 @@ def check_candidate(
     return result
 
 
-def time_candidates(
+def time_candidates(spec, names, inputs, **kw) -> dict[str, tuple[float | None, float | None]]:
+    """``{name: (forward_ms, train_ms)}`` medians of ``time_candidate_rounds``."""
+    rounds = time_candidate_rounds(spec, names, inputs, **kw)
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    return {n: (med[("fwd", n)], med.get(("train", n))) for n in names}
+
+
+def time_candidate_rounds(
     spec: ConvSpec,
     names: Sequence[str],
     inputs: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -128,9 +136,9 @@ def time_candidates(
     device=None,
     objective: str = "train",
     compiler_options: dict | None = None,
-) -> dict[str, tuple[float | None, float | None]]:
-    """``{name: (forward_ms, train_ms)}`` medians; candidates run interleaved each round.
-    ``objective="inference"`` times the forward only (train_ms None)."""
+) -> dict[tuple[str, str], list[float]]:
+    """``{("fwd"|"train", name): [ms per round]}``; candidates run interleaved each round.
+    ``objective="inference"`` times the forward only (no ``"train"`` entries)."""
     dtype = jnp.dtype(spec.dtype)
     x, w, dy = (jax.device_put(jnp.asarray(a, dtype), device) for a in inputs)
     calls = {}
@@ -139,5 +147,4 @@ def time_candidates(
         calls[("fwd", name)] = lambda fwd=fwd: jax.block_until_ready(fwd(x, w))
         if objective == "train":
             calls[("train", name)] = lambda train=train: jax.block_until_ready(train(x, w, dy))
-    ms = interleaved_ms(calls, repeats, warmup)
-    return {n: (ms[("fwd", n)], ms.get(("train", n))) for n in names}
+    return interleaved_rounds(calls, repeats, warmup)

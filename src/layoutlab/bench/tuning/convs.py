@@ -11,7 +11,9 @@ dtype, layout) and backend, every registered algorithm that supports the shape i
    (``conv_candidates.time_candidates``).
 
 The fastest passing candidate for the objective (``"train"``: forward + backward,
-``"inference"``: forward) becomes the choice. It goes into the autotune cache
+``"inference"``: forward) becomes the choice only when it beats ``xla`` with separation
+(``bench.stats.decide``: the 95% interval of the per-round paired ratio lies above 1);
+otherwise ``xla`` stays, recorded as a ``"tie"``. It goes into the autotune cache
 (``cache.AutotuneCache``) keyed by the shape, dtype, layout, backend, device kind,
 jax/jaxlib versions, objective, candidate set and compiler options. ``autotune_model``
 turns the choices for every conv of a model into a ``ConvPlan``, which the caller hands to
@@ -22,19 +24,21 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from flax import nnx
 
+from layoutlab.bench.machine import machine_fingerprint
+from layoutlab.bench.stats import Decision, decide, load_average
 from layoutlab.bench.tuning.cache import AutotuneCache, device_for, versions
 from layoutlab.bench.tuning.conv_candidates import (
     CandidateResult,
     check_candidate,
     options_key,
-    time_candidates,
+    time_candidate_rounds,
 )
 from layoutlab.bench.tuning.conv_reference import reference_conv, spec_inputs
 from layoutlab.nn import conv_algos as ca
@@ -69,6 +73,14 @@ class TuneResult:
     versions: dict[str, str | None]
     candidates: list[CandidateResult]
     compiler_options: dict = dataclasses.field(default_factory=dict)
+    # The evidence: "faster" (choice beat xla with separation), "tie" (kept xla), "default
+    # fastest", "default failed"; the paired ratio xla / fastest with its 95% interval; the
+    # objective's per-round ms of each timed candidate; the machine and its load.
+    verdict: str = ""
+    ratio: list | None = None
+    rounds_ms: dict = dataclasses.field(default_factory=dict)
+    fingerprint: str = ""
+    load_avg: float | None = None
     from_cache: bool = False
 
     def to_dict(self) -> dict:
@@ -84,7 +96,8 @@ class TuneResult:
 
     def table(self) -> str:
         """One line per candidate: times, errors, verdict."""
-        lines = [f"{self.spec_key} [{self.objective}] -> {self.choice}"]
+        why = f" ({self.verdict})" if self.verdict else ""
+        lines = [f"{self.spec_key} [{self.objective}] -> {self.choice}{why}"]
         for c in self.candidates:
             errs = " ".join(f"{k} {v:.1e}" for k, v in c.errors.items())
             t = (
@@ -101,7 +114,7 @@ def _cache_key(spec_key, platform, device_kind, versions, objective, names, opti
     opts = ",".join(f"{k}={v}" for k, v in options_key(options))
     return (
         f"{spec_key}|{platform}|{device_kind}|jax={versions['jax']}|jaxlib={versions['jaxlib']}"
-        f"|{objective}|{','.join(sorted(names))}|{opts}"
+        f"|{objective}|{','.join(sorted(names))}|{opts}|{machine_fingerprint()}"
     )
 
 
@@ -114,13 +127,11 @@ def candidates_for(spec: ConvSpec, algorithms: Iterable[str] | None = None) -> l
     return sorted(set(ok), key=lambda n: (n != ca.XLA, names.index(n)))
 
 
-def _pick(cands: list[CandidateResult], objective: str) -> str:
-    def t(c: CandidateResult) -> float:
-        v = c.train_ms if objective == "train" else c.forward_ms
-        return math.inf if v is None else v
-
-    passing = [c for c in cands if c.passed and c.forward_ms is not None]
-    return min(passing, key=t).algorithm if passing else ca.XLA
+def _decide(rounds: dict, objective: str) -> Decision | None:
+    """``xla`` unless a passing candidate beats it with separation (``bench.stats.decide``)."""
+    kind = "train" if objective == "train" else "fwd"
+    timed = {name: ms for (k, name), ms in rounds.items() if k == kind}
+    return decide(ca.XLA, timed) if timed else None
 
 
 def autotune_conv(
@@ -128,7 +139,7 @@ def autotune_conv(
     *,
     algorithms: Iterable[str] | None = None,
     objective: str = "train",
-    repeats: int = 5,
+    repeats: int = 8,
     warmup: int = 1,
     backend: str | None = None,
     cache: AutotuneCache | str | Path | None = None,
@@ -168,7 +179,7 @@ def autotune_conv(
             for n in names
         ]
         timed_names = [c.algorithm for c in checked if c.passed]
-        times = time_candidates(
+        rounds = time_candidate_rounds(
             spec,
             timed_names,
             inputs,
@@ -177,19 +188,28 @@ def autotune_conv(
             device=device,
             objective=objective,
             compiler_options=compiler_options,
-        )
+        ) if timed_names else {}  # fmt: skip
         for c in checked:
-            c.forward_ms, c.train_ms = times.get(c.algorithm, (None, None))
+            fwd, train = rounds.get(("fwd", c.algorithm)), rounds.get(("train", c.algorithm))
+            c.forward_ms = None if fwd is None else statistics.median(fwd)
+            c.train_ms = None if train is None else statistics.median(train)
+        decision = _decide(rounds, objective)
         result = TuneResult(
             spec.key(),
             key,
             objective,
-            _pick(checked, objective),
+            ca.XLA if decision is None else decision.choice,
             device.platform,
             device.device_kind,
             here,
             checked,
             dict(options_key(compiler_options)),
+            verdict="no candidate timed" if decision is None else decision.verdict,
+            ratio=None if decision is None or decision.ratio is None else list(decision.ratio),
+            rounds_ms={n: ms for (k, n), ms in rounds.items()
+                       if k == ("train" if objective == "train" else "fwd")},  # fmt: skip
+            fingerprint=machine_fingerprint(),
+            load_avg=load_average(),
         )
         cache.put(key, "conv", result.to_dict())
         cache.save()

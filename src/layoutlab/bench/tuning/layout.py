@@ -1,6 +1,8 @@
 """Autotuning, the analog of ``torch.backends.cudnn.benchmark``: measure each layout x
-precision candidate for one exact input shape and backend, keep the fastest whose numerics
-pass, and remember the choice on disk.
+precision candidate for one exact input shape and backend, interleaved round by round, and
+keep the default (the first candidate, NHWC fp32) unless a candidate whose numerics pass is
+faster with statistical separation (``bench.stats.decide``); remember the choice and its
+evidence on disk.
 
 Numerics: every candidate's eval-mode logits on the same batch are compared (with
 ``layoutlab.compare.compare``) against the float32 NHWC candidate's, all built from the same
@@ -22,9 +24,11 @@ rejects broken candidates (overflow, NaN, a wrong layout), not the rounding of a
 Cache: a ``"layout"`` entry of the autotune cache (``cache.AutotuneCache``, default
 ``$LAYOUTLAB_AUTOTUNE_CACHE`` or ``~/.cache/layoutlab/autotune.json``). The key holds the
 model, its options, the number of classes, batch size, input shape and dtype, mode,
-candidates, backend, device kind and the jax/jaxlib/flax versions. A new input shape (or
-batch size) is a new key, so a new search: a training loop that keeps seeing new shapes
-pays a search and a compile for each, which ``ShapeWatcher`` warns about.
+candidates, backend, device kind, the jax/jaxlib/flax versions and the machine fingerprint
+(CPU model, cores, vector features): on another machine or jax the choice is measured
+again. A new input shape (or batch size) is a new key, so a new search: a training loop
+that keeps seeing new shapes pays a search and a compile for each, which ``ShapeWatcher``
+warns about.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ from flax import nnx
 from layoutlab import models
 from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_shape
 from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
-from layoutlab.bench.machine import library_versions
+from layoutlab.bench.machine import library_versions, machine_fingerprint
+from layoutlab.bench.stats import decide, dispersion, load_average
 from layoutlab.bench.status import OK, classify_failure
 from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.bench.timing import summarize, timed
@@ -84,6 +89,10 @@ class AutotuneResult:
     cache_path: str | None  # the autotune cache file
     key: dict
     candidates: list[dict]  # one dict per candidate: timing, numerics, status
+    # How the choice was made (bench.stats.decide): verdict "faster", "tie" (the first
+    # candidate, the default, is kept), "default fastest" or "default failed", the paired
+    # ratio default / fastest with its 95% interval, the machine fingerprint and load.
+    evidence: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -150,6 +159,7 @@ def cache_key(
         "backend": be.name,
         "device_kind": be.device_kind,
         "versions": {k: versions[k] for k in ("jax", "jaxlib", "flax")},
+        "fingerprint": machine_fingerprint(),
     }
 
 
@@ -199,19 +209,21 @@ def _forward_logits(case: JaxCase, images_cl: np.ndarray, backend) -> np.ndarray
     return np.asarray(out.astype(jnp.float32))
 
 
-def _measure(runner, repeats: int, warmup: int) -> tuple[dict, np.ndarray | None]:
-    fields = runner.setup()
-    for _ in range(warmup):
-        runner.step()
-    seconds = [timed(runner.step) for _ in range(repeats)]
-    stats = summarize(seconds)
-    logits = runner.logits() if hasattr(runner, "logits") else None
-    return {
-        "step_ms_median": stats.median_ms,
-        "step_ms_min": stats.min_ms,
-        "step_ms_max": stats.max_ms,
-        "compile_s": fields.get("compile_s"),
-    }, logits
+def _measure_interleaved(entries, repeats: int, warmup: int, timer) -> None:
+    """Times every set-up candidate round by round (A B C A B C ...), so that each round's
+    times saw the same machine; a candidate that fails drops out with its error."""
+    for rounds, measured in ((warmup, False), (repeats, True)):
+        for _ in range(rounds):
+            for e in entries:
+                if e["status"] != OK:
+                    continue
+                try:
+                    t = timer(e["_runner"].step)
+                except Exception as err:
+                    e.update(zip(("status", "error"), classify_failure(err), strict=True))
+                    continue
+                if measured:
+                    e["round_ms"].append(1e3 * t)
 
 
 def autotune(
@@ -227,17 +239,21 @@ def autotune(
     mode: str = "train",
     model_kwargs: dict | None = None,
     num_classes: int | None = None,
-    repeats: int = 5,
+    repeats: int = 8,
     warmup: int = 1,
     runner: Callable | None = None,
     log: Callable[[str], None] | None = None,
+    timer: Callable[[Callable], float] = timed,
 ) -> AutotuneResult:
     """The fastest candidate whose numerics pass, for this exact shape and backend.
 
     ``input_shape``: ``(*spatial, channels)`` or ``"HxWxC"``. A cached choice is returned
     without measuring unless ``force``. ``cache``: an ``AutotuneCache``, its file, or None
     (``default_cache_path()``); ``cache_dir``: a directory holding ``autotune.json``.
-    ``runner(case)`` builds the runner (tests pass fakes).
+    ``runner(case)`` builds the runner and ``timer(step)`` times a step (tests pass
+    fakes). The candidates are timed interleaved, round by round; the first candidate (the
+    default, NHWC fp32) is kept unless another passing one is faster with separation
+    (``bench.stats.decide``), and the result's ``evidence`` says which happened.
     """
     cands = parse_candidates(candidates if candidates is not None else DEFAULT_CANDIDATES)
     if mode not in ("infer", "train"):
@@ -266,8 +282,9 @@ def autotune(
     if cached is not None:
         choice = cached["choice"]
         return AutotuneResult(
-            choice["layout"], choice["precision"], True, str(path), key, cached["candidates"]
-        )
+            choice["layout"], choice["precision"], True, str(path), key, cached["candidates"],
+            cached.get("evidence", {}),
+        )  # fmt: skip
 
     shape = parse_shape(key["input_shape"])
     workload = make_workload(model, kwargs, shape, key["num_classes"], mode, batch_size)
@@ -278,24 +295,30 @@ def autotune(
     results, logits = [], {}
     for layout, precision in cands:
         case = JaxCase(workload, models.resolve_layout(layout, len(shape) - 1).name, precision)
-        r = make_runner(case)
-        entry = {"layout": layout, "precision": precision}
+        entry = {"layout": layout, "precision": precision, "status": OK, "error": None}
+        entry.update(round_ms=[], _runner=make_runner(case))
         try:
-            timing, out = _measure(r, repeats, warmup)
-            entry.update(
-                timing,
-                images_per_sec=batch_size / (timing["step_ms_median"] / 1e3),
-                status=OK,
-                error=None,
-            )
-            logits[(layout, precision)] = out[:n] if out is not None else None
+            entry["compile_s"] = entry["_runner"].setup().get("compile_s")
         except Exception as err:  # a failing candidate is skipped, not fatal
             entry.update(zip(("status", "error"), classify_failure(err), strict=True))
-        finally:
-            r.close()
-        if log is not None:
-            log(_describe(entry))
         results.append(entry)
+    load = load_average()
+    try:
+        _measure_interleaved(results, repeats, warmup, timer)
+        for e in results:
+            if e["status"] == OK:
+                stats = summarize([ms / 1e3 for ms in e["round_ms"]])
+                e.update(step_ms_median=stats.median_ms, step_ms_min=stats.min_ms,
+                         step_ms_max=stats.max_ms, dispersion=dispersion(e["round_ms"]),
+                         images_per_sec=batch_size / (stats.median_ms / 1e3))  # fmt: skip
+                out = e["_runner"].logits() if hasattr(e["_runner"], "logits") else None
+                logits[(e["layout"], e["precision"])] = out[:n] if out is not None else None
+    finally:
+        for e in results:
+            e.pop("_runner").close()
+    for e in results:
+        if log is not None:
+            log(_describe(e))
 
     ok = [e for e in results if e["status"] == OK]
     if not ok:
@@ -304,16 +327,36 @@ def autotune(
             + "; ".join(f"{e['layout']}:{e['precision']}: {e['error']}" for e in results)
         )
     _check_numerics(ok, logits, workload, images, backend)
-    passing = sorted((e for e in ok if e["numerics_passed"]), key=lambda e: e["step_ms_median"])
+    passing = {_name(e): e for e in ok if e["numerics_passed"]}
     if not passing:
         raise RuntimeError("No autotune candidate passed the numerics check against fp32 NHWC.")
-    best = passing[0]
+    default = _name(dict(zip(("layout", "precision"), cands[0], strict=True)))
+    decision = decide(default, {name: e["round_ms"] for name, e in passing.items()})
+    best = passing[decision.choice]
     for e in results:
         e["chosen"] = e is best
     choice = {"layout": best["layout"], "precision": best["precision"]}
-    store.put(_entry_key(key), "layout", {"key": key, "choice": choice, "candidates": results})
+    evidence = {
+        "verdict": decision.verdict,
+        "default": default,
+        "fastest": decision.fastest,
+        "ratio": None if decision.ratio is None else list(decision.ratio),
+        "fingerprint": key["fingerprint"],
+        "load_avg": load,
+    }
+    if log is not None:
+        log(f"choice {decision.choice} ({decision.verdict}; default {default}, fastest "
+            f"{decision.fastest})")  # fmt: skip
+    entry = {"key": key, "choice": choice, "evidence": evidence, "candidates": results}
+    store.put(_entry_key(key), "layout", entry)
     store.save()
-    return AutotuneResult(best["layout"], best["precision"], False, str(path), key, results)
+    return AutotuneResult(
+        best["layout"], best["precision"], False, str(path), key, results, evidence
+    )
+
+
+def _name(e: dict) -> str:
+    return f"{e['layout']}:{e['precision']}"
 
 
 def _check_numerics(ok, logits, workload, images, backend) -> None:
