@@ -179,3 +179,24 @@ def test_decide_keeps_the_default_without_separation():
     few = decide("xla", {"xla": default[:3], "fast": clear[:3]})
     assert (few.choice, few.verdict, few.ratio) == ("xla", "tie", None)
     assert decide("xla", {"fast": clear}).verdict == "default failed"
+
+
+def test_roofline_peaks_and_each_rows_share_of_them():
+    from layoutlab.bench.results import add_roofline
+    from layoutlab.bench.roofline import measure_peaks
+
+    peaks = measure_peaks("cpu", torch=True)
+    # A 1024^3 float32 matmul is compute-bound on any CPU this runs on; both libraries reach
+    # a real rate, and the copy moves more than a GB/s.
+    assert peaks["xla_matmul_gflops"] > 1 and peaks["copy_gb_per_s"] > 1
+    assert peaks["peak_gflops"] == max(peaks["xla_matmul_gflops"], peaks["torch_matmul_gflops"])
+    common = {"model": "m", "model_kwargs": "{}", "input_shape": "8x8x1", "mode": "train",
+              "batch_size": 8, "status": "ok", "step_ms_median": 10.0}  # fmt: skip
+    ll = {**common, "framework": "layoutlab", "flops": 2e9, "gflops_per_sec": 200.0}
+    pt = {**common, "framework": "torch", "step_ms_median": 20.0}
+    ll, pt = add_roofline([ll, pt], {"peak_gflops": 400.0})
+    # The PyTorch row of the same workload is credited with XLA's FLOP count.
+    assert pt["flops"] == 2e9 and pt["gflops_per_sec"] == pytest.approx(100.0)
+    assert (ll["pct_of_peak"], pt["pct_of_peak"]) == (pytest.approx(50.0), pytest.approx(25.0))
+    table = markdown_table([{**ll, "layout": "NHWC", "precision": "fp32"}])
+    assert "200.0 (50%)" in table

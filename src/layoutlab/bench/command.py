@@ -120,6 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             target=args.target,
+            roofline=not args.no_roofline,
             time_budget_s=args.time_budget,
             torch=args.torch or args.torch_compile,
             torch_compile=args.torch_compile,
@@ -201,6 +202,11 @@ def register(subparsers) -> None:
         help="skip configurations whose step takes (or is predicted to take) longer",
     )
     p.add_argument("--note", help="free text stored with the machine info")
+    p.add_argument(
+        "--no-roofline",
+        action="store_true",
+        help="skip measuring the machine's float32 matmul peak and copy bandwidth",
+    )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run_bench)

@@ -13,6 +13,7 @@ from layoutlab import models
 from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.memory import device_peak_bytes, peak_rss_bytes
 from layoutlab.bench.timing import JaxStep
+from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, with_conv_plan
@@ -142,7 +143,13 @@ class JaxRunner:
         fields.pop("lower_s")
         fields.pop("alias_bytes")
         be = self.step_fn.backend
-        return {**fields, "backend": be.name, "device_kind": be.device_kind, "conv_tune_s": tune_s}
+        # XLA on GPU runs float32 convs and matmuls in TensorFloat32 at JAX's default
+        # precision (effective_compute_dtype says float16's rounding), so rows say so.
+        tf32 = "n/a"
+        if be.name == "gpu":
+            tf32 = "on" if effective_compute_dtype(np.float32, "gpu") != np.float32 else "off"
+        return {**fields, "backend": be.name, "device_kind": be.device_kind,
+                "conv_tune_s": tune_s, "tf32": tf32}  # fmt: skip
 
     def step(self) -> None:
         self.step_fn()

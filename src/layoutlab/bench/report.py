@@ -34,6 +34,13 @@ def _ratio(r) -> str:
     return ratio
 
 
+def _rate(r) -> str:
+    rate = _num(r.get("gflops_per_sec"), ".1f")
+    if rate and r.get("pct_of_peak") is not None:
+        rate += f" ({r['pct_of_peak']:.0f}%)"
+    return rate
+
+
 def _status(r) -> str:
     if r["status"] != "ok":
         return f"**{r['status']}**"
@@ -49,9 +56,10 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
     unstable row says why)."""
     header = (
         "| framework | mode | batch | layout | precision | variant | images/s | step ms median "
-        "[95% interval] | IQR/median | compile s | vs PyTorch best [95% interval] | status |"
+        "[95% interval] | IQR/median | GFLOP/s (% of peak) | compile s | vs PyTorch best "
+        "[95% interval] | status |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 13]
     order = lambda r: (
         r["mode"],
         r["batch_size"],
@@ -73,6 +81,7 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
         lines.append(
             f"| {r['framework']} | {r['mode']} | {r['batch_size']} | {r['layout']} | "
             f"{r['precision']} | {variant(r)} | {_num(r.get('images_per_sec'), '.1f')} | {ms} | "
-            f"{spread} | {_num(r.get('compile_s'), '.1f')} | {_ratio(r)} | {_status(r)} |"
+            f"{spread} | {_rate(r)} | {_num(r.get('compile_s'), '.1f')} | {_ratio(r)} | "
+            f"{_status(r)} |"
         )
     return "\n".join(lines)

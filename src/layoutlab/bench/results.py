@@ -59,8 +59,10 @@ _SCHEMA: dict[str, type] = {
     "round_ms": str,  # JSON: each measured round's ms, in round order (for paired ratios)
     "compile_s": float,
     "conv_tune_s": float,  # layoutlab, conv_algo auto: seconds autotuning (0 when cached)
-    "flops": float,
+    "flops": float,  # XLA's cost analysis of the step; PyTorch rows: the same workload's
     "gflops_per_sec": float,
+    "pct_of_peak": float,  # gflops_per_sec over the machine's float32 matmul peak (roofline)
+    "tf32": str,  # GPU float32 in TensorFloat32: "on"/"off" (torch: conv and matmul); CPU n/a
     "temp_bytes": int,
     "argument_bytes": int,
     "output_bytes": int,
@@ -157,6 +159,31 @@ def add_torch_ratios(rows: list[dict]) -> list[dict]:
                 row.update(_ratio_interval(best, row))
         out.append(row)
     return out
+
+
+def add_roofline(rows: list[dict], peaks: dict | None) -> list[dict]:
+    """PyTorch rows get the FLOP count XLA reported for the same workload (the same model,
+    input, mode and batch: the same arithmetic), then every ok row its GFLOP/s and
+    ``pct_of_peak`` (``bench.roofline``)."""
+    from layoutlab.bench.roofline import pct_of_peak
+
+    flops = {_workload(r): r["flops"] for r in rows
+             if r.get("framework") == "layoutlab" and r.get("flops")}  # fmt: skip
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("status") == "ok":
+            if not row.get("flops") and _workload(row) in flops:
+                row["flops"] = flops[_workload(row)]
+                row["gflops_per_sec"] = row["flops"] / (row["step_ms_median"] / 1e3) / 1e9
+            row["pct_of_peak"] = pct_of_peak(row.get("gflops_per_sec"), peaks)
+        out.append(row)
+    return out
+
+
+def _workload(row: dict) -> tuple:
+    return tuple(row.get(k) for k in ("model", "model_kwargs", "input_shape", "mode",
+                                      "batch_size"))  # fmt: skip
 
 
 def _ratio_interval(slow: dict, fast: dict) -> dict:

@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 from layoutlab.bench.cases import JaxCase, TorchCase, Workload, make_workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.bench.results import BenchResults, add_torch_ratios, precision_class, variant
+from layoutlab.bench.results import (
+    BenchResults,
+    add_roofline,
+    add_torch_ratios,
+    precision_class,
+    variant,
+)
 from layoutlab.bench.stats import (
     MIN_REPEATS,
     dispersion,
@@ -284,11 +290,14 @@ def run_sweep(
     jax_runner: Callable | None = None,
     torch_runner: Callable | None = None,
     log: Callable[[str], None] | None = None,
+    peaks: dict | None = None,
 ) -> BenchResults:
     """Run every configuration of ``config``; returns all rows (ok, oom and error).
 
     ``jax_runner(case)``/``torch_runner(case, device)`` build the runners (defaults:
-    ``JaxRunner``/``TorchRunner``); tests pass fakes.
+    ``JaxRunner``/``TorchRunner``); tests pass fakes. ``peaks``: the machine's limits
+    (``bench.roofline.measure_peaks``), measured here when ``config.roofline`` and the
+    default runners are used; every ok row then gets ``pct_of_peak``.
     """
     config = validate(config)
     notes: list[str] = []
@@ -307,6 +316,13 @@ def run_sweep(
 
         torch_runner = lambda case, dev: TorchRunner(case, device=dev)
     machine = machine_info(config.backend, note=config.note)
+    if peaks is None and config.roofline and jax_runner is None:
+        from layoutlab.bench.roofline import measure_peaks
+
+        peaks = measure_peaks(config.backend, torch=device is not None)
+        if log is not None:
+            log(f"peak: {peaks['peak_gflops']:.0f} GFLOP/s float32 matmul, "
+                f"{peaks['copy_gb_per_s']:.1f} GB/s copy")  # fmt: skip
     rows, history = [], []
     for jax_cases, torch_cases in _groups(config, device):
         runners = _interleave(
@@ -339,6 +355,7 @@ def run_sweep(
         history.extend((r.row(), seconds) for r, seconds in observed.items())
     machine = finish_machine_info(machine)
     machine["sweep"] = config_dict(config)
-    return BenchResults(machine, add_torch_ratios(rows), notes)
+    machine["peaks"] = peaks
+    return BenchResults(machine, add_roofline(add_torch_ratios(rows), peaks), notes)
 
 

@@ -67,6 +67,9 @@ class SweepConfig:
     conv_tune_repeats: int = 6
     # Add layoutlab.xla.cpu_fast_options(mode) under xla_options (which override them).
     cpu_fast: bool = False
+    # Measure the machine's float32 matmul peak and copy bandwidth once (bench.roofline) and
+    # give every row its share of that peak.
+    roofline: bool = True
 
 
 def _builder_default(name: str, option: str):

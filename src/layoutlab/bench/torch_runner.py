@@ -87,6 +87,16 @@ def build_torch_model(case: TorchCase, seed: int = 0):
     return module
 
 
+def torch_tf32(torch, device: str) -> str:
+    """Whether PyTorch runs float32 convs/matmuls in TensorFloat32 here (its defaults:
+    cuDNN convs yes, matmuls no); ``n/a`` off CUDA."""
+    if device != "cuda":
+        return "n/a"
+    conv = "on" if torch.backends.cudnn.allow_tf32 else "off"
+    matmul = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+    return f"conv {conv}, matmul {matmul}"
+
+
 class TorchRunner:
     """Same protocol as ``JaxRunner``: ``setup``, ``step``, ``finish``, ``close``."""
 
@@ -113,6 +123,10 @@ class TorchRunner:
 
     def setup(self) -> dict:
         torch = require_torch()
+        if self.device == "cuda":
+            # PyTorch's own advice for fixed shapes, and what layoutlab's side gets from
+            # XLA's conv autotuning: cuDNN picks its fastest algorithm per shape.
+            torch.backends.cudnn.benchmark = True
         case, w = self.case, self.case.workload
         fmt = self._memory_format(torch)
         model = build_torch_model(case, self.seed).to(self.device, memory_format=fmt)
@@ -146,6 +160,7 @@ class TorchRunner:
             "backend": self.device,
             "device_kind": kind,
             "threads": torch.get_num_threads(),
+            "tf32": torch_tf32(torch, self.device),
         }
 
     def step(self) -> None:

@@ -109,7 +109,8 @@ def check_candidate(
         result.error = f"{type(err).__name__}: {err}"
         return result
     result.ran = True
-    result.errors, result.tolerances, result.passed = candidate_errors(spec, outs, refs)
+    platform = getattr(device, "platform", None) or jax.default_backend()
+    result.errors, result.tolerances, result.passed = candidate_errors(spec, outs, refs, platform)
     if not result.passed:
         worst = max(result.errors, key=lambda k: result.errors[k] / result.tolerances[k])
         result.error = (

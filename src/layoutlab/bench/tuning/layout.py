@@ -53,6 +53,7 @@ from layoutlab.bench.status import OK, classify_failure
 from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.bench.timing import summarize, timed
 from layoutlab.bench.tuning.cache import CACHE_FILE, AutotuneCache
+from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
 from layoutlab.compare import Tolerance, compare, default_tolerance
 from layoutlab.loss_scale import NoOpLossScale
 from layoutlab.precision import get_policy
@@ -180,13 +181,10 @@ def weight_layers(model: nnx.Module) -> int:
     return max(1, sum(1 for p in jax.tree.leaves(params) if np.ndim(p) >= 2))
 
 
-_FULL_F32 = {"float32", "highest", "F32_F32_F32"}
 
 
 def _effective_compute_dtype(precision: str, platform: str) -> np.dtype:
-    dtype = get_policy(precision).compute_dtype
-    tf32 = platform == "gpu" and jax.config.jax_default_matmul_precision not in _FULL_F32
-    return np.dtype(np.float16) if dtype == np.float32 and tf32 else dtype
+    return effective_compute_dtype(get_policy(precision).compute_dtype, platform)
 
 
 def candidate_tolerance(
