@@ -72,7 +72,7 @@ class FakeClock:
         return self.now
 
 
-def _group(runners, *, load=1.0, budget_s=60.0, repeats="auto"):
+def _group(runners, *, others=0.0, budget_s=60.0, repeats="auto"):
     clock = FakeClock()
 
     def timer(step):
@@ -81,8 +81,8 @@ def _group(runners, *, load=1.0, budget_s=60.0, repeats="auto"):
         return seconds
 
     rows = run_group(
-        runners, repeats=repeats, warmup=1, clock=clock, timer=timer, load=lambda: load,
-        budget_s=budget_s,
+        runners, repeats=repeats, warmup=1, clock=clock, timer=timer, load=lambda: 1.0,
+        other_load=lambda: (lambda: others), budget_s=budget_s,
     )  # fmt: skip
     return {r["name"]: r for r in rows}
 
@@ -104,10 +104,23 @@ def test_auto_repeats_stop_when_precise_and_noise_makes_rows_unstable():
 
 
 def test_a_loaded_machine_flags_every_row():
-    rows = _group([Synthetic("a", (0.1 for _ in range(100)))], load=99.0, repeats=8)
-    assert rows["a"]["unstable"] and "load average 99.0" in rows["a"]["unstable_reason"]
-    assert rows["a"]["repeats"] == 8
-    assert unstable_reason([0.1] * 8, load=1.0, cores=2) is None
+    rows = _group([Synthetic("a", (0.1 for _ in range(100)))], others=1.2, repeats=8)
+    assert rows["a"]["unstable"]
+    assert rows["a"]["unstable_reason"] == "other processes used 1.2 cores"
+    assert rows["a"]["repeats"] == 8 and rows["a"]["other_cores"] == 1.2
+    assert unstable_reason([0.1] * 8, others=0.1) is None
+
+
+def test_other_load_counts_other_processes_not_this_one(monkeypatch):
+    from layoutlab.bench import stats
+
+    # Synthetic clocks: over 2 s of wall time the machine was busy for 3 CPU seconds, 1 of
+    # them this process's own (its threads): other processes kept 1 core busy.
+    readings = {"busy": iter([100.0, 103.0]), "own": iter([10.0, 11.0]), "wall": iter([0, 2])}
+    monkeypatch.setattr(stats, "_busy_seconds", lambda: next(readings["busy"]))
+    monkeypatch.setattr(stats.time, "process_time", lambda: next(readings["own"]))
+    monkeypatch.setattr(stats.time, "perf_counter", lambda: next(readings["wall"]))
+    assert stats.OtherLoad().cores() == 1.0
 
 
 def _pair(layoutlab_ms, torch_ms):

@@ -54,7 +54,8 @@ _SCHEMA: dict[str, type] = {
     "step_ms_ci_high": float,
     "dispersion": float,  # IQR / median of the measured steps
     "load_avg": float,  # 1-minute load average, the higher of before and after the group
-    "unstable": bool,  # dispersion > 10% or load average > cores: do not trust the row
+    "other_cores": float,  # cores other processes kept busy while the group ran (/proc/stat)
+    "unstable": bool,  # dispersion > 10% or other processes > 0.5 core: do not trust it
     "unstable_reason": str,
     "round_ms": str,  # JSON: each measured round's ms, in round order (for paired ratios)
     "compile_s": float,

@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
 __all__ = [
     "CONFIDENCE",
     "MIN_REPEATS",
+    "OTHERS_LIMIT_CORES",
+    "OtherLoad",
     "UNSTABLE_DISPERSION",
     "Decision",
     "Interval",
@@ -96,6 +99,10 @@ def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | Non
     return median_interval(ratios)
 
 
+# Other processes using more than this many cores while a group ran make it unstable.
+OTHERS_LIMIT_CORES = 0.5
+
+
 def load_average() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -103,17 +110,46 @@ def load_average() -> float | None:
         return None
 
 
-def unstable_reason(
-    values: Sequence[float], load: float | None, cores: int | None = None
-) -> str | None:
-    """Why a row's times cannot be trusted, or None: too much spread, or a machine busier
-    than its cores (other processes took turns with the measured one)."""
-    cores = cores or os.cpu_count() or 1
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (Linux ``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """How many cores other processes kept busy between ``start()`` and ``cores()``: the
+    machine's busy CPU time (``/proc/stat``) minus this process's own (all its threads),
+    over the wall time. The 1-minute load average cannot say this: it counts the measured
+    process's own threads, and lags by a minute."""
+
+    def __init__(self):
+        self._start = (_busy_seconds(), time.process_time(), time.perf_counter())
+
+    def cores(self) -> float | None:
+        busy, own, wall = self._start
+        now = _busy_seconds()
+        if busy is None or now is None:
+            return None
+        elapsed = time.perf_counter() - wall
+        if elapsed <= 0:
+            return None
+        return max(0.0, ((now - busy) - (time.process_time() - own)) / elapsed)
+
+
+def unstable_reason(values: Sequence[float], others: float | None) -> str | None:
+    """Why a row's times cannot be trusted, or None: too much spread, or other processes
+    busy on more than ``OTHERS_LIMIT_CORES`` cores while it was measured."""
     spread = dispersion(values)
     if spread > UNSTABLE_DISPERSION:
         return f"IQR/median {spread:.0%} > {UNSTABLE_DISPERSION:.0%}"
-    if load is not None and load > cores:
-        return f"load average {load:.1f} > {cores} cores"
+    if others is not None and others > OTHERS_LIMIT_CORES:
+        return f"other processes used {others:.1f} cores"
     return None
 
 

@@ -27,6 +27,7 @@ from layoutlab.bench.results import (
 )
 from layoutlab.bench.stats import (
     MIN_REPEATS,
+    OtherLoad,
     dispersion,
     load_average,
     median_interval,
@@ -93,11 +94,11 @@ def _row(runner, fields: dict, status: str = OK, error: str | None = None) -> di
     return {**runner.row(), **fields, "status": status, "error": error}
 
 
-def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load) -> dict:
+def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load, others) -> dict:
     stats = summarize(seconds)
     ms = [1e3 * s for s in seconds]
     ci = median_interval(ms)
-    reason = unstable_reason(ms, load)
+    reason = unstable_reason(ms, others)
     out = {
         "repeats": len(seconds),
         "warmup": warmup,
@@ -108,6 +109,7 @@ def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load) -
         "step_ms_ci_high": None if ci is None else ci.high,
         "dispersion": dispersion(ms),
         "load_avg": load,
+        "other_cores": others,
         "unstable": reason is not None,
         "unstable_reason": reason,
         "round_ms": json.dumps([round(x, 4) for x in ms]),
@@ -139,6 +141,7 @@ def run_group(
     clock: Callable[[], float] = time.perf_counter,
     timer: Callable[[Callable], float] = timed,
     load: Callable[[], float | None] = load_average,
+    other_load: Callable[[], Callable[[], float | None]] = lambda: OtherLoad().cores,
 ):
     """Set up, warm up, then time ``runners`` round-robin; one row each, failures included.
 
@@ -147,7 +150,8 @@ def run_group(
     rounds have taken ``budget_s``. A runner whose first measured step takes longer than
     ``max_step_s`` stops there and gets a ``skipped`` row. ``observed[runner]`` receives
     each runner's median step time. ``clock`` times the budget, ``timer(step)`` a step and
-    ``load()`` samples the load average (tests pass synthetic ones).
+    ``load()`` samples the load average and ``other_load()`` starts a meter of the cores
+    other processes use (``bench.stats.OtherLoad``; tests pass synthetic ones).
     """
     rows, live = [], []
     for r in runners:
@@ -185,6 +189,7 @@ def run_group(
     load_before = load()
     for _ in range(warmup):
         round_(False)
+    others_meter = other_load()
     started, done = clock(), 0
     while True:
         active = [e for e in live if e.failure is None]
@@ -197,6 +202,7 @@ def run_group(
             break
         round_(True)
         done += 1
+    others = others_meter()
     loads = [x for x in (load_before, load()) if x is not None]
     group_load = max(loads) if loads else None
     for entry in live:
@@ -210,7 +216,9 @@ def run_group(
             fields = {**entry.fields, **r.finish()}
             batch = r.row()["batch_size"]
             fields.update(
-                _timing_fields(entry.seconds, batch, fields.get("flops"), warmup, group_load)
+                _timing_fields(
+                    entry.seconds, batch, fields.get("flops"), warmup, group_load, others
+                )
             )
             rows.append(_row(r, fields))
         except Exception as err:
@@ -300,6 +308,7 @@ def run_sweep(
     default runners are used; every ok row then gets ``pct_of_peak``.
     """
     config = validate(config)
+    measure_peaks_here = peaks is None and config.roofline and jax_runner is None
     notes: list[str] = []
     device = _torch_device(config, notes)
     for note in notes:
@@ -316,7 +325,7 @@ def run_sweep(
 
         torch_runner = lambda case, dev: TorchRunner(case, device=dev)
     machine = machine_info(config.backend, note=config.note)
-    if peaks is None and config.roofline and jax_runner is None:
+    if measure_peaks_here:
         from layoutlab.bench.roofline import measure_peaks
 
         peaks = measure_peaks(config.backend, torch=device is not None)

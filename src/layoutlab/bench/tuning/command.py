@@ -76,7 +76,9 @@ def run_layout(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=1))
         return 0
     source = "cache" if result.from_cache else "measured"
-    print(f"{result.layout} {result.precision} ({source}; {result.cache_path})")
+    verdict = result.evidence.get("verdict")
+    why = f"{verdict}; " if verdict else ""
+    print(f"{result.layout} {result.precision} ({why}{source}; {result.cache_path})")
     return 0
 
 
