@@ -91,6 +91,8 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
     host = host_memory_state()
     return {
         "cpu_model": cpu_model(),
+        "cpu_flags": _cpu_flags(),
+        "fingerprint": machine_fingerprint(),
         "cpu_count": os.cpu_count(),
         "usable_cores": _usable_cores(),
         "os": platform.platform(),
