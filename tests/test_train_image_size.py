@@ -70,6 +70,12 @@ def test_train_with_image_size_and_evaluate_reproduces_its_metrics(folder, tmp_p
         last["test_accuracy"],
     )
     assert result["count"] == 12
+    # The model was built for 8x10 inputs: a resume may not change the size.
+    code, _, err = _cli(
+        capsys, "train", "--workdir", workdir, "--resume", "--image-size", "6", "--quiet"
+    )
+    assert code == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert "image_size=" in err and "may not change within a run" in err
 
 
 def test_image_size_forms_and_where_it_applies(folder):

@@ -1,7 +1,8 @@
 """Per-step train metrics: ``steps.jsonl``, TensorBoard event files and ``metrics.png``.
 
-The per-step losses are checked against the loop's per-evaluation ``train_loss``, which a
-separate accumulator (``RunningMean``) computes from the same fetched values, and against an
+The per-step losses are checked against the compiled train step's own outputs (recorded by a
+wrapper that fetches every call, independently of the loop's batched fetches), against the
+loop's per-evaluation ``train_loss`` (a separate accumulator, ``RunningMean``), and against an
 uninterrupted run after a kill -9 and ``--resume`` (same seed: bitwise equal on CPU).
 """
 
@@ -10,11 +11,13 @@ import struct
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from layoutlab import cli, models
+from layoutlab.train import loop
 from layoutlab.train.checkpoint import KILL_HOOK_ENV
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
@@ -59,11 +62,47 @@ def _tensorboard_view(workdir):
     return shown
 
 
+def _train_recording_steps(config, workdir) -> list[dict]:
+    """Trains ``config`` and returns the host metrics of every train-step call, in order."""
+    calls, compile_step = [], loop.compile_train_step
+
+    def compile_and_record(*args, **kwargs):
+        step = compile_step(*args, **kwargs)
+
+        def recorded(state, images, labels):
+            state, metrics = step(state, images, labels)
+            calls.append(jax.device_get(metrics))  # a sync every call: this test's only
+            return state, metrics
+
+        return recorded
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "compile_train_step", compile_and_record)
+        train_and_evaluate(config, workdir, quiet=True)
+    return calls
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def recorded(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("steps") / "run"
-    train_and_evaluate(BASE, workdir, quiet=True)
-    return workdir
+    return workdir, _train_recording_steps(BASE, workdir)
+
+
+@pytest.fixture(scope="module")
+def reference(recorded):
+    return recorded[0]
+
+
+def test_per_step_losses_are_the_train_steps_outputs(recorded):
+    workdir, calls = recorded
+    steps = read_records(workdir / STEPS_FILE)
+    assert [r["step"] for r in steps] == list(range(1, 9))
+    assert len(calls) == 8
+    # One micro-batch per step: the logged loss is the step's float32 loss, exactly.
+    for record, call in zip(steps, calls, strict=True):
+        assert record["loss"] == float(call["loss"])
+        assert record["accuracy"] == float(call["accuracy"])
+        assert record["loss_scale"] == float(call["loss_scale"])
 
 
 def test_per_step_losses_agree_with_the_per_eval_means(reference):
@@ -93,21 +132,35 @@ def test_tensorboard_holds_the_same_scalars(reference):
     assert (reference / "metrics.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_every_nth_step_and_switches(tmp_path):
+def test_every_nth_step_and_switches(reference, tmp_path):
     config = TrainConfig(**{**BASE.to_dict(), "log_every": 3, "tensorboard": False})
     train_and_evaluate(config, tmp_path / "a", quiet=True)
-    assert [r["step"] for r in read_records(tmp_path / "a" / STEPS_FILE)] == [3, 6]
+    every_third = read_records(tmp_path / "a" / STEPS_FILE)
+    # The same run (logging changes no computation): steps 3 and 6 of the every-step log.
+    assert every_third == [r for r in read_records(reference / STEPS_FILE) if r["step"] in (3, 6)]
     assert not (tmp_path / "a" / TENSORBOARD_DIR).exists()
     none = TrainConfig(**{**BASE.to_dict(), "log_every": 0, "num_steps": 2})
     train_and_evaluate(none, tmp_path / "b", quiet=True)
     assert read_records(tmp_path / "b" / STEPS_FILE) == []
+    # TensorBoard still gets the evaluation, and no per-step scalar.
+    tags = {tag for _, tag, _ in _tensorboard_view(tmp_path / "b")}
+    assert "test/accuracy" in tags and not any(t.startswith("train/") for t in tags)
 
 
 def test_accumulated_steps_log_the_mean_of_their_micro_batches(tmp_path):
-    config = TrainConfig(**{**BASE.to_dict(), "accum_steps": 2, "batch_size": 8})
-    train_and_evaluate(config, tmp_path, quiet=True)
+    # float16 compute: a dynamic loss scale, logged as the step's last micro-batch ran it.
+    config = TrainConfig(
+        **{**BASE.to_dict(), "accum_steps": 2, "batch_size": 8, "precision": "mixed_fp16"}
+    )
+    calls = _train_recording_steps(config, tmp_path)
     steps = read_records(tmp_path / STEPS_FILE)
     assert [r["step"] for r in steps] == list(range(1, 9))
+    assert len(calls) == 16
+    for record, pair in zip(steps, zip(calls[::2], calls[1::2], strict=True), strict=True):
+        # The float64 mean of the two micro-batches' float32 losses, as computed here.
+        losses = [float(c["loss"]) for c in pair]
+        np.testing.assert_allclose(record["loss"], np.mean(losses), rtol=1e-15)
+        assert record["loss_scale"] == float(pair[1]["loss_scale"]) > 1.0
     for record in read_records(tmp_path / "metrics.jsonl"):  # train_loss: per micro-batch mean
         window = [r["loss"] for r in steps if record["step"] - 4 < r["step"] <= record["step"]]
         np.testing.assert_allclose(np.mean(window), record["train_loss"], rtol=1e-12)

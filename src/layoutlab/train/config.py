@@ -10,15 +10,13 @@ import dataclasses
 import functools
 import json
 import math
-import re
 import types
 import typing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
-if TYPE_CHECKING:
-    from layoutlab.data import Dataset
+from layoutlab.train.run_data import image_size_value, load_run_data, parse_image_size
 
 __all__ = [
     "OPTIMIZERS",
@@ -123,23 +121,10 @@ def _split_optional(tp) -> tuple[type, bool]:
     return tp, False
 
 
-def _image_size(value) -> list:
-    """``64`` or ``(64, 48)`` -> ``[64, 64]`` / ``[64, 48]``; anything else is an error."""
-    sizes = [value, value] if isinstance(value, int) else value
-    ok = isinstance(sizes, (list, tuple)) and len(sizes) == 2
-    ok = ok and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes)
-    if not ok:
-        raise ValueError(
-            f"image_size must be a positive integer or [H, W] of positive integers, got "
-            f"{value!r}; e.g. image_size=64 or image_size=64,48."
-        )
-    return list(sizes)
-
-
 def _coerce(name: str, value):
     """Checks a python value's type for field ``name`` (ints pass as floats)."""
     if name == "image_size" and value is not None:
-        return _image_size(value)
+        return image_size_value(value)
     base, optional = _split_optional(_field_types()[name])
     if value is None:
         if optional:
@@ -169,13 +154,7 @@ def _parse_text(name: str, text: str):
     if optional and raw.lower() in ("none", "null", "auto"):
         return None
     if name == "image_size":  # 64, 64,48, 64x48 or [64, 48]
-        parts = [p for p in re.split(r"[\s,x\[\]]+", raw.lower()) if p]
-        try:
-            return _image_size([int(p) for p in parts] if len(parts) != 1 else int(parts[0]))
-        except ValueError:
-            raise ValueError(
-                f"Bad value for image_size: {text!r} is not H,W or one size (e.g. 64 or 64,48)."
-            ) from None
+        return parse_image_size(raw)
     try:
         if base is bool:
             if raw.lower() in _TRUE:
@@ -385,16 +364,6 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
             )
 
 
-def load_run_data(config: TrainConfig) -> Dataset:
-    """The run's data set, as training, autotuning, evaluation and prediction all load it:
-    the split is drawn with seed 0 (not the training seed), so every seed of a run family
-    trains and is evaluated on the same split."""
-    from layoutlab.data import get_dataset
-
-    size = None if config.image_size is None else tuple(config.image_size)
-    return get_dataset(config.data, image_size=size)
-
-
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     """Fills the automatic fields (loss scale, data parallel, eval batch size)."""
     from layoutlab.precision import get_policy
@@ -428,7 +397,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     for name in field_names():
         _coerce(name, getattr(config, name))
     if config.image_size is not None:  # one stored form: [H, W]
-        config = dataclasses.replace(config, image_size=_image_size(config.image_size))
+        config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
     _check_numbers(config)
     _check_names(config)
     from layoutlab.train.model_checks import check_model
