@@ -163,7 +163,8 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
     cache = tmp_path / "convs.json"
     monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(cache))
     common = ["--model", "small_cnn", "--tiny", "--backend", "cpu", "--kernel-storage",
-              "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false"]  # fmt: skip
+              "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false",
+              "--no-cpu-fast"]  # fmt: skip
     plan_file = tmp_path / "plan.json"
     tune = ["autotune", "convs", *common, "--batch-size", "2", "--layout", "NCHW",
             "--repeats", "1", "--mode", "infer", "--out", str(plan_file)]  # fmt: skip

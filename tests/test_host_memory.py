@@ -133,4 +133,6 @@ def test_train_bench_and_conv_autotune_take_the_flag():
         ["autotune", "convs", "--model", "resnet18", "--batch-size", "2", "--keep-host-memory"],
     ):
         assert parser.parse_args(argv).keep_host_memory is True
-        assert parser.parse_args(argv[:-1]).keep_host_memory is False
+        # Not given: None, the default (kept unless the batches are known to be small).
+        assert parser.parse_args(argv[:-1]).keep_host_memory is None
+        assert parser.parse_args([*argv[:-1], "--no-keep-host-memory"]).keep_host_memory is False

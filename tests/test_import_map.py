@@ -6,7 +6,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
 ORDER = [
-    ("layout", "precision", "loss_scale", "lazy", "arguments"),
+    ("layout", "precision", "loss_scale", "lazy", "arguments", "fast_defaults"),
     ("nn",),
     ("models",),
     ("data",),

@@ -126,7 +126,7 @@ def test_resume_may_change_length_and_cadence(copy, run_dir, capsys):
     assert MAY_CHANGE == {
         "epochs", "num_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
         "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "xla_options",
-        "log_every", "tensorboard", "param_sharding",
+        "log_every", "tensorboard", "param_sharding", "cpu_fast",
     }  # fmt: skip
     code, _, err = _train(
         capsys, "--workdir", str(copy), "--resume", "--steps", "6", "--set", "eval_every=3"

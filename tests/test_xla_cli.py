@@ -24,7 +24,10 @@ def run_cli(argv, capsys):
 
 def test_compare_layouts_table_and_json(tmp_path, capsys):
     path = tmp_path / "sub" / "cmp.json"
-    code, out, err = run_cli([*TINY, "--compare-layouts", "--json", str(path)], capsys)
+    # The layout's own kernel order and XLA's conv (not the CPU defaults), whose kernel
+    # transposes this checks.
+    plain = ["--kernel-storage", "layout", "--conv-algo", "xla", "--no-cpu-fast"]
+    code, out, err = run_cli([*TINY, *plain, "--compare-layouts", "--json", str(path)], capsys)
     assert code == 0, err
     header = out.splitlines()[1].split()
     assert header == ["NHWC", "NCHW"]
@@ -50,6 +53,11 @@ def test_single_report_dump_hlo_and_flags(tmp_path, capsys):
             str(folder),
             "--xla-option",
             "xla_cpu_enable_fast_math=false",
+            "--no-cpu-fast",
+            "--conv-algo",
+            "xla",
+            "--kernel-storage",
+            "layout",
             "--json",
             "-",
         ],

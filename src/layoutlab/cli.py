@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
@@ -45,10 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name in KEEP_HOST_MEMORY_COMMANDS:
         _subparser(subparsers, name).add_argument(
             "--keep-host-memory",
-            action="store_true",
-            help="keep freed host memory in the process (glibc malloc settings, see "
-            "layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its temp buffer on "
-            "every call; process-wide, so PyTorch in the same process gets it too",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="keep freed host memory in the process (on by default; glibc malloc "
+            "settings, see layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its "
+            "temp buffer on every call; process-wide, so PyTorch in the same process gets it "
+            "too. --no-keep-host-memory leaves glibc's defaults",
         )
     return parser
 
@@ -78,61 +79,78 @@ _CONV_TUNE_REPEATS = 6
 _CONV_TUNE_WARMUP = 1
 
 
-def _autotune_train_convs(args: argparse.Namespace) -> None:
-    """``train --conv-algo auto``: tune every conv shape of the run's train step (cached on
-    disk) into the run's ``conv_plan`` (so config.json and the checkpoints record it). A
-    config that already holds a plan (``--resume`` of a tuned run, ``--set conv_plan=...``)
-    is used as it is: a resumed run keeps the algorithms it started with."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
+def _conv_planner(args: argparse.Namespace):
+    """``train`` with ``"auto"`` convs (the default) and no ``conv_plan`` in its config: the
+    loop asks this for the plan once it has built the model (bench/ sits above train/, so
+    the tuning is joined here): the autotune cache, a tuning when it pays (``--conv-tune``)
+    or, returning None, the shipped table. The plan is stored in config.json and the
+    checkpoints, so a resumed run keeps its algorithms."""
 
-    from layoutlab import models
-    from layoutlab.bench.tuning import autotune_model
-    from layoutlab.nn.conv_algos import AUTO
-    from layoutlab.train.command import build_config
-    from layoutlab.train.config import load_run_data, validate
-    from layoutlab.train.loop import build_model, check_xla_options
+    def plan(model, images, steps: int, compiler_options: dict):
+        from layoutlab.bench.tuning.plan_source import conv_plan_for_run
 
-    config, _ = build_config(args)
-    if config.conv_algorithm != AUTO:
-        return
-    if config.conv_plan is not None:
-        plan = validate(config, jax.device_count()).conv_plan  # a bad plan: error: ... exit 2
-        print(f"conv plan: {len(plan['convs'])} conv(s) from the run's config, not re-tuned")
-        return
-    config = validate(config, jax.device_count())
-    # A rejected option would make every candidate fail to compile and cache "xla" for all.
-    check_xla_options(config.xla_options)
-    dataset = load_run_data(config)
-    h, w, c = dataset.image_shape
-    # The global batch: the plan's spec keys must be the shapes the jitted step traces.
-    shape = models.resolve_layout(config.layout, 2).shape(config.batch_size, c, (h, w))
-    # Abstract: the specs need shapes only, and an eager init compiles every initializer.
-    model = nnx.eval_shape(lambda: build_model(config, dataset))
-    tuning = autotune_model(
-        model,
-        jax.ShapeDtypeStruct(shape, jnp.float32),
-        objective="train",
-        compiler_options=config.xla_options or None,
-        repeats=_CONV_TUNE_REPEATS,
-        warmup=_CONV_TUNE_WARMUP,
-    )
-    print(f"conv autotune: {tuning.summary()}")
-    args.set = [*args.set, "conv_plan=" + json.dumps(tuning.plan.to_dict(), separators=(",", ":"))]
+        found = conv_plan_for_run(
+            model,
+            images,
+            steps=steps,
+            tune=args.conv_tune,
+            compiler_options=compiler_options or None,
+            repeats=_CONV_TUNE_REPEATS,
+            warmup=_CONV_TUNE_WARMUP,
+        )
+        print(f"conv plan: {found.detail}")  # once, even with --quiet; stderr is for errors
+        return None if found.source == "table" else found.plan
+
+    return plan
 
 
-def _keep_host_memory() -> int | None:
-    """``--keep-host-memory``: before anything starts JAX's backend (see keep_host_memory)."""
+def _keep_host_memory(asked: bool) -> int | None:
+    """Keep host memory before anything starts JAX's backend (see keep_host_memory): the
+    default of the commands that run steps over and over. Only an explicit
+    ``--keep-host-memory`` that comes too late (JAX already started in this process, as
+    when ``main`` is called from Python) is an error; the default then changes nothing."""
     from layoutlab.xla.host_memory import HostMemoryError, keep_host_memory
 
     try:
         state = keep_host_memory()
     except HostMemoryError as e:
+        if not asked:
+            return None
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not state.kept:
+    if asked and not state.kept:
         print(f"note: --keep-host-memory changes nothing here: {state.how}", file=sys.stderr)
+    return None
+
+
+# Image sizes of the data sets whose size the spec fixes (no loader is imported to know).
+_DATA_PIXELS = {"digits": 64, "mnist": 784, "fashion_mnist": 784, "cifar10": 1024, "cifar100": 1024}
+# Below this many input pixels per batch the temp buffer is small, and one malloc arena for
+# every thread measured slower: the built-in digits job (32 x 8 x 8 = 2,048 pixels per
+# batch) took 15.1-16.1 s with it against 13.1-14.6 s without (three interleaved runs
+# each). The ResNet-18 CIFAR step at batch 128 (131,072) gains about 0.5 s a step.
+_HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
+
+
+def _batch_pixels(args: argparse.Namespace) -> int | None:
+    """Input pixels of the largest batch the command runs, when the flags say (else None)."""
+    if args.command == "train":
+        from layoutlab.train.config import TrainConfig
+
+        if args.config or args.resume:
+            return None
+        d = TrainConfig()
+        name, _, rest = (args.data or d.data).strip().partition(":")
+        pixels = _DATA_PIXELS.get(name.lower())
+        if name.lower() == "synthetic":
+            size = rest.partition(":")[0].lower().split("x")
+            pixels = int(size[0]) * int(size[1]) if len(size) >= 2 and rest else 32 * 32
+        if args.image_size:
+            size = [int(p) for p in str(args.image_size).replace("x", ",").split(",") if p]
+            pixels = size[0] * size[-1]
+        return None if pixels is None else pixels * int(args.batch_size or d.batch_size)
+    if args.command == "bench" and args.image_size:
+        return max(args.batch_sizes) * args.image_size**2
     return None
 
 
@@ -181,8 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if getattr(args, "keep_host_memory", False) and (failed := _keep_host_memory()):
-        return failed
+    keep = getattr(args, "keep_host_memory", False)
+    if keep is None:  # the default: on, unless the batches are known to be small
+        try:
+            pixels = _batch_pixels(args)
+        except ValueError:  # a malformed flag: the command's own checks name it
+            pixels = None
+        keep = None if pixels is None or pixels >= _HOST_MEMORY_MIN_PIXELS else False
+    if keep is not False and hasattr(args, "keep_host_memory"):
+        if failed := _keep_host_memory(asked=keep is True):
+            return failed
     if args.command == "train":
         if args.backend:  # before the distributed join, which picks collectives per platform
             import jax
@@ -194,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.autotune:
                 _autotune_train(args)  # layout and precision first: the conv shapes follow
-            _autotune_train_convs(args)
+            args.conv_planner = _conv_planner(args)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
             return 2

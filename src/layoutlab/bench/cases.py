@@ -95,9 +95,13 @@ class JaxCase:
     workload: Workload
     layout: str  # canonical layout name, e.g. NHWC
     precision: str  # a precision policy name or spec
-    conv_algo: str = "xla"  # a layoutlab.nn.conv_algos name; "auto" autotunes per shape
+    conv_algo: str = "xla"  # a layoutlab.nn.conv_algos name; "auto": a plan per shape
     kernel_storage: str = "layout"  # or "channels_last": HWIO kernels in every layout
     xla_options: tuple[tuple[str, object], ...] = ()  # sorted XLA compile options
+    # Which settings these are: "fast" (layoutlab's defaults), "plain" (XLA's conv, the
+    # layout's kernels, no options: --baseline-plain) or "custom" (flags changed them).
+    defaults: str = "custom"
+    conv_tune: str = "auto"  # where an "auto" case's plan comes from (bench.tuning.plan_source)
 
     @property
     def compiler_options(self) -> dict | None:
@@ -115,6 +119,7 @@ class JaxCase:
             "conv_algo": self.conv_algo,
             "kernel_storage": self.kernel_storage,
             "xla_options": json.dumps(dict(self.xla_options), sort_keys=True),
+            "defaults": self.defaults,
         }
 
 

@@ -51,21 +51,24 @@ def _model_kwargs(args) -> dict:
 
 
 def _xla_options(args, mode: str | None = None) -> dict:
-    """``--xla-option`` values, over ``cpu_fast_options(mode)`` with ``--cpu-fast``."""
+    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
+    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
+    from layoutlab.fast_defaults import fast_compile_options
     from layoutlab.xla.command import parse_assignments
-    from layoutlab.xla.flags import cpu_fast_options
 
-    base = cpu_fast_options(mode) if args.cpu_fast and mode is not None else {}
+    backend = getattr(args, "backend", None)
+    base = fast_compile_options(mode, backend) if args.cpu_fast and mode is not None else {}
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}
 
 
 def _add_conv_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kernel-storage",
-        default="layout",
-        choices=("layout", "channels_last"),
-        help="conv kernel order: the layout's (default) or HWIO in every layout, which "
-        "saves NCHW models a kernel transpose per conv per call on CPU",
+        default="auto",
+        choices=("auto", "layout", "channels_last"),
+        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
+        "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
+        "per conv per call on CPU",
     )
     p.add_argument(
         "--xla-option",
@@ -76,10 +79,11 @@ def _add_conv_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cpu-fast",
-        action="store_true",
-        help="add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured fastest "
-        "for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
-        "elementwise fusions)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
+        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
+        "elementwise fusions); on by default, --no-cpu-fast turns it off",
     )
 
 
@@ -131,6 +135,8 @@ def run_bench(args: argparse.Namespace) -> int:
             xla_options=_xla_options(args),
             cpu_fast=args.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
+            conv_tune=args.conv_tune,
+            baseline_plain=args.baseline_plain,
         )
         results = run_sweep(config, log=_log)
     except ValueError as err:
@@ -172,9 +178,24 @@ def register(subparsers) -> None:
     p.add_argument("--modes", default="infer,train", help="infer, train or both")
     p.add_argument(
         "--conv-algos",
-        default="xla",
-        help="layoutlab conv algorithms to compare, e.g. xla,auto (auto: autotuned per conv "
-        "shape, cached; see `autotune convs`); one of: " + _algorithm_list(),
+        default="auto",
+        help="layoutlab conv algorithms to compare, e.g. xla,auto (default auto: a plan per "
+        "conv shape from the autotune cache, a tuning (--conv-tune) or the shipped table); "
+        "one of: " + _algorithm_list(),
+    )
+    p.add_argument(
+        "--conv-tune",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="auto's plan: auto (default) tunes only when the cache lacks a shape and tuning "
+        "costs <= 10%% of the measured steps (so a benchmark uses the cache or the shipped "
+        "table); always tunes what the cache lacks; never takes the shipped table",
+    )
+    p.add_argument(
+        "--baseline-plain",
+        action="store_true",
+        help="also run every layout and precision in plain XLA (xla convs, the layout's "
+        "kernels, no XLA options), interleaved; rows say defaults=fast or plain",
     )
     p.add_argument(
         "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"

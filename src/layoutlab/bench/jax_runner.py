@@ -53,17 +53,27 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
 
 
 def tune_convs(
-    model: nnx.Module, case: JaxCase, images, *, backend=None, repeats: int = 6, log=None
+    model: nnx.Module,
+    case: JaxCase,
+    images,
+    *,
+    backend=None,
+    repeats: int = 6,
+    log=None,
+    steps: int = 10,
 ):
-    """Autotune (or read from the on-disk cache) the algorithm of every conv shape the case
-    runs, for its mode and XLA options; returns ``(plan, seconds it took)``."""
-    from layoutlab.bench.tuning.convs import autotune_model
+    """The plan of every conv shape the case runs, for its mode and XLA options: from the
+    autotune cache, a tuning (``case.conv_tune``; ``"auto"`` tunes only when it pays over
+    ``steps`` steps) or the shipped table. Returns ``(plan, seconds it took, source)``."""
+    from layoutlab.bench.tuning.plan_source import conv_plan_for_run
 
     t0 = time.perf_counter()
-    tuning = autotune_model(
+    found = conv_plan_for_run(
         model,
         images,
+        steps=steps,
         objective="train" if case.workload.mode == "train" else "inference",
+        tune=case.conv_tune,
         compiler_options=case.compiler_options,
         backend=backend,
         repeats=repeats,
@@ -71,10 +81,10 @@ def tune_convs(
     seconds = time.perf_counter() - t0
     if log is not None:
         log(
-            f"conv autotune {case.layout} {case.precision} {case.workload.mode}: "
-            f"{tuning.summary()} ({seconds:.1f} s)"
+            f"conv plan {case.layout} {case.precision} {case.workload.mode}: "
+            f"{found.detail} ({seconds:.1f} s)"
         )
-    return tuning.plan, seconds
+    return found.plan, seconds, found.source
 
 
 class JaxRunner:
@@ -89,8 +99,10 @@ class JaxRunner:
         seed: int = 0,
         conv_tune_repeats: int = 6,
         log=None,
+        steps: int = 10,
     ):
         self.case, self.backend, self.seed = case, backend, seed
+        self.steps = steps  # the steps the case will run: what a conv tuning must pay for
         self.conv_tune_repeats, self.log = conv_tune_repeats, log
         self.step_fn: JaxStep | None = None
 
@@ -104,15 +116,16 @@ class JaxRunner:
         loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
         model = build_model(case, self.seed)
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
-        tune_s = None
+        tune_s = plan_source = None
         if case.conv_algo == AUTO:
-            plan, tune_s = tune_convs(
+            plan, tune_s, plan_source = tune_convs(
                 model,
                 case,
                 images,
                 backend=self.backend,
                 repeats=self.conv_tune_repeats,
                 log=self.log,
+                steps=self.steps,
             )
             model = with_conv_plan(model, plan)
         defs, state = create_train_state(model, tx, loss_scale)
@@ -149,7 +162,8 @@ class JaxRunner:
         if be.name == "gpu":
             tf32 = "on" if effective_compute_dtype(np.float32, "gpu") != np.float32 else "off"
         return {**fields, "backend": be.name, "device_kind": be.device_kind,
-                "conv_tune_s": tune_s, "tf32": tf32}  # fmt: skip
+                "conv_tune_s": tune_s, "conv_plan_source": plan_source,
+                "tf32": tf32}  # fmt: skip
 
     def step(self) -> None:
         self.step_fn()

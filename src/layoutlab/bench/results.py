@@ -40,6 +40,8 @@ _SCHEMA: dict[str, type] = {
     "conv_algo": str,  # layoutlab only: the Conv algorithm (xla, im2col, ..., auto)
     "kernel_storage": str,  # layoutlab only: layout | channels_last
     "xla_options": str,  # layoutlab only: JSON of the XLA compile options
+    "defaults": str,  # layoutlab only: fast (its defaults) | plain (plain XLA) | custom
+    "conv_plan_source": str,  # layoutlab, conv_algo auto: cache | tuned | table
     "mode": str,  # infer | train
     "batch_size": int,
     "backend": str,
@@ -109,10 +111,14 @@ def precision_class(precision: str) -> str:
 
 
 def variant(row: dict) -> str:
-    """A layoutlab row's conv and XLA settings in short, e.g. ``auto+hwio +ynn_fusion``;
-    ``""`` for defaults and for PyTorch rows."""
+    """A layoutlab row's conv and XLA settings in short: ``defaults`` (layoutlab's fast
+    defaults), ``plain XLA`` (``--baseline-plain``), else e.g. ``auto+hwio +ynn_fusion``;
+    ``""`` for PyTorch rows."""
     if row.get("framework") != "layoutlab":
         return ""
+    label = {"fast": "defaults", "plain": "plain XLA"}.get(row.get("defaults") or "")
+    if label:
+        return label
     parts = []
     algo = row.get("conv_algo") or "xla"
     storage = row.get("kernel_storage") or "layout"

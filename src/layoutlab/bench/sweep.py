@@ -40,6 +40,7 @@ from layoutlab.bench.sweep_config import (
     SweepConfig,
     check_compile_options,
     config_dict,
+    defaults_label,
     options_for,
     resolve_input,
     validate,
@@ -63,18 +64,25 @@ def _interleave(*lists):
 
 def _groups(config: SweepConfig, torch_device: str | None):
     shape = (*config.image_size, config.channels)
+    platform = resolve_backend(config.backend).platform
     classes = list(dict.fromkeys(precision_class(p) for p in config.precisions))
     for mode, batch, cls in itertools.product(config.modes, config.batch_sizes, classes):
         w: Workload = make_workload(
             config.model, config.model_kwargs, shape, config.num_classes, mode, batch
         )
-        options = tuple(sorted(options_for(config, mode).items()))
+        options = tuple(sorted(options_for(config, mode, platform).items()))
+        settings = [
+            (algo, config.kernel_storage, options, defaults_label(config, algo, platform))
+            for algo in config.conv_algorithms
+        ]
+        if config.baseline_plain:
+            settings.append(("xla", "layout", (), "plain"))
         jax_cases = [
-            JaxCase(w, layout, p, algo, config.kernel_storage, options)
+            JaxCase(w, layout, p, algo, storage, opts, label, config.conv_tune)
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts
-            for algo in config.conv_algorithms
+            for algo, storage, opts, label in dict.fromkeys(settings)
         ]
         torch_cases = []
         if torch_device is not None:
@@ -241,14 +249,17 @@ def _predicted_step_s(row: dict, history: list[tuple[dict, float]]) -> tuple[flo
     earlier run of the same framework, layout and precision: the same mode at the largest
     smaller batch, else an inference run (times ``_TRAIN_OVER_INFER`` for training)."""
     keys = ("framework", "layout", "precision", "model", "model_kwargs", "input_shape")
-    keys += ("conv_algo", "kernel_storage", "xla_options", "memory_format")
+    keys += ("conv_algo", "kernel_storage", "defaults", "memory_format")
     same = [
         (past, seconds)
         for past, seconds in history
         if all(past.get(k) == row.get(k) for k in keys) and past["batch_size"] <= row["batch_size"]
     ]
     for mode in (row["mode"], "infer"):
-        runs = [(p, t) for p, t in same if p["mode"] == mode]
+        # The XLA options differ by mode by default (cpu_fast_options), so only a same-mode
+        # run must have had the same ones.
+        runs = [(p, t) for p, t in same if p["mode"] == mode
+                and (mode != row["mode"] or p.get("xla_options") == row.get("xla_options"))]
         if runs:
             past, seconds = max(runs, key=lambda run: run[0]["batch_size"])
             factor = row["batch_size"] / past["batch_size"]
@@ -317,8 +328,14 @@ def run_sweep(
     if jax_runner is None:
         from layoutlab.bench.jax_runner import JaxRunner
 
+        # The steps a case runs, which a conv tuning (conv_tune="auto") must pay for.
+        steps = config.warmup + (MIN_REPEATS if config.repeats == "auto" else config.repeats)
         jax_runner = lambda case: JaxRunner(
-            case, backend=config.backend, conv_tune_repeats=config.conv_tune_repeats, log=log
+            case,
+            backend=config.backend,
+            conv_tune_repeats=config.conv_tune_repeats,
+            log=log,
+            steps=steps,
         )
     if torch_runner is None and device is not None:
         from layoutlab.bench.torch_runner import TorchRunner

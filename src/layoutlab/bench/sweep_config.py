@@ -13,16 +13,18 @@ from flax import nnx
 
 from layoutlab import models
 from layoutlab.bench.cases import MODES
+from layoutlab.fast_defaults import default_kernel_storage, fast_compile_options
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.xla import resolve_backend
-from layoutlab.xla.flags import cpu_fast_options, normalize_flags, translate_compile_error
+from layoutlab.xla.flags import normalize_flags, translate_compile_error
 
 __all__ = [
     "MEMORY_FORMATS",
     "SweepConfig",
     "check_compile_options",
     "config_dict",
+    "defaults_label",
     "options_for",
     "resolve_input",
     "validate",
@@ -59,14 +61,23 @@ class SweepConfig:
     torch_compile: bool = False
     max_step_s: float | None = None  # skip configurations whose steps take longer
     note: str | None = None
-    # layoutlab's conv settings: each algorithm is one more configuration ("auto": tuned
-    # per conv shape, cached); the kernel storage and XLA compile options apply to all.
-    conv_algorithms: Sequence[str] = ("xla",)
-    kernel_storage: str = "layout"
+    # layoutlab's conv settings: each algorithm is one more configuration ("auto": a plan
+    # per conv shape from the autotune cache, a tuning (conv_tune) or the shipped table);
+    # the kernel storage ("auto": fast_defaults.default_kernel_storage) and XLA compile
+    # options apply to all.
+    conv_algorithms: Sequence[str] = ("auto",)
+    kernel_storage: str = "auto"
     xla_options: dict = dataclasses.field(default_factory=dict)
     conv_tune_repeats: int = 6
-    # Add layoutlab.xla.cpu_fast_options(mode) under xla_options (which override them).
-    cpu_fast: bool = False
+    # "auto": tune only when the cache lacks a shape and tuning costs <= 10% of the
+    # measured steps (never, for a benchmark's few steps); "always"; "never".
+    conv_tune: str = "auto"
+    # On CPU, add fast_defaults.fast_compile_options(mode) under xla_options (which
+    # override them); other backends never get CPU options.
+    cpu_fast: bool = True
+    # Also run every layout x precision in plain XLA (xla convs, the layout's kernels, no
+    # compile options), interleaved with the rest, rows marked defaults="plain".
+    baseline_plain: bool = False
     # Measure the machine's float32 matmul peak and copy bandwidth once (bench.roofline) and
     # give every row its share of that peak.
     roofline: bool = True
@@ -151,13 +162,18 @@ def validate(config: SweepConfig) -> SweepConfig:
         raise ValueError("conv_algorithms is empty; give at least one, e.g. xla.")
     for name in algos:
         check_conv_options(name, None)
-    check_conv_options(None, config.kernel_storage)
+    storage = config.kernel_storage
+    if storage == "auto":
+        storage = default_kernel_storage(backend.platform)
+    check_conv_options(None, storage)
+    if config.conv_tune not in ("auto", "always", "never"):
+        raise ValueError(f"conv_tune must be auto, always or never, got {config.conv_tune!r}.")
     if config.conv_tune_repeats < 1:
         raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")
     xla_options = check_compile_options(config.xla_options, backend.name)
-    if config.cpu_fast:
+    if config.cpu_fast:  # the fast options were probed; the user's may clash with them
         for mode in modes:
-            check_compile_options(options_for(config, mode), backend.name)
+            check_compile_options(options_for(config, mode, backend.platform), backend.name)
     shape, classes = resolve_input(
         config.model, config.model_kwargs, config.image_size, config.channels, config.num_classes
     )
@@ -179,6 +195,8 @@ def validate(config: SweepConfig) -> SweepConfig:
         num_classes=classes,
         conv_algorithms=algos,
         xla_options=xla_options,
+        kernel_storage=storage,
+        backend=config.backend,
     )
 
 
@@ -198,10 +216,21 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
     return opts
 
 
-def options_for(config: SweepConfig, mode: str) -> dict:
-    """The XLA compile options of layoutlab's ``mode`` steps."""
-    base = cpu_fast_options(mode) if config.cpu_fast else {}
+def options_for(config: SweepConfig, mode: str, backend: str | None = None) -> dict:
+    """The XLA compile options of layoutlab's ``mode`` steps on ``backend`` (name)."""
+    base = fast_compile_options(mode, backend) if config.cpu_fast else {}
     return {**base, **config.xla_options}
+
+
+def defaults_label(config: SweepConfig, algo: str, backend: str) -> str:
+    """``"fast"`` when a case runs layoutlab's defaults, else ``"custom"``."""
+    fast = (
+        algo == "auto"
+        and config.cpu_fast
+        and not config.xla_options
+        and config.kernel_storage == default_kernel_storage(backend)
+    )
+    return "fast" if fast else "custom"
 
 
 def config_dict(config: SweepConfig) -> dict:

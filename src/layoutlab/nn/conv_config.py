@@ -69,11 +69,18 @@ def configure_convs(
     model: nnx.Module, algorithm: str | None = None, kernel_storage: str | None = None
 ) -> nnx.Module:
     """``set_conv_algorithm`` and ``set_kernel_storage`` in one call; ``None`` leaves that
-    setting alone, and a model without ``Conv`` layers is fine when both are defaults
-    (``"xla"`` / ``"layout"``), so callers can pass their options through unconditionally."""
-    if algorithm is not None and (algorithm != XLA or convs(model)):
+    setting alone, and a model without ``Conv`` layers is fine with algorithm ``"xla"`` or
+    ``"auto"`` (the defaults) and any kernel storage, so callers can pass their options
+    through unconditionally."""
+    if not convs(model) and algorithm in (None, XLA, AUTO):
+        # The defaults (xla or auto, any storage) mean nothing without convs; an explicit
+        # algorithm still raises below, naming the model.
+        if kernel_storage is not None:
+            check_kernel_storage(kernel_storage)
+        return model
+    if algorithm is not None:
         set_conv_algorithm(model, algorithm)
-    if kernel_storage is not None and (kernel_storage != "layout" or convs(model)):
+    if kernel_storage is not None:
         set_kernel_storage(model, kernel_storage)
     return model
 
@@ -161,3 +168,17 @@ def plan_coverage(model: nnx.Module, x) -> tuple[int, int]:
     auto = {p for p, c in convs(model) if c.algorithm == AUTO}
     total = sum(p in auto for p in conv_specs(model, x))
     return len(missing_from_plan(model, x)), total
+
+
+def default_conv_plan(model: nnx.Module, x, objective: str, cpu_kind: str | None) -> ConvPlan:
+    """The shipped table's plan for every 2D conv ``model(x)`` runs (``conv_algos.
+    default_plan``; ``cpu_kind`` None off CPU, where every conv runs ``xla``). Each entry's
+    evidence says it came from the table, not from a measurement on this machine."""
+    from layoutlab.nn.conv_algos.default_plan import default_algorithm
+
+    entries, evidence = {}, {}
+    for path, spec in conv_specs(model, x).items():
+        algorithm, why = default_algorithm(spec, objective, cpu_kind)
+        entries[path] = PlanEntry(algorithm, spec.key())
+        evidence[path] = {"source": why}
+    return ConvPlan(entries, evidence)

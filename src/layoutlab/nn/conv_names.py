@@ -16,6 +16,7 @@ BUILTIN_ALGORITHMS = (
     "winograd4",
     "winograd2_xla_dw",
     "winograd4_xla_dw",
+    "winograd4_full",
     "pointwise",
     "s2d",
 )

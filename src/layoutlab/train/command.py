@@ -99,15 +99,32 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--conv-algo",
         metavar="NAME",
         help=f"algorithm of every 2D conv: {' | '.join((*BUILTIN_ALGORITHMS, AUTO))} "
-        f"(default {d.conv_algorithm}); '{AUTO}' first measures each conv shape of this run "
-        "(cached in the autotune cache, see `layoutlab autotune convs`) and runs the fastest; "
-        "the plan is stored in config.json and kept by --resume",
+        f"(default {d.conv_algorithm}: each conv shape runs its plan entry, from the autotune "
+        "cache, a tuning when it pays (--conv-tune) or the shipped table; the plan is stored "
+        "in config.json and kept by --resume); xla: XLA's own conv everywhere",
+    )
+    p.add_argument(
+        "--conv-tune",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="with --conv-algo auto: auto (default) tunes the run's conv shapes only when the "
+        "estimated tuning costs <= 10%% of the run and the autotune cache lacks them; always "
+        "tunes what the cache lacks; never takes the shipped table",
     )
     p.add_argument(
         "--kernel-storage",
         metavar="STORAGE",
-        help=f"conv kernel order: {' | '.join(KERNEL_STORAGES)} (default {d.kernel_storage}); "
-        "channels_last keeps HWIO kernels in every layout, saving NCHW's kernel transposes",
+        help=f"conv kernel order: auto | {' | '.join(KERNEL_STORAGES)} (default "
+        f"{d.kernel_storage}: channels_last on CPU, layout elsewhere); channels_last keeps "
+        "HWIO kernels in every layout, saving NCHW's kernel transposes",
+    )
+    p.add_argument(
+        "--no-cpu-fast",
+        dest="cpu_fast",
+        action="store_false",
+        default=None,
+        help="compile without layoutlab.xla.cpu_fast_options (on by default on CPU: convs on "
+        "Eigen, dots, reductions and elementwise fusions on YNNPACK)",
     )
     p.add_argument(
         "--model-arg",
@@ -212,6 +229,8 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     ]
     if args.remat:
         overrides.append("remat=true")
+    if args.cpu_fast is False:
+        overrides.append("cpu_fast=false")
     for item in args.model_arg:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
@@ -244,7 +263,10 @@ def run(args: argparse.Namespace) -> int:
 
         main = main_process()  # the other processes of a distributed run print only errors
         quiet = args.quiet or not main
-        record = train_and_evaluate(config, workdir, resume=args.resume, quiet=quiet)
+        planner = getattr(args, "conv_planner", None)
+        record = train_and_evaluate(
+            config, workdir, resume=args.resume, quiet=quiet, conv_planner=planner
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from layoutlab.data import Dataset, augment
 from layoutlab.layout import parse_layout
 from layoutlab.train.config import TrainConfig
+from layoutlab.train.fast_config import compile_options
 from layoutlab.train.sharding import Shardings
 from layoutlab.train.steps import make_train_step
 from layoutlab.train.xla_compile import compile_with_options
@@ -41,7 +42,9 @@ def compile_train_step(config, dataset, defs, tx, state, shard: Shardings, state
         step,
         donate_argnums=0,
         out_shardings=(state_sharding, shard.replicated),
-        compiler_options=config.xla_options or None,
+        compiler_options=compile_options(config, "train") or None,
     )
     images, labels = batch_spec(config, dataset, config.batch_size, shard.batch)
-    return compile_with_options(jitted.lower(state, images, labels), config.xla_options)
+    return compile_with_options(
+        jitted.lower(state, images, labels), compile_options(config, "train")
+    )

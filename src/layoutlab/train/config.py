@@ -31,6 +31,10 @@ __all__ = [
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 AUTO_LOSS_SCALE = "auto"
+AUTO_STORAGE = "auto"  # kernel_storage: resolved per backend (fast_defaults)
+# Fields whose default became the fast configuration (issue 20): a saved config without
+# them was written when these were the defaults, so from_dict fills these in.
+_LEGACY = {"conv_algorithm": "xla", "kernel_storage": "layout", "cpu_fast": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +74,17 @@ class TrainConfig:
     # None: True when there is more than one device.
     data_parallel: bool | None = None
     # Every 2D conv's algorithm (layoutlab.nn.conv_algos.algorithm_names() or "auto": the
-    # autotuned per-shape choice) and its kernel storage ("layout" or "channels_last").
-    conv_algorithm: str = "xla"
-    kernel_storage: str = "layout"
-    # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs.
+    # per-shape choice of conv_plan) and its kernel storage ("layout", "channels_last" or
+    # "auto": channels_last on CPU, layout elsewhere; stored resolved).
+    conv_algorithm: str = "auto"
+    kernel_storage: str = "auto"
+    # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs,
+    # over cpu_fast_options(mode) on CPU when cpu_fast (layoutlab.fast_defaults).
     xla_options: dict = dataclasses.field(default_factory=dict)
+    cpu_fast: bool = True
     # What each "auto" conv runs: a ConvPlan's to_dict() (layoutlab.nn.conv_algos.ConvPlan),
-    # written by `train --conv-algo auto`; None: every "auto" conv runs XLA's native conv.
+    # autotuned (`train`, when tuning pays) or None: the shipped table's plan, filled in and
+    # stored in config.json when the run starts (layoutlab.nn.conv_algos.default_plan).
     conv_plan: dict | None = None
     # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
     # which must then be one size. An int n means [n, n].
@@ -102,6 +110,8 @@ class TrainConfig:
                 f"Unknown TrainConfig fields {unknown}; valid fields are: "
                 f"{', '.join(field_names())}."
             )
+        # A run saved before a default changed keeps what it ran with.
+        d = {**{k: v for k, v in _LEGACY.items() if k not in d}, **d}
         return cls(**{k: _coerce(k, v) for k, v in d.items()})
 
 
@@ -325,8 +335,9 @@ def _check_conv(config: TrainConfig) -> None:
     from layoutlab.nn.conv_config import check_conv_options
     from layoutlab.precision import get_policy
 
+    storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
     try:
-        check_conv_options(config.conv_algorithm, config.kernel_storage)
+        check_conv_options(config.conv_algorithm, storage)
     except ValueError as e:
         raise ValueError(f"conv settings: {e}") from None
     # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
@@ -365,7 +376,8 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
 
 
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
-    """Fills the automatic fields (loss scale, data parallel, eval batch size)."""
+    """Fills the automatic fields (loss scale, data parallel, eval batch size, kernel
+    storage; the conv plan is filled once the data is known, ``train.fast_config``)."""
     from layoutlab.precision import get_policy
 
     policy = get_policy(config.precision)
@@ -382,8 +394,17 @@ def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
         eval_batch = max(config.batch_size, 512)
         if data_parallel:
             eval_batch = -(-eval_batch // num_devices) * num_devices
+    storage = config.kernel_storage
+    if storage == AUTO_STORAGE:
+        from layoutlab.fast_defaults import default_kernel_storage
+
+        storage = default_kernel_storage()
     return dataclasses.replace(
-        config, loss_scale=loss_scale, data_parallel=data_parallel, eval_batch_size=eval_batch
+        config,
+        loss_scale=loss_scale,
+        data_parallel=data_parallel,
+        eval_batch_size=eval_batch,
+        kernel_storage=storage,
     )
 
 

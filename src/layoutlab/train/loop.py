@@ -39,6 +39,7 @@ from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import batch_spec, compile_train_step
 from layoutlab.train.config import TrainConfig, load_run_data, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
+from layoutlab.train.fast_config import compile_options, with_default_plan
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -192,7 +193,12 @@ def _abstract(init, shardings):
 
 
 def train_and_evaluate(
-    config: TrainConfig, workdir: str | Path, *, resume: bool = False, quiet: bool = False
+    config: TrainConfig,
+    workdir: str | Path,
+    *,
+    resume: bool = False,
+    quiet: bool = False,
+    conv_planner: Callable | None = None,
 ) -> dict:
     """Trains ``config`` with outputs in ``workdir``; returns the final metrics record.
 
@@ -200,7 +206,10 @@ def train_and_evaluate(
     ``checkpoints/``, and is locked while the run writes it (``train.workdir``).
     ``resume=True`` continues from the newest checkpoint that restores (corrupt ones are
     moved to ``checkpoints/corrupt/`` with a warning), after checking that ``config`` changes
-    nothing the run may not change (``train.resume``). Every config error is raised as a
+    nothing the run may not change (``train.resume``). A run of ``"auto"`` convs without
+    a ``conv_plan`` takes ``conv_planner(model, images, steps, compiler_options)``'s plan
+    (the CLI's: cached or tuned), or when that is None or absent the shipped table's
+    (``nn.conv_algos.default_plan``). Every config error is raised as a
     ``ValueError`` before anything is compiled; a filesystem error is raised as a
     ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
@@ -217,7 +226,9 @@ def train_and_evaluate(
                 config = check_resume(config, workdir, workdir / CHECKPOINT_DIR)
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
-                return _run(config, workdir, dataset, schedule, ckpt, resume, quiet)
+                return _run(
+                    config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner
+                )
             finally:
                 ckpt.close()
     except WorkdirError:
@@ -246,10 +257,25 @@ class _Run:
     step_log: StepLog
 
 
-def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
+def _planned(config, dataset, schedule, shard, conv_planner) -> TrainConfig:
+    """``config`` with a conv plan, when it runs ``"auto"`` convs without one."""
+    if config.conv_algorithm != AUTO or config.conv_plan is not None:
+        return config
+    model = nnx.eval_shape(lambda: build_model(config, dataset))
+    images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
+    if conv_planner is not None:
+        steps = schedule.total_steps * schedule.accum_steps
+        plan = conv_planner(model, images, steps, compile_options(config, "train"))
+        if plan is not None:
+            return dataclasses.replace(config, conv_plan=plan.to_dict())
+    return with_default_plan(config, model, images)
+
+
+def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) -> dict:
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
+    config = _planned(config, dataset, schedule, shard, conv_planner)
     defs, tx, init = _make_init(config, dataset, schedule)
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     _report_plan_coverage(config, dataset, shard, progress_log)
@@ -262,9 +288,10 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
         # (threefry is slow to optimize); float results may differ from an eager init by
         # an ulp (no FMA contraction), identically in every run.
         # The run's xla_options apply too, except that init keeps its fast-compile level.
-        options = {**config.xla_options, **_INIT_COMPILER_OPTIONS}
+        run_options = compile_options(config, "train")
+        options = {**run_options, **_INIT_COMPILER_OPTIONS}
         lowered = jax.jit(init, out_shardings=state_sharding).lower()
-        state = compile_with_options(lowered, config.xla_options, options)()
+        state = compile_with_options(lowered, run_options, options)()
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)
@@ -274,7 +301,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet) -> dict:
     eval_step = jax.jit(
         make_eval_step(defs),
         out_shardings=shard.replicated,
-        compiler_options=config.xla_options or None,
+        compiler_options=compile_options(config, "infer") or None,
     )
     compile_s = time.perf_counter() - t0
 

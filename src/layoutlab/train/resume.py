@@ -41,6 +41,7 @@ MAY_CHANGE = frozenset(
         "remat",
         "conv_algorithm",
         "xla_options",
+        "cpu_fast",
         "log_every",
         "tensorboard",
         "param_sharding",

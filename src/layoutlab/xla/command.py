@@ -56,11 +56,15 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _inspect(args: argparse.Namespace):
+    from layoutlab.fast_defaults import default_kernel_storage, fast_compile_options
     from layoutlab.nn.conv_algos import load_plan
-    from layoutlab.xla.flags import cpu_fast_options
+    from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
     from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
+    platform = resolve_backend(args.backend).platform
+    storage = args.kernel_storage
+    storage = default_kernel_storage(platform) if storage == "auto" else storage
     common = dict(
         precision=args.precision,
         mode=args.mode,
@@ -69,14 +73,14 @@ def _inspect(args: argparse.Namespace):
         stem=args.stem,
         backend=args.backend,
         flags={
-            **(cpu_fast_options(args.mode) if args.cpu_fast else {}),
+            **(fast_compile_options(args.mode, platform) if args.cpu_fast else {}),
             **parse_assignments(args.xla_option, "--xla-option"),
         }
         or None,
         model_kwargs=_model_kwargs(args),
         auto_layout=args.auto_layout,
         conv_algorithm=args.conv_algo,
-        kernel_storage=args.kernel_storage,
+        kernel_storage=storage,
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
     )
     if args.compare_layouts:
@@ -147,11 +151,12 @@ def register(subparsers) -> None:
     p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
     p.add_argument(
         "--conv-algo",
-        default="xla",
+        default="auto",
         metavar="NAME",
         help=(
-            "algorithm of every 2D conv: xla (default), auto (the --conv-plan's choice; "
-            "inspect does not autotune) or a name from layoutlab.nn.conv_algos"
+            "algorithm of every 2D conv: auto (default: the --conv-plan's choice, else the "
+            "shipped table's; inspect does not autotune), xla or a name from "
+            "layoutlab.nn.conv_algos"
         ),
     )
     p.add_argument(
@@ -161,11 +166,12 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--kernel-storage",
-        default="layout",
+        default="auto",
         metavar="ORDER",
         help=(
-            "conv kernel order: layout (default, the layout's own, OIHW for NCHW) or "
-            "channels_last (HWIO: no per-call kernel transposes in NCHW models on CPU)"
+            "conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
+            "layout (the layout's own, OIHW for NCHW) or channels_last (HWIO: no per-call "
+            "kernel transposes in NCHW models on CPU)"
         ),
     )
     p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
@@ -184,8 +190,10 @@ def register(subparsers) -> None:
     add_deprecated_flag(p, "--flag", "--xla-option", dest="xla_option", append=True)
     p.add_argument(
         "--cpu-fast",
-        action="store_true",
-        help="add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured fastest",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
+        "fastest (default on; --no-cpu-fast turns it off)",
     )
     p.add_argument(
         "--compare-layouts", action="store_true", help="compile NHWC and NCHW side by side"

@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 import shlex
 
+# The fast-default tables live in the ``fast_defaults`` leaf, which train/ reads too.
+from layoutlab.fast_defaults import CPU_FAST_OPTIONS, cpu_fast_options
+
 __all__ = [
     "CPU_FAST_OPTIONS",
     "CPU_FLAGS",
@@ -49,27 +52,6 @@ CPU_FLAGS = {
         "INDIVIDUAL_CONVOLUTION runs convs on Eigen (see CPU_FAST_OPTIONS)"
     ),
 }
-
-_YNN = "LIBRARY_FUSION_TYPE_"
-_YNN_KEY = "xla_cpu_experimental_ynn_fusion_type"
-# Measured on ResNet-18 (README, "Convolution algorithms and CPU speed"). Both modes run
-# convs on Eigen, whose backward is much faster than YNNPACK's, and dots on YNNPACK. A
-# training step also hands reductions and elementwise fusions to YNNPACK: otherwise XLA
-# splits every BatchNorm reduction into a slow reduce-window (10x slower on a 32 MiB
-# activation). Inference has no batch statistics, and there YNNPACK's elementwise fusions
-# measured slower than XLA's own loops.
-CPU_FAST_OPTIONS = {
-    "train": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
-    "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
-}
-
-
-def cpu_fast_options(mode: str) -> dict:
-    """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer")."""
-    if mode not in CPU_FAST_OPTIONS:
-        raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
-    return dict(CPU_FAST_OPTIONS[mode])
-
 
 GPU_FLAGS = {
     "xla_gpu_autotune_level": "0 disables conv/gemm autotuning, 4 (default) is the most thorough",

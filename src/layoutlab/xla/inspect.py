@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from layoutlab import models
+from layoutlab.fast_defaults import cpu_kind
 from layoutlab.layout import channels_last
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import as_plan
@@ -44,6 +45,7 @@ from layoutlab.nn.conv_config import (
     check_conv_options,
     configure_convs,
     convs,
+    default_conv_plan,
     plan_coverage,
     with_conv_plan,
 )
@@ -95,10 +97,13 @@ def build_abstract(
     kernel_storage=None,
     images=None,
     conv_plan=None,
+    table=None,
 ):
-    """``(defs, abstract_state, missing)``: the model and its train state as shapes,
+    """``(defs, abstract_state, missing, plan)``: the model and its train state as shapes,
     computing nothing, and, for ``conv_algorithm="auto"`` with ``images`` given,
     ``(auto convs without a ``conv_plan`` entry for their shape, auto convs)`` (else None).
+    ``table=(objective, cpu_kind)``: an empty ``conv_plan`` is replaced by the shipped
+    table's (``nn.conv_config.default_conv_plan``), returned as ``plan``.
 
     Building inside ``jax.eval_shape`` skips the weight initialisation, whose many small
     eager ops would otherwise each be compiled once; only shapes matter to a compile. The
@@ -111,14 +116,18 @@ def build_abstract(
         model = models.create(name, layout=layout, policy=policy, **model_kwargs)
         configure_convs(model, conv_algorithm, kernel_storage)
         if conv_algorithm == "auto":
-            model = with_conv_plan(model, conv_plan)
+            plan = conv_plan
+            if table is not None and not plan and images is not None and convs(model):
+                plan = default_conv_plan(model, images, *table)  # the shipped table
+                box["plan"] = plan
+            model = with_conv_plan(model, plan)
         if conv_algorithm == "auto" and images is not None and _has_2d_convs(model):
             box["missing"] = plan_coverage(model, images)
         box["defs"], state = create_train_state(model, tx, loss_scale)
         return state
 
     state = jax.eval_shape(build)
-    return box["defs"], state, box["missing"]
+    return box["defs"], state, box["missing"], box.get("plan", conv_plan)
 
 
 def _has_2d_convs(model) -> bool:
@@ -179,7 +188,8 @@ def inspect_model(
 
     images = jax.ShapeDtypeStruct(shape, jnp.float32)
     t0 = time.perf_counter()
-    defs, state, missing = build_abstract(
+    objective = "train" if mode == "train" else "inference"
+    defs, state, missing, plan = build_abstract(
         s.name,
         lay,
         policy,
@@ -190,7 +200,9 @@ def inspect_model(
         kernel_storage=kernel_storage,
         images=images,
         conv_plan=plan,
+        table=(objective, cpu_kind() if be.platform == "cpu" else None),
     )
+    plan = as_plan(plan)
     build_seconds = time.perf_counter() - t0
 
     if mode == "infer":

@@ -146,13 +146,15 @@ def autotune_conv(
     refresh: bool = False,
     seed: int = 0,
     compiler_options: dict | None = None,
-) -> TuneResult:
+    cached_only: bool = False,
+) -> TuneResult | None:
     """Check, time and choose an algorithm for ``spec`` (see the module doc).
 
     ``cache``: an ``AutotuneCache``, a path, or None for ``default_cache_path()``; a cached
     result for the same key is reused unless ``refresh``. With no passing candidate the choice is
     ``xla``. ``compiler_options``: XLA options every candidate is compiled with; tune with
     the options the model's step will be compiled with (they change what ``xla`` runs).
+    ``cached_only``: return the cached result or None, measuring nothing.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}.")
@@ -171,6 +173,8 @@ def autotune_conv(
     )
     cached = None if refresh else cache.get(key, "conv")
     result = None if cached is None else TuneResult.from_dict(_without_kind(cached))
+    if result is None and cached_only:
+        return None
     if result is None:
         inputs = spec_inputs(spec, seed)
         refs = reference_conv(*inputs, spec)
@@ -224,7 +228,9 @@ def autotune_convs(specs: Iterable[ConvSpec], **kw) -> list[TuneResult]:
         if spec.key() in seen:
             continue
         seen.add(spec.key())
-        out.append(autotune_conv(spec, cache=cache, **kw))
+        result = autotune_conv(spec, cache=cache, **kw)
+        if result is not None:  # None: not cached, with cached_only
+            out.append(result)
     return out
 
 

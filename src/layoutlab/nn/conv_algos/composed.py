@@ -6,7 +6,8 @@ training step is computed:
 - forward: ``native`` (XLA), ``gemm`` (im2col), ``winograd2`` / ``winograd4``;
 - input gradient: ``native`` (XLA's transpose of its conv), ``col2im`` (GEMM + scatter),
   ``winograd2`` / ``winograd4`` (stride-1 3x3 only);
-- weight gradient: ``native`` or ``gemm`` (one GEMM per kernel offset).
+- weight gradient: ``native``, ``gemm`` (one GEMM per kernel offset) or ``winograd2`` /
+  ``winograd4`` (F(3x3, m x m), stride-1 3x3 only).
 
 Inputs are NHWC, kernels HWIO. The backward casts the cotangent to the input dtype (as
 autocast does) and accumulates in ``preferred_element_type`` when one is given.
@@ -71,7 +72,11 @@ def weight_grad(g, x, w, geom: Geometry, method: str, acc):
         return vjp(g.astype(acc))[0]
     if method == "gemm":
         return im2col.weight_grad(x, g, geom, w.shape, acc)
-    raise ValueError(f"Unknown weight-gradient method {method!r}; use native or gemm.")
+    if method.startswith("winograd"):
+        return winograd.winograd_weight_grad(x, g, geom.padding, _winograd_m(method), acc)
+    raise ValueError(
+        f"Unknown weight-gradient method {method!r}; use native, gemm, winograd2/4."
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))

@@ -115,6 +115,11 @@ the ``planned`` entry when it was chosen for this shape, else ``xla``).
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
+    if not all(isinstance(d, int) for d in x.shape):
+        # A symbolic dimension (jax.export with a symbolic batch): no plan entry was chosen
+        # for it and the custom algorithms need concrete shapes, so XLA's conv runs.
+        return _native_symbolic(x, kernel, strides, padding, dilation, groups, layout, klay,
+                                preferred_element_type)  # fmt: skip
     spec = conv_spec(
         x.shape,
         kernel.shape,
@@ -135,3 +140,10 @@ the ``planned`` entry when it was chosen for this shape, else ``xla``).
         y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred_element_type)
         return jnp.transpose(y, (0, 3, 1, 2))
     return core(x, w, spec.geometry, preferred_element_type)
+
+
+def _native_symbolic(x, kernel, strides, padding, dilation, groups, layout, klay, preferred):
+    spatial = tuple(x.shape[1:3] if layout == "NHWC" else x.shape[2:4])
+    ksize = (kernel.shape[klay.index("H")], kernel.shape[klay.index("W")])
+    geometry = resolve_geometry(spatial, ksize, strides, padding, dilation, groups)
+    return native_conv(x, kernel, geometry, preferred, (layout, klay, layout))

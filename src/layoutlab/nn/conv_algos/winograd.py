@@ -14,7 +14,9 @@ which the tests and benchmarks measure.
 
 Backward (``composed``): the input gradient of a stride-1 3x3 conv is again a stride-1
 3x3 conv, of ``dY`` with the kernel flipped and its channels swapped, so it runs through
-Winograd too; the weight gradient is the per-offset GEMM of ``im2col.weight_grad``.
+Winograd too. The weight gradient is the per-offset GEMM of ``im2col.weight_grad``, XLA's
+own, or Winograd F(3x3, m x m) (``winograd_weight_grad``): the dual of F(m x m, 3 x 3), with
+an ``m x m`` tile of ``dY`` as the filter and the 3x3 kernel as the output.
 (JAX can also differentiate ``winograd_forward`` itself; that was measured much slower for
 F(4x4, 3x3), see ``benchmarks/conv_algos.py``.)
 """
@@ -194,3 +196,38 @@ def winograd_forward(x, w, padding, m: int, preferred):
     )
     y = output_tiles(mm, m, x.shape[0], tiles, out_size)
     return y.astype(preferred if preferred is not None else compute)
+
+
+def winograd_weight_grad(x, g, padding, m: int, preferred):
+    """``dW`` (HWIO, 3x3) of a stride-1 3x3 conv of NHWC ``x`` with output gradient ``g``.
+
+    Per tile, ``dW = G^T [(A E A^T) * (B^T D B)] G`` with ``D`` the ``a x a`` input tile and
+    ``E`` the ``m x m`` tile of ``g`` it produced: the forward identity
+    ``sum(E * Y) = sum((A E A^T) * (G g G^T) * (B^T D B))`` differentiated in ``g``. The sum
+    over tiles and images is one GEMM per tile position (contracting tiles x images), and
+    the ``G^T . G`` transform runs once on the summed ``(a*a, C, O)`` result: ``a**2 / 9``
+    GEMMs over ``1 / m**2`` of the positions, i.e. the forward's 0.25 of the multiplies for
+    F(4x4, 3x3).
+    """
+    mats = matrices(m)
+    out_size = g.shape[1:3]
+    v, (th, tw) = input_tiles(x, m, padding, out_size)  # (a*a, N*th*tw, C), float32
+    n, o = g.shape[0], g.shape[-1]
+    gp = jnp.pad(
+        g.astype(jnp.float32),
+        ((0, 0), (0, th * m - out_size[0]), (0, tw * m - out_size[1]), (0, 0)),
+    )
+    # (N, th*m, tw*m, O) -> (m*m, N*th*tw, O): the non-overlapping m x m tiles of dY.
+    e = gp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5).reshape(m * m, -1, o)
+    a_mat = mats["AT"].T
+    ee = _apply(np.kron(a_mat, a_mat), e)  # (a*a, N*th*tw, O)
+    compute = x.dtype
+    mm = lax.dot_general(
+        v.astype(compute),
+        ee.astype(compute),
+        (((1,), (1,)), ((0,), (0,))),
+        preferred_element_type=jnp.float32,
+    )  # (a*a, C, O)
+    gt = mats["G"].T
+    dw = _apply(np.kron(gt, gt), mm).reshape(3, 3, *mm.shape[1:])
+    return dw.astype(preferred if preferred is not None else compute)

@@ -1,0 +1,115 @@
+"""What runs when no speed flag is given: the configuration measured fastest per backend.
+
+On XLA:CPU a step gets
+
+- the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
+  training also reductions and elementwise fusions), each first checked against the
+  installed jaxlib: these are experimental XLA:CPU options, and one a jaxlib does not know is
+  left out with a one-line notice (``accepted_cpu_options``), never an error;
+- conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
+  the kernel transpose XLA:CPU runs per conv per call in a channels-first model.
+
+GPU runs get neither. The conv plan of the default ``"auto"`` convs comes from
+``layoutlab.nn.conv_algos.default_plan``, keyed by ``cpu_kind()``. Everything here is read
+when a run is configured, never while a step is traced.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+__all__ = [
+    "CPU_FAST_OPTIONS",
+    "accepted_cpu_options",
+    "cpu_fast_options",
+    "cpu_kind",
+    "default_backend",
+    "default_kernel_storage",
+    "fast_compile_options",
+]
+
+_YNN = "LIBRARY_FUSION_TYPE_"
+_YNN_KEY = "xla_cpu_experimental_ynn_fusion_type"
+# Measured on ResNet-18 (README, "Convolution algorithms and CPU speed"). Both modes run
+# convs on Eigen, whose backward is much faster than YNNPACK's, and dots on YNNPACK. A
+# training step also hands reductions and elementwise fusions to YNNPACK: otherwise XLA
+# splits every BatchNorm reduction into a slow reduce-window (10x slower on a 32 MiB
+# activation). Inference has no batch statistics, and there YNNPACK's elementwise fusions
+# measured slower than XLA's own loops.
+CPU_FAST_OPTIONS = {
+    "train": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
+    "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
+}
+
+
+def cpu_fast_options(mode: str) -> dict:
+    """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer")."""
+    if mode not in CPU_FAST_OPTIONS:
+        raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
+    return dict(CPU_FAST_OPTIONS[mode])
+
+
+def default_backend() -> str:
+    """JAX's default platform: ``"cpu"``, ``"gpu"`` or ``"tpu"`` (starts the backend)."""
+    import jax
+
+    return jax.default_backend()
+
+
+@functools.cache
+def _accepted(name: str, value) -> bool:
+    """Whether this jaxlib's XLA:CPU compiles with option ``name=value`` (once per process)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.device_put(jnp.zeros((2,), jnp.float32), jax.devices("cpu")[0])
+    lowered = jax.jit(lambda a: a + 1).lower(x)
+    try:
+        lowered.compile(compiler_options={name: value})
+    except Exception as err:  # jaxlib raises XlaRuntimeError/ValueError by version
+        print(
+            f"note: this jaxlib does not accept the XLA:CPU option {name}={value!r} "
+            f"({' '.join(str(err).split())[:120]}); running without it.",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def accepted_cpu_options(options: dict) -> dict:
+    """``options`` without the ones the installed jaxlib's XLA:CPU rejects (each rejected
+    one is named once per process on stderr)."""
+    return {k: v for k, v in options.items() if _accepted(k, v)}
+
+
+def fast_compile_options(mode: str, backend: str | None = None) -> dict:
+    """The default compile options of a ``mode`` step on ``backend`` (default: JAX's):
+    ``cpu_fast_options(mode)`` as far as this jaxlib accepts them on CPU, none elsewhere."""
+    backend = backend or default_backend()
+    if backend != "cpu":
+        return {}
+    return accepted_cpu_options(cpu_fast_options(mode))
+
+
+def default_kernel_storage(backend: str | None = None) -> str:
+    """``"channels_last"`` (HWIO kernels) on CPU, where XLA computes convs in that order;
+    ``"layout"`` elsewhere (nothing measured says otherwise on GPU)."""
+    return "channels_last" if (backend or default_backend()) == "cpu" else "layout"
+
+
+@functools.cache
+def cpu_kind() -> str:
+    """``"avx512"``, ``"avx2"`` or ``"other"``: the x86 vector extension the CPU has (from
+    ``/proc/cpuinfo``). The conv defaults differ between the first two: YNNPACK's dots use
+    AVX-512 where XLA:CPU's Eigen convs do not."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return "other"
+    if "avx512f" in flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "other"

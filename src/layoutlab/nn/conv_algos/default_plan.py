@@ -1,0 +1,88 @@
+"""The shipped conv table: what an ``"auto"`` conv runs when nothing was tuned for it.
+
+Each rule names a conv shape class and the algorithm the autotuner measured fastest on it
+(forward, input and weight gradient together for training; the forward for inference),
+per CPU kind and compute dtype. A shape no rule names runs ``xla``, and so does every conv
+on GPU: nothing is measured there yet. The measurements behind the rules, each against
+``xla`` in interleaved rounds, on ResNet-18 CIFAR shapes at batch 128, float32, NHWC,
+with ``cpu_fast_options``:
+
+- AVX2 (2-core AMD EPYC, 2026-11-22,
+  ``benchmarks/results/conv_autotune_resnet18_cifar_b128_train_cpu.md``): Winograd
+  forward and input gradient with XLA's weight gradient on 3x3 stride-1 convs at 16x16 and
+  below with 128+ channels (150 against 184, 122 against 179, 115 against 172 ms); im2col on
+  1x1 stride-2 convs at 16x16 and above (20 against 32, 14 against 17 ms).
+- AVX-512 (2-core AMD EPYC with AVX-512 and bf16, 2026-11-24,
+  ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
+  (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
+  convs do not; im2col on every 1x1 stride-2 conv and on the 3-channel stem.
+
+Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
+only the im2col rules apply; they were measured in float32 only, so those dtypes get none.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from layoutlab.nn.conv_algos.geometry import ConvSpec
+
+__all__ = ["Rule", "DEFAULT_RULES", "default_algorithm"]
+
+
+class Rule(NamedTuple):
+    """A shape class: kernel, strides, in-channel bounds and the largest spatial size."""
+
+    algorithm: str
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    min_in: int = 1
+    max_in: int | None = None
+    max_size: int | None = None
+    min_size: int = 1
+
+    def matches(self, spec: ConvSpec) -> bool:
+        g = spec.geometry
+        if g.kernel_size != self.kernel or g.strides != self.strides or g.groups != 1:
+            return False
+        if g.dilation != (1, 1) or spec.in_features < self.min_in:
+            return False
+        if self.max_in is not None and spec.in_features > self.max_in:
+            return False
+        size = max(spec.in_size)
+        return min(spec.in_size) >= self.min_size and (
+            self.max_size is None or size <= self.max_size
+        )
+
+
+_WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
+# (cpu kind, objective, dtype) -> rules, first match wins.
+DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
+    ("avx2", "train", "float32"): (
+        Rule("winograd4_xla_dw", **_WINOGRAD_SMALL),
+        Rule("im2col", (1, 1), (2, 2), min_size=16),
+    ),
+    ("avx2", "inference", "float32"): (Rule("winograd4_xla_dw", **_WINOGRAD_SMALL),),
+    ("avx512", "train", "float32"): (
+        Rule("winograd4_full", **_WINOGRAD_SMALL),
+        Rule("im2col", (1, 1), (2, 2)),
+        Rule("im2col", (3, 3), (1, 1), max_in=4),
+    ),
+    ("avx512", "inference", "float32"): (
+        Rule("winograd4_full", **_WINOGRAD_SMALL),
+        Rule("im2col", (3, 3), (1, 1), max_in=4),
+    ),
+}
+
+
+def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> tuple[str, str]:
+    """``(algorithm, why)`` for ``spec`` from the table (``cpu_kind`` None: not a CPU run);
+    ``xla`` when no rule matches or the matching algorithm does not take the shape."""
+    from layoutlab.nn.conv_algos.registry import XLA, get_algorithm
+
+    rules = DEFAULT_RULES.get((cpu_kind or "", objective, spec.dtype), ())
+    for rule in rules:
+        if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
+            return rule.algorithm, f"default table ({cpu_kind}, {objective}, {spec.dtype})"
+    where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
+    return XLA, f"default table: no rule for this shape on {where}"

@@ -1,0 +1,35 @@
+"""The fast defaults of a run, resolved where the run is set up (never while tracing).
+
+- ``compile_options(config, mode)``: the XLA options of a run's ``"train"`` or ``"infer"``
+  programs: ``fast_defaults.fast_compile_options(mode)`` (on CPU, when ``cpu_fast``) under
+  the run's own ``xla_options``.
+- ``with_default_plan(config, model, images)``: an ``"auto"`` run without a ``conv_plan``
+  gets the shipped table's (``nn.conv_algos.default_plan``), stored in its config.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from layoutlab.fast_defaults import cpu_kind, default_backend, fast_compile_options
+from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_config import convs, default_conv_plan
+from layoutlab.train.config import TrainConfig
+
+__all__ = ["compile_options", "with_default_plan"]
+
+
+def compile_options(config: TrainConfig, mode: str) -> dict:
+    """XLA compile options of the run's ``mode`` ("train" or "infer") programs."""
+    base = fast_compile_options(mode) if config.cpu_fast else {}
+    return {**base, **config.xla_options}
+
+
+def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
+    """``config`` with the shipped table's conv plan for ``model(images)`` (abstract is
+    fine) when it runs ``"auto"`` convs and has no plan; otherwise ``config`` unchanged."""
+    if config.conv_algorithm != AUTO or config.conv_plan is not None or not convs(model):
+        return config
+    backend = default_backend()
+    plan = default_conv_plan(model, images, "train", cpu_kind() if backend == "cpu" else None)
+    return dataclasses.replace(config, conv_plan=plan.to_dict())

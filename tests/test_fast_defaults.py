@@ -1,0 +1,230 @@
+"""Fast defaults (issue 20): what a run gets without speed flags, and each opt-out.
+
+The defaults are read back from what the run recorded and compiled (config.json, the
+inspect report's compile options and kernel layouts, bench rows), not from the code that
+sets them. Numerics of ``winograd4_full`` are checked against float64 NumPy.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from layoutlab import cli, fast_defaults, models
+from layoutlab.bench.tuning import budget
+from layoutlab.bench.tuning.plan_source import conv_plan_for_run
+from layoutlab.nn.conv_algos import conv2d
+from layoutlab.nn.conv_algos.default_plan import default_algorithm
+from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
+from layoutlab.nn.conv_config import conv_settings, set_kernel_storage
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.loop import train_and_evaluate
+from layoutlab.xla.flags import CPU_FAST_OPTIONS
+
+_YNN = "xla_cpu_experimental_ynn_fusion_type"
+_TINY = ["--model", "small_cnn", "--model-arg", "width=4", "--model-arg", "hidden=8"]
+
+
+def test_default_train_run_records_the_fast_configuration(tmp_path, capsys):
+    workdir = tmp_path / "run"
+    argv = ["train", *_TINY, "--steps", "2", "--batch-size", "16", "--layout", "NCHW",
+            "--workdir", str(workdir), "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "conv plan: shipped table" in capsys.readouterr().out
+    config = json.loads((workdir / "config.json").read_text())
+    assert config["cpu_fast"] is True
+    assert config["kernel_storage"] == "channels_last"  # resolved on CPU, stored resolved
+    assert config["conv_algorithm"] == "auto"
+    entries = config["conv_plan"]["convs"]
+    sources = {e["evidence"]["source"] for e in entries.values()}
+    assert entries and all(s.startswith("default table") for s in sources), sources
+
+
+@pytest.mark.parametrize(
+    ("flags", "field", "value"),
+    [
+        (["--no-cpu-fast"], "cpu_fast", False),
+        (["--kernel-storage", "layout"], "kernel_storage", "layout"),
+        (["--conv-algo", "xla"], "conv_algorithm", "xla"),
+    ],
+)
+def test_each_opt_out_turns_off_its_part_only(tmp_path, flags, field, value):
+    from layoutlab.train.command import build_config
+    from layoutlab.train.config import validate
+
+    argv = ["train", *_TINY, "--workdir", str(tmp_path), *flags]
+    config = validate(build_config(cli.build_parser().parse_args(argv))[0], 1)
+    fast = {"cpu_fast": True, "kernel_storage": "channels_last", "conv_algorithm": "auto"}
+    assert {k: getattr(config, k) for k in fast} == {**fast, field: value}
+
+
+def test_python_api_gets_the_same_defaults(tmp_path):
+    config = TrainConfig(model="small_cnn", model_kwargs={"width": 4, "hidden": 8}, layout="NCHW",
+                         num_steps=1, batch_size=16, log_every=0, tensorboard=False)  # fmt: skip
+    train_and_evaluate(config, tmp_path / "api", quiet=True)
+    saved = json.loads((tmp_path / "api" / "config.json").read_text())
+    assert saved["kernel_storage"] == "channels_last" and saved["conv_plan"] is not None
+    # A config saved before these defaults existed keeps what it ran with.
+    old = {k: v for k, v in saved.items() if k not in ("conv_algorithm", "kernel_storage",
+                                                       "cpu_fast")}  # fmt: skip
+    legacy = TrainConfig.from_dict(old)
+    assert (legacy.conv_algorithm, legacy.kernel_storage, legacy.cpu_fast) == (
+        "xla",
+        "layout",
+        False,
+    )
+
+
+def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(capsys):
+    def report(*flags):
+        argv = ["inspect", "--model", "small_cnn", "--tiny", "--layout", "NCHW", "--mode",
+                "train", "--batch-size", "4", "--json", "-", *flags]  # fmt: skip
+        assert cli.main(argv) == 0
+        return json.loads(capsys.readouterr().out)
+
+    fast = report()
+    assert fast["flags"]["compiler_options"] == fast_defaults.fast_compile_options("train")
+    assert _YNN in fast["flags"]["compiler_options"]
+    assert fast["kernel_storage"] == "channels_last" and fast["conv_algorithm"] == "auto"
+    assert fast["conv_plan"]  # the shipped table's choices, one per conv
+    plain = report("--no-cpu-fast", "--kernel-storage", "layout", "--conv-algo", "xla")
+    assert plain["flags"]["compiler_options"] == {}
+    # OIHW kernels in NCHW are transposed on every call; HWIO ones are not (the training
+    # step's remaining kernel-shaped transposes belong to the weight gradients).
+    assert plain["totals"]["kernel_transposes"] > fast["totals"]["kernel_transposes"]
+    assert plain["kernel_storage"] == "layout" and plain["conv_algorithm"] == "xla"
+
+
+def test_unknown_fast_option_is_left_out_with_one_notice(monkeypatch, capsys):
+    monkeypatch.setitem(CPU_FAST_OPTIONS, "train", {"xla_cpu_no_such_option_issue20": True,
+                                                    **CPU_FAST_OPTIONS["train"]})  # fmt: skip
+    got = fast_defaults.fast_compile_options("train", "cpu")
+    assert "xla_cpu_no_such_option_issue20" not in got and _YNN in got
+    again = fast_defaults.fast_compile_options("train", "cpu")  # probed once per process
+    assert again == got
+    notes = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "no_such_option" in notes[0]
+    assert fast_defaults.fast_compile_options("train", "gpu") == {}  # never CPU options on GPU
+    assert fast_defaults.default_kernel_storage("gpu") == "layout"
+
+
+def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32"):
+    pad = "SAME"
+    geom = resolve_geometry((size, size), k, stride, pad)
+    return make_spec((n, size, size, cin), cout, geom, dtype=dtype, layout="NHWC")
+
+
+def test_shipped_table_follows_its_measurements():
+    assert default_algorithm(_spec(128, 16, 128, 128), "train", "avx512")[0] == "winograd4_full"
+    assert default_algorithm(_spec(128, 16, 128, 128), "train", "avx2")[0] == "winograd4_xla_dw"
+    assert default_algorithm(_spec(128, 32, 64, 64), "train", "avx512")[0] == "xla"
+    assert (
+        default_algorithm(_spec(128, 32, 64, 128, k=1, stride=2), "train", "avx512")[0] == "im2col"
+    )
+    # Winograd F(4x4) refuses bfloat16 and nothing was measured there; GPU has no rules.
+    assert (
+        default_algorithm(_spec(128, 16, 128, 128, dtype="bfloat16"), "train", "avx512")[0] == "xla"
+    )
+    assert default_algorithm(_spec(128, 16, 128, 128), "train", None)[0] == "xla"
+
+
+def test_winograd4_full_matches_float64_numpy():
+    """Forward, input and weight gradient against a float64 direct conv. The bar is F(4x4,
+    3x3)'s measured error in float32 (README: 4e-6-1.6e-5 of max|ref| on ResNet shapes),
+    with headroom for the 3x3 weight gradient's longer sums: 5e-5 of max|ref|."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 9, 7, 5))
+    w = rng.standard_normal((3, 3, 5, 6))
+    dy = rng.standard_normal((2, 9, 7, 6))
+
+    def run(xx, ww):
+        return conv2d(xx, ww, algorithm="winograd4_full", strides=(1, 1),
+                      padding=((1, 1), (1, 1)), layout="NHWC", kernel_layout="HWIO")  # fmt: skip
+
+    y, vjp = jax.vjp(run, jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
+    dx, dw = vjp(jnp.asarray(dy, jnp.float32))
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref_y = sum(np.einsum("nhwc,co->nhwo", xp[:, i:i + 9, j:j + 7], w[i, j])
+                for i in range(3) for j in range(3))  # fmt: skip
+    ref_dw = np.stack([np.einsum("nhwc,nhwo->co", xp[:, i:i + 9, j:j + 7], dy)
+                       for i in range(3) for j in range(3)]).reshape(w.shape)  # fmt: skip
+    gp = np.pad(dy, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref_dx = sum(np.einsum("nhwo,co->nhwc", gp[:, 2 - i:11 - i, 2 - j:9 - j], w[i, j])
+                 for i in range(3) for j in range(3))  # fmt: skip
+    for got, ref in ((y, ref_y), (dx, ref_dx), (dw, ref_dw)):
+        err = np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max()
+        assert err < 5e-5, err
+
+
+def test_torch_round_trip_and_convert_layout_are_exact_with_hwio_kernels():
+    from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
+    from layoutlab.nn.convert import convert_layout
+
+    pytest.importorskip("torch")
+    kw = dict(width=4, hidden=8)
+    model = models.create("small_cnn", layout="NCHW", rngs=nnx.Rngs(1), **kw)
+    set_kernel_storage(model, fast_defaults.default_kernel_storage("cpu"))
+    assert {spec for _, spec in conv_settings(model).values()} == {"HWIO"}
+    state = to_torch_state_dict(model)
+    other = models.create("small_cnn", layout="NCHW", rngs=nnx.Rngs(2), **kw)
+    set_kernel_storage(other, "channels_last")
+    load_torch_state_dict(other, state)
+    model.eval(), other.eval()  # no dropout: their rngs differ
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 1, 8, 8)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(other(x)))  # same weights
+    nhwc = convert_layout(model, "NHWC")
+    nhwc.eval()
+    # The other layout: equal up to float32 reassociation of the same sums (1e-5).
+    np.testing.assert_allclose(np.asarray(nhwc(jnp.moveaxis(x, 1, -1))), np.asarray(model(x)),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_tuning_is_skipped_when_it_cannot_pay_and_the_cache_is_used_when_full(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
+    model = nnx.eval_shape(lambda: models.create("small_cnn", width=4, hidden=8))
+    x = jax.ShapeDtypeStruct((8, 8, 8, 1), jnp.float32)
+    short = conv_plan_for_run(model, x, steps=10)
+    assert short.source == "table" and "too short" in short.detail
+    tuned = conv_plan_for_run(model, x, steps=10, tune="always", repeats=1, warmup=0)
+    assert tuned.source == "tuned"
+    cached = conv_plan_for_run(model, x, steps=10)  # every shape cached now: free
+    assert cached.source == "cache" and cached.plan.algorithms() == tuned.plan.algorithms()
+    assert conv_plan_for_run(model, x, steps=10, tune="never").source == "table"
+
+
+def test_budget_estimate_pays_only_for_long_runs():
+    spec = _spec(32, 16, 32, 32)
+    specs = {"a": spec}
+    one = lambda s: 4  # noqa: E731
+    assert budget.cannot_pay(specs, 5, "cpu", one, 7)
+    long = budget.estimate_tuning(specs, 10**7, n_candidates=one, rounds=7)
+    short = budget.estimate_tuning(specs, 10, n_candidates=one, rounds=7)
+    assert long.pays and not short.pays and short.tune_s == pytest.approx(long.tune_s, rel=1)
+
+
+def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
+    """In a fresh process the CLI's default keeps host memory for big batches; small batches
+    (the digits job's 32 x 8 x 8) and ``--no-keep-host-memory`` leave glibc alone. The bench
+    then fails on its unknown model, after the setting and before any compile."""
+    code = (
+        "import sys; from layoutlab import cli; from layoutlab.xla import host_memory_state;"
+        "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().kept)"
+    )
+
+    def kept(*flags):
+        argv = ["bench", "--model", "no_such_model", "--out", str(tmp_path), *flags]
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                             text=True, timeout=300, check=True).stdout  # fmt: skip
+        return out.strip().splitlines()[-1]
+
+    big = ("--image-size", "32", "--batch-sizes", "128")
+    assert kept(*big) == "True"
+    assert kept(*big, "--no-keep-host-memory") == "False"
+    assert kept("--image-size", "8", "--batch-sizes", "32") == "False"
