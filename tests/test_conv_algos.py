@@ -34,7 +34,15 @@ from layoutlab.xla import compile_report
 CASES = {
     "3x3s1": (
         ((2, 7, 9, 3), (3, 3, 3, 5), 1, "SAME"),
-        ("im2col", "gemm_dw", "winograd2", "winograd4", "winograd2_xla_dw", "winograd4_xla_dw"),
+        (
+            "im2col",
+            "gemm_dw",
+            "winograd2",
+            "winograd4",
+            "winograd2_xla_dw",
+            "winograd4_xla_dw",
+            "winograd4_full",
+        ),
     ),
     "3x3s2": (((2, 9, 8, 4), (3, 3, 4, 6), 2, "SAME"), ("im2col", "gemm_dw", "s2d")),
     "1x1s2": (((2, 8, 8, 4), (1, 1, 4, 6), 2, 0), ("im2col", "pointwise")),

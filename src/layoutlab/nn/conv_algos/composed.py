@@ -9,8 +9,14 @@ training step is computed:
 - weight gradient: ``native``, ``gemm`` (one GEMM per kernel offset) or ``winograd2`` /
   ``winograd4`` (F(3x3, m x m), stride-1 3x3 only).
 
-Inputs are NHWC, kernels HWIO. The backward casts the cotangent to the input dtype (as
-autocast does) and accumulates in ``preferred_element_type`` when one is given.
+Kernels are HWIO; activations NHWC or NCHW (``layout``). ``native`` and Winograd read and
+write either layout directly: Winograd's tiling permutes every element anyway, so the
+channel move of an NCHW activation happens inside the fusions that write the tiles rather
+than as a transpose of its own (a ResNet-18 CIFAR NCHW training step measured 2.5% faster,
+``benchmarks/results/ab_winograd_nchw_resnet18_cifar_b128_cpu.md``). The GEMM methods
+compute in NHWC, and NCHW tensors are transposed in and out around them. The backward casts
+the cotangent to the input dtype (as autocast does) and accumulates in
+``preferred_element_type`` when one is given.
 """
 
 from __future__ import annotations
@@ -36,13 +42,28 @@ def _winograd_m(method: str) -> int:
     return int(method.removeprefix("winograd"))
 
 
-def forward(x, w, geom: Geometry, method: str, preferred):
+def _to_nhwc(t, layout: str):
+    return t if layout == "NHWC" else jnp.transpose(t, (0, 2, 3, 1))
+
+
+def _from_nhwc(t, layout: str):
+    return t if layout == "NHWC" else jnp.transpose(t, (0, 3, 1, 2))
+
+
+def _native(geom: Geometry, preferred, layout: str):
+    """XLA's conv of a ``layout`` activation and an HWIO kernel: ``(x, w) -> y``."""
+    return lambda a, b: native_conv(a, b, geom, preferred, (layout, "HWIO", layout))
+
+
+def forward(x, w, geom: Geometry, method: str, preferred, layout: str = "NHWC"):
     if method == "native":
-        return native_conv(x, w, geom, preferred)
+        return _native(geom, preferred, layout)(x, w)
     if method == "gemm":
-        return im2col.im2col_forward(x, w, geom, preferred)
+        y = im2col.im2col_forward(_to_nhwc(x, layout), w, geom, preferred)
+        return _from_nhwc(y, layout)
     if method.startswith("winograd"):
-        return winograd.winograd_forward(x, w, geom.padding, _winograd_m(method), preferred)
+        m = _winograd_m(method)
+        return winograd.winograd_forward(x, w, geom.padding, m, preferred, layout)
     raise ValueError(f"Unknown forward method {method!r}; use native, gemm, winograd2/4.")
 
 
@@ -51,50 +72,52 @@ def _flipped(w):
     return jnp.transpose(w[::-1, ::-1], (0, 1, 3, 2))
 
 
-def input_grad(g, x, w, geom: Geometry, method: str, acc):
+def input_grad(g, x, w, geom: Geometry, method: str, acc, layout: str = "NHWC"):
     if method == "native":
-        _, vjp = jax.vjp(lambda a: native_conv(a, w, geom, acc), x)
+        _, vjp = jax.vjp(lambda a: _native(geom, acc, layout)(a, w), x)
         return vjp(g.astype(acc))[0]
     if method == "col2im":
-        return im2col.input_grad(g, w, geom, x.shape[1:3], acc)
+        in_size = _to_nhwc(x, layout).shape[1:3]
+        dx = im2col.input_grad(_to_nhwc(g, layout), w, geom, in_size, acc)
+        return _from_nhwc(dx, layout)
     if method.startswith("winograd"):
         kh, kw = geom.kernel_size
         pads = tuple(
             (k - 1 - lo, k - 1 - hi) for k, (lo, hi) in zip((kh, kw), geom.padding, strict=True)
         )
-        return winograd.winograd_forward(g, _flipped(w), pads, _winograd_m(method), acc)
+        m = _winograd_m(method)
+        return winograd.winograd_forward(g, _flipped(w), pads, m, acc, layout)
     raise ValueError(f"Unknown input-gradient method {method!r}; use native, col2im, winograd.")
 
 
-def weight_grad(g, x, w, geom: Geometry, method: str, acc):
+def weight_grad(g, x, w, geom: Geometry, method: str, acc, layout: str = "NHWC"):
     if method == "native":
-        _, vjp = jax.vjp(lambda b: native_conv(x, b, geom, acc), w)
+        _, vjp = jax.vjp(lambda b: _native(geom, acc, layout)(x, b), w)
         return vjp(g.astype(acc))[0]
     if method == "gemm":
-        return im2col.weight_grad(x, g, geom, w.shape, acc)
+        return im2col.weight_grad(_to_nhwc(x, layout), _to_nhwc(g, layout), geom, w.shape, acc)
     if method.startswith("winograd"):
-        return winograd.winograd_weight_grad(x, g, geom.padding, _winograd_m(method), acc)
-    raise ValueError(
-        f"Unknown weight-gradient method {method!r}; use native, gemm, winograd2/4."
-    )
+        m = _winograd_m(method)
+        return winograd.winograd_weight_grad(x, g, geom.padding, m, acc, layout)
+    raise ValueError(f"Unknown weight-gradient method {method!r}; use native, gemm, winograd2/4.")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def composed_conv(x, w, geom: Geometry, methods: Methods, preferred):
-    """NHWC x HWIO conv computed (and differentiated) by ``methods``."""
-    return forward(x, w, geom, methods.forward, preferred)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def composed_conv(x, w, geom: Geometry, methods: Methods, preferred, layout: str = "NHWC"):
+    """``layout`` (NHWC or NCHW) x HWIO conv computed (and differentiated) by ``methods``."""
+    return forward(x, w, geom, methods.forward, preferred, layout)
 
 
-def _fwd(x, w, geom, methods, preferred):
-    return forward(x, w, geom, methods.forward, preferred), (x, w)
+def _fwd(x, w, geom, methods, preferred, layout):
+    return forward(x, w, geom, methods.forward, preferred, layout), (x, w)
 
 
-def _bwd(geom, methods, preferred, res, g):
+def _bwd(geom, methods, preferred, layout, res, g):
     x, w = res
     acc = preferred if preferred is not None else x.dtype
     g = g.astype(x.dtype)
-    dx = input_grad(g, x, w, geom, methods.input_grad, acc).astype(x.dtype)
-    dw = weight_grad(g, x, w, geom, methods.weight_grad, acc).astype(w.dtype)
+    dx = input_grad(g, x, w, geom, methods.input_grad, acc, layout).astype(x.dtype)
+    dw = weight_grad(g, x, w, geom, methods.weight_grad, acc, layout).astype(w.dtype)
     return dx, dw
 
 
@@ -102,10 +125,13 @@ composed_conv.defvjp(_fwd, _bwd)
 
 
 def core(methods: Methods):
-    """A registry ``core`` running ``composed_conv`` with ``methods``."""
+    """A registry ``core`` running ``composed_conv`` with ``methods``. It also takes
+    ``layout="NCHW"`` (``run.layouts``), so ``conv2d`` hands it NCHW models' activations as
+    they are."""
 
-    def run(x, w, geom, preferred):
-        return composed_conv(x, w, geom, methods, preferred)
+    def run(x, w, geom, preferred, layout="NHWC"):
+        return composed_conv(x, w, geom, methods, preferred, layout)
 
     run.methods = methods
+    run.layouts = ("NHWC", "NCHW")
     return run

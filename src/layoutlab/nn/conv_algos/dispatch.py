@@ -110,8 +110,9 @@ def conv2d(
     default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name, or ``"auto"``:
 the ``planned`` entry when it was chosen for this shape, else ``xla``).
 
-    Custom algorithms compute in NHWC/HWIO; NCHW inputs and kernels are transposed in and
-    out around them (XLA's CPU conv works channels-last too).
+    Custom algorithms take HWIO kernels and NHWC activations; NCHW inputs are transposed in
+    and out around them, except for cores that take NCHW themselves (``core.layouts``, the
+    composed ones: Winograd reads and writes NCHW without a transpose of its own).
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
@@ -136,6 +137,8 @@ the ``planned`` entry when it was chosen for this shape, else ``xla``).
         return native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
     core = get_algorithm(chosen.name).core
     w = _kernel_to_hwio(kernel, klay)
+    if layout in getattr(core, "layouts", ("NHWC",)) and layout != "NHWC":
+        return core(x, w, spec.geometry, preferred_element_type, layout=layout)
     if layout == "NCHW":
         y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred_element_type)
         return jnp.transpose(y, (0, 3, 1, 2))

@@ -119,21 +119,46 @@ def supports_for(m: int) -> Callable[[ConvSpec], str | None]:
     return supports
 
 
-def _strided_tiles(xp, m: int, tiles):
-    """``(a*a, N, th, tw, C)``: the ``a x a`` tiles of ``xp`` at stride ``m``, one strided
-    slice per position inside the tile."""
+def _strided_tiles(xp, m: int, tiles, layout: str):
+    """``(a*a, N, th, tw, C)``: the ``a x a`` tiles of ``xp`` (``layout`` NHWC or NCHW) at
+    stride ``m``, one strided slice per position inside the tile. From NCHW each slice is
+    moved channels-last in the same fusion that writes the tiles, so no copy of ``xp`` in
+    NHWC is ever made."""
     a = m + 2
     th, tw = tiles
-    n, c = xp.shape[0], xp.shape[3]
+    hi = (th - 1) * m + 1, (tw - 1) * m + 1
+    if layout == "NHWC":
+        n, c = xp.shape[0], xp.shape[3]
+        return jnp.stack(
+            [
+                lax.slice(xp, (0, i, j, 0), (n, i + hi[0], j + hi[1], c), (1, m, m, 1))
+                for i in range(a)
+                for j in range(a)
+            ]
+        )
+    n, c = xp.shape[:2]
     return jnp.stack(
         [
-            lax.slice(
-                xp, (0, i, j, 0), (n, i + (th - 1) * m + 1, j + (tw - 1) * m + 1, c), (1, m, m, 1)
+            jnp.transpose(
+                lax.slice(xp, (0, 0, i, j), (n, c, i + hi[0], j + hi[1]), (1, 1, m, m)),
+                (0, 2, 3, 1),
             )
             for i in range(a)
             for j in range(a)
         ]
     )
+
+
+def _spatial(x, layout: str) -> tuple[int, int]:
+    return tuple(x.shape[1:3] if layout == "NHWC" else x.shape[2:4])
+
+
+def _pad_spatial(x, padding, layout: str):
+    """Zero-pad (negative: crop) the spatial axes of an NHWC or NCHW array."""
+    if layout == "NHWC":
+        return pad_input(x, padding)
+    zero = jnp.zeros((), x.dtype)
+    return lax.pad(x, zero, ((0, 0, 0), (0, 0, 0), *((lo, hi, 0) for lo, hi in padding)))
 
 
 def _apply(kron: np.ndarray, t):
@@ -152,17 +177,19 @@ def _apply(kron: np.ndarray, t):
     return out.reshape(kron.shape[0], *t.shape[1:])
 
 
-def input_tiles(x, m: int, padding, out_size):
-    """``V``: ``(a*a, N * th * tw, C)`` transformed tiles, in float32, and ``(th, tw)``."""
+def input_tiles(x, m: int, padding, out_size, layout: str = "NHWC"):
+    """``V``: ``(a*a, N * th * tw, C)`` transformed tiles of ``x`` (NHWC or NCHW), in
+    float32, and ``(th, tw)``."""
     bt = matrices(m)["BT"]
     th, tw = (-(-out_size[0] // m), -(-out_size[1] // m))
     # Pad the high side further so that th * m rows of output have a full tile each.
-    h, w = x.shape[1:3]
+    h, w = _spatial(x, layout)
     (plh, _), (plw, _) = padding
     extra = ((plh, th * m + 2 - h - plh), (plw, tw * m + 2 - w - plw))
-    d = _strided_tiles(pad_input(x.astype(jnp.float32), extra), m, (th, tw))
+    xp = _pad_spatial(x.astype(jnp.float32), extra, layout)
+    d = _strided_tiles(xp, m, (th, tw), layout)
     v = _apply(np.kron(bt, bt), d)
-    return v.reshape(v.shape[0], -1, x.shape[-1]), (th, tw)
+    return v.reshape(v.shape[0], -1, d.shape[-1]), (th, tw)
 
 
 def kernel_tiles(w, m: int):
@@ -172,20 +199,26 @@ def kernel_tiles(w, m: int):
     return u
 
 
-def output_tiles(mm, m: int, n: int, tiles, out_size):
-    """``Y = A^T M A`` and untile: ``(a*a, N*th*tw, O)`` -> ``(N, Ho, Wo, O)``."""
+def output_tiles(mm, m: int, n: int, tiles, out_size, layout: str = "NHWC"):
+    """``Y = A^T M A`` and untile: ``(a*a, N*th*tw, O)`` -> ``(N, Ho, Wo, O)``, or
+    ``(N, O, Ho, Wo)`` for NCHW (the untiling permutes every element either way)."""
     at = matrices(m)["AT"]
     th, tw = tiles
     o = mm.shape[-1]
     y = _apply(np.kron(at, at), mm).reshape(m, m, n, th, tw, o)
-    y = jnp.transpose(y, (2, 3, 0, 4, 1, 5)).reshape(n, th * m, tw * m, o)
-    return y[:, : out_size[0], : out_size[1], :]
+    if layout == "NHWC":
+        y = jnp.transpose(y, (2, 3, 0, 4, 1, 5)).reshape(n, th * m, tw * m, o)
+        return y[:, : out_size[0], : out_size[1], :]
+    y = jnp.transpose(y, (2, 5, 3, 0, 4, 1)).reshape(n, o, th * m, tw * m)
+    return y[:, :, : out_size[0], : out_size[1]]
 
 
-def winograd_forward(x, w, padding, m: int, preferred):
-    """Stride-1 3x3 conv of NHWC ``x`` and HWIO ``w`` with explicit ``padding`` pairs."""
-    out_size = tuple(n + lo + hi - 2 for n, (lo, hi) in zip(x.shape[1:3], padding, strict=True))
-    v, tiles = input_tiles(x, m, padding, out_size)
+def winograd_forward(x, w, padding, m: int, preferred, layout: str = "NHWC"):
+    """Stride-1 3x3 conv of ``x`` (``layout`` NHWC or NCHW, the output's too) and HWIO
+    ``w`` with explicit ``padding`` pairs."""
+    spatial = _spatial(x, layout)
+    out_size = tuple(n + lo + hi - 2 for n, (lo, hi) in zip(spatial, padding, strict=True))
+    v, tiles = input_tiles(x, m, padding, out_size, layout)
     u = kernel_tiles(w, m)
     compute = x.dtype
     mm = lax.dot_general(
@@ -194,12 +227,13 @@ def winograd_forward(x, w, padding, m: int, preferred):
         (((2,), (1,)), ((0,), (0,))),
         preferred_element_type=jnp.float32,
     )
-    y = output_tiles(mm, m, x.shape[0], tiles, out_size)
+    y = output_tiles(mm, m, x.shape[0], tiles, out_size, layout)
     return y.astype(preferred if preferred is not None else compute)
 
 
-def winograd_weight_grad(x, g, padding, m: int, preferred):
-    """``dW`` (HWIO, 3x3) of a stride-1 3x3 conv of NHWC ``x`` with output gradient ``g``.
+def winograd_weight_grad(x, g, padding, m: int, preferred, layout: str = "NHWC"):
+    """``dW`` (HWIO, 3x3) of a stride-1 3x3 conv of ``x`` with output gradient ``g`` (both
+    ``layout``, NHWC or NCHW).
 
     Per tile, ``dW = G^T [(A E A^T) * (B^T D B)] G`` with ``D`` the ``a x a`` input tile and
     ``E`` the ``m x m`` tile of ``g`` it produced: the forward identity
@@ -210,15 +244,18 @@ def winograd_weight_grad(x, g, padding, m: int, preferred):
     F(4x4, 3x3).
     """
     mats = matrices(m)
-    out_size = g.shape[1:3]
-    v, (th, tw) = input_tiles(x, m, padding, out_size)  # (a*a, N*th*tw, C), float32
-    n, o = g.shape[0], g.shape[-1]
-    gp = jnp.pad(
-        g.astype(jnp.float32),
-        ((0, 0), (0, th * m - out_size[0]), (0, tw * m - out_size[1]), (0, 0)),
+    out_size = _spatial(g, layout)
+    v, (th, tw) = input_tiles(x, m, padding, out_size, layout)  # (a*a, N*th*tw, C), float32
+    n, o = g.shape[0], g.shape[-1 if layout == "NHWC" else 1]
+    gp = _pad_spatial(
+        g.astype(jnp.float32), ((0, th * m - out_size[0]), (0, tw * m - out_size[1])), layout
     )
     # (N, th*m, tw*m, O) -> (m*m, N*th*tw, O): the non-overlapping m x m tiles of dY.
-    e = gp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5).reshape(m * m, -1, o)
+    if layout == "NHWC":
+        e = gp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5)
+    else:
+        e = gp.reshape(n, o, th, m, tw, m).transpose(3, 5, 0, 2, 4, 1)
+    e = e.reshape(m * m, -1, o)
     a_mat = mats["AT"].T
     ee = _apply(np.kron(a_mat, a_mat), e)  # (a*a, N*th*tw, O)
     compute = x.dtype
