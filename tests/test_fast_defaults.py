@@ -98,6 +98,15 @@ def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(ca
     # step's remaining kernel-shaped transposes belong to the weight gradients).
     assert plain["totals"]["kernel_transposes"] > fast["totals"]["kernel_transposes"]
     assert plain["kernel_storage"] == "layout" and plain["conv_algorithm"] == "xla"
+    # Read back from the compiled program itself: the forward convs XLA compiled take HWIO
+    # kernels by default and OIHW ones when opted out, and the YNNPACK reduce/elementwise
+    # fusions that only the fast options ask for are there.
+    fast_fwd = {c["logical"] for c in fast["convolutions"] if c["logical"].startswith("NCHW*")}
+    plain_fwd = {c["logical"] for c in plain["convolutions"] if c["logical"].startswith("NCHW*")}
+    assert "NCHW*HWIO->NCHW" in fast_fwd and not any("OIHW" in s for s in fast_fwd)
+    assert "NCHW*OIHW->NCHW" in plain_fwd and not any("HWIO" in s for s in plain_fwd)
+    ynn = "kCustom(__ynn_fusion)"
+    assert fast["fusion_kinds"].get(ynn, 0) > plain["fusion_kinds"].get(ynn, 0)
 
 
 def test_unknown_fast_option_is_left_out_with_one_notice(monkeypatch, capsys):
@@ -228,3 +237,34 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
     assert kept(*big) == "True"
     assert kept(*big, "--no-keep-host-memory") == "False"
     assert kept("--image-size", "8", "--batch-sizes", "32") == "False"
+
+
+def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
+    tmp_path, monkeypatch, capsys
+):
+    from layoutlab.bench.results import load_results
+
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
+    common = ["bench", *_TINY, "--layouts", "NHWC,NCHW", "--precisions", "fp32",
+              "--batch-sizes", "2", "--modes", "train", "--repeats", "1", "--warmup", "0",
+              "--no-plots", "--no-roofline"]  # fmt: skip
+    assert cli.main([*common, "--baseline-plain", "--out", str(tmp_path / "a")]) == 0
+    rows = load_results(tmp_path / "a", source="csv").rows
+    got = sorted((r["layout"], r["defaults"], r["conv_algo"], r["kernel_storage"]) for r in rows)
+    assert got == [
+        ("NCHW", "fast", "auto", "channels_last"),
+        ("NCHW", "plain", "xla", "layout"),
+        ("NHWC", "fast", "auto", "channels_last"),
+        ("NHWC", "plain", "xla", "layout"),
+    ]
+    fast = [r for r in rows if r["defaults"] == "fast"]
+    plain = [r for r in rows if r["defaults"] == "plain"]
+    assert all(r["conv_plan_source"] == "table" for r in fast)  # empty cache, short run
+    assert all(_YNN in json.loads(r["xla_options"]) for r in fast)
+    assert all(json.loads(r["xla_options"]) == {} and not r["conv_plan_source"] for r in plain)
+    assert "| plain XLA |" in capsys.readouterr().out
+    # An opt-out flag makes the rows "custom": they are no longer the defaults.
+    assert cli.main([*common, "--no-cpu-fast", "--out", str(tmp_path / "b")]) == 0
+    rows = load_results(tmp_path / "b", source="csv").rows
+    assert {r["defaults"] for r in rows} == {"custom"}
+    assert all(json.loads(r["xla_options"]) == {} for r in rows)
