@@ -170,14 +170,21 @@ def plan_coverage(model: nnx.Module, x) -> tuple[int, int]:
     return len(missing_from_plan(model, x)), total
 
 
-def default_conv_plan(model: nnx.Module, x, objective: str, cpu_kind: str | None) -> ConvPlan:
+def default_conv_plan(
+    model: nnx.Module,
+    x,
+    objective: str,
+    cpu_kind: str | None,
+    specs: Mapping[str, ConvSpec] | None = None,
+) -> ConvPlan:
     """The shipped table's plan for every 2D conv ``model(x)`` runs (``conv_algos.
     default_plan``; ``cpu_kind`` None off CPU, where every conv runs ``xla``). Each entry's
-    evidence says it came from the table, not from a measurement on this machine."""
+    evidence says it came from the table, not from a measurement on this machine.
+    ``specs``: ``conv_specs(model, x)`` when the caller has it (saves a trace)."""
     from layoutlab.nn.conv_algos.default_plan import default_algorithm
 
     entries, evidence = {}, {}
-    for path, spec in conv_specs(model, x).items():
+    for path, spec in (conv_specs(model, x) if specs is None else specs).items():
         algorithm, why = default_algorithm(spec, objective, cpu_kind)
         entries[path] = PlanEntry(algorithm, spec.key())
         evidence[path] = {"source": why}

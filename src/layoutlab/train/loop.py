@@ -275,10 +275,13 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
-    config = _planned(config, dataset, schedule, shard, conv_planner)
+    planned = _planned(config, dataset, schedule, shard, conv_planner)
+    # A plan made just now covers every conv of this model and batch: no coverage to report.
+    report_coverage, config = planned is config, planned
     defs, tx, init = _make_init(config, dataset, schedule)
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
-    _report_plan_coverage(config, dataset, shard, progress_log)
+    if report_coverage:
+        _report_plan_coverage(config, dataset, shard, progress_log)
     state, start = None, 0
     if resume:
         abstract = _abstract(init, state_sharding)

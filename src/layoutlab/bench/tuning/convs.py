@@ -282,11 +282,12 @@ class ConvTuning(NamedTuple):
         return summarize_results(self.results)
 
 
-def autotune_model(model: nnx.Module, x, **kw) -> ConvTuning:
+def autotune_model(model: nnx.Module, x, *, specs: dict | None = None, **kw) -> ConvTuning:
     """Tune every 2D conv shape of ``model(x)`` (``autotune_convs`` keywords) and return the
     plan for its convs. ``model`` is not changed: hand the plan to it with
-    ``nn.with_conv_plan(model, plan)`` (its ``"auto"`` convs run it)."""
-    specs = conv_specs(model, x)
+    ``nn.with_conv_plan(model, plan)`` (its ``"auto"`` convs run it). ``specs``:
+    ``conv_specs(model, x)`` when the caller has it (saves a trace of the model)."""
+    specs = conv_specs(model, x) if specs is None else specs
     if not specs:
         raise ValueError(
             f"{type(model).__name__} runs no 2D layoutlab.nn.Conv on input {tuple(x.shape)}; "

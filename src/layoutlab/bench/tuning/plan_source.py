@@ -31,9 +31,9 @@ class PlanSource(NamedTuple):
     detail: str  # one line for the log
 
 
-def _table(model, x, objective: str, backend: str, why: str) -> PlanSource:
+def _table(model, x, objective: str, backend: str, why: str, specs=None) -> PlanSource:
     kind = cpu_kind() if backend == "cpu" else None
-    plan = default_conv_plan(model, x, objective, kind)
+    plan = default_conv_plan(model, x, objective, kind, specs)
     counts: dict[str, int] = {}
     for entry in plan.algorithms().values():
         counts[entry] = counts.get(entry, 0) + 1
@@ -62,8 +62,8 @@ def conv_plan_for_run(
     common = dict(objective=objective, compiler_options=compiler_options, backend=backend)
     if tune == "never":
         return _table(model, x, objective, platform, "--conv-tune never")
-    specs = conv_specs(model, x)
-    cached = autotune_model(model, x, cached_only=True, **common)
+    specs = conv_specs(model, x)  # traced once, here, for every path below
+    cached = autotune_model(model, x, specs=specs, cached_only=True, **common)
     if len(cached.plan) == len(specs):
         return PlanSource(cached.plan, "cache", f"autotune cache ({cached.summary()})")
     if tune == "auto":
@@ -74,12 +74,12 @@ def conv_plan_for_run(
         rounds = repeats + warmup
         if cannot_pay(specs, steps, platform, n_candidates, rounds):
             why = f"a {steps}-step run is too short for tuning to pay (--conv-tune always)"
-            return _table(model, x, objective, platform, why)
+            return _table(model, x, objective, platform, why, specs)
         estimate = estimate_tuning(
             specs, steps, n_candidates=n_candidates, rounds=rounds, device=device,
             compiler_options=compiler_options,
         )  # fmt: skip
         if not estimate.pays:
-            return _table(model, x, objective, platform, estimate.describe())
-    tuning = autotune_model(model, x, repeats=repeats, warmup=warmup, **common)
+            return _table(model, x, objective, platform, estimate.describe(), specs)
+    tuning = autotune_model(model, x, specs=specs, repeats=repeats, warmup=warmup, **common)
     return PlanSource(tuning.plan, "tuned", f"autotuned ({tuning.summary()})")
