@@ -12,9 +12,18 @@ import argparse
 import json
 import sys
 
-__all__ = ["MODES", "add_deprecated_flag", "deprecated", "parse_mode", "parse_model_args"]
+__all__ = [
+    "CONV_TUNE_CHOICES",
+    "MODES",
+    "add_conv_tune",
+    "add_deprecated_flag",
+    "deprecated",
+    "parse_mode",
+    "parse_model_args",
+]
 
 MODES = ("train", "infer")
+CONV_TUNE_CHOICES = ("auto", "always", "never")
 # Values other commands used for the forward-only mode.
 _MODE_ALIASES = {"eval": "infer", "inference": "infer"}
 
@@ -23,6 +32,19 @@ def deprecated(old: str, new: str) -> None:
     print(
         f"warning: {old} is deprecated and will be removed in the next release; use {new}.",
         file=sys.stderr,
+    )
+
+
+def add_conv_tune(parser: argparse.ArgumentParser, weighed_against: str) -> None:
+    """``--conv-tune``: when the plan of ``auto`` convs may come from a new tuning; the
+    tuning's estimated cost is weighed against ``weighed_against`` (help text)."""
+    parser.add_argument(
+        "--conv-tune",
+        choices=CONV_TUNE_CHOICES,
+        default="auto",
+        help="with auto convs: auto (default) tunes the conv shapes the autotune cache lacks "
+        f"only when tuning costs <= 10%% of {weighed_against}; always tunes what the cache "
+        "lacks; never takes the shipped table",
     )
 
 

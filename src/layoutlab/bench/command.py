@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from layoutlab.arguments import parse_model_args
+from layoutlab.arguments import add_conv_tune, parse_model_args
 
 __all__ = ["register"]
 
@@ -183,14 +183,7 @@ def register(subparsers) -> None:
         "conv shape from the autotune cache, a tuning (--conv-tune) or the shipped table); "
         "one of: " + _algorithm_list(),
     )
-    p.add_argument(
-        "--conv-tune",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="auto's plan: auto (default) tunes only when the cache lacks a shape and tuning "
-        "costs <= 10%% of the measured steps (so a benchmark uses the cache or the shipped "
-        "table); always tunes what the cache lacks; never takes the shipped table",
-    )
+    add_conv_tune(p, "the measured steps (so a benchmark uses the cache or the shipped table)")
     p.add_argument(
         "--baseline-plain",
         action="store_true",

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from layoutlab.arguments import add_conv_tune
 from layoutlab.nn.conv_names import AUTO, BUILTIN_ALGORITHMS, KERNEL_STORAGES
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
@@ -103,14 +104,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "cache, a tuning when it pays (--conv-tune) or the shipped table; the plan is stored "
         "in config.json and kept by --resume); xla: XLA's own conv everywhere",
     )
-    p.add_argument(
-        "--conv-tune",
-        choices=("auto", "always", "never"),
-        default="auto",
-        help="with --conv-algo auto: auto (default) tunes the run's conv shapes only when the "
-        "estimated tuning costs <= 10%% of the run and the autotune cache lacks them; always "
-        "tunes what the cache lacks; never takes the shipped table",
-    )
+    add_conv_tune(p, "the run")
     p.add_argument(
         "--kernel-storage",
         metavar="STORAGE",

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from flax import nnx
 
+from layoutlab.arguments import CONV_TUNE_CHOICES
 from layoutlab.bench.tuning.budget import cannot_pay, estimate_tuning
 from layoutlab.bench.tuning.cache import device_for
 from layoutlab.bench.tuning.convs import autotune_model, candidates_for
@@ -21,8 +22,6 @@ from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import conv_specs, default_conv_plan
 
 __all__ = ["CONV_TUNE_CHOICES", "PlanSource", "conv_plan_for_run"]
-
-CONV_TUNE_CHOICES = ("auto", "always", "never")
 
 
 class PlanSource(NamedTuple):
