@@ -57,8 +57,8 @@ class Rule(NamedTuple):
 
 
 _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
-# The stem rule was measured at 32x32x3 only. On the digits job's 8x8x1 stem it made the
-# whole `layoutlab train` about 5% slower than XLA's conv, so smaller inputs keep ``xla``.
+# The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
+# it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``.
 _IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32)
 # (cpu kind, objective, dtype) -> rules, first match wins.
 DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
