@@ -83,8 +83,8 @@ def _conv_planner(args: argparse.Namespace):
     """``train`` with ``"auto"`` convs (the default) and no ``conv_plan`` in its config: the
     loop asks this for the plan once it has built the model (bench/ sits above train/, so
     the tuning is joined here): the autotune cache, a tuning when it pays (``--conv-tune``)
-    or, returning None, the shipped table. The plan is stored in config.json and the
-    checkpoints, so a resumed run keeps its algorithms."""
+    or the shipped table. The plan is stored in config.json and the checkpoints, so a
+    resumed run keeps its algorithms."""
 
     def plan(model, images, steps: int, compiler_options: dict):
         from layoutlab.bench.tuning.plan_source import conv_plan_for_run
@@ -99,7 +99,7 @@ def _conv_planner(args: argparse.Namespace):
             warmup=_CONV_TUNE_WARMUP,
         )
         print(f"conv plan: {found.detail}")  # once, even with --quiet; stderr is for errors
-        return None if found.source == "table" else found.plan
+        return found.plan
 
     return plan
 
@@ -146,8 +146,10 @@ def _batch_pixels(args: argparse.Namespace) -> int | None:
             size = rest.partition(":")[0].lower().split("x")
             pixels = int(size[0]) * int(size[1]) if len(size) >= 2 and rest else 32 * 32
         if args.image_size:
-            size = [int(p) for p in str(args.image_size).replace("x", ",").split(",") if p]
-            pixels = size[0] * size[-1]
+            from layoutlab.train.run_data import parse_image_size
+
+            h, w = parse_image_size(str(args.image_size))
+            pixels = h * w
         return None if pixels is None else pixels * int(args.batch_size or d.batch_size)
     if args.command == "bench" and args.image_size:
         return max(args.batch_sizes) * args.image_size**2

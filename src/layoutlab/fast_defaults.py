@@ -27,6 +27,8 @@ __all__ = [
     "default_backend",
     "default_kernel_storage",
     "fast_compile_options",
+    "resolve_kernel_storage",
+    "table_cpu_kind",
 ]
 
 _YNN = "LIBRARY_FUSION_TYPE_"
@@ -98,6 +100,11 @@ def default_kernel_storage(backend: str | None = None) -> str:
     return "channels_last" if (backend or default_backend()) == "cpu" else "layout"
 
 
+def resolve_kernel_storage(storage: str, backend: str | None = None) -> str:
+    """``storage``, with ``"auto"`` resolved for ``backend`` (``default_kernel_storage``)."""
+    return default_kernel_storage(backend) if storage == "auto" else storage
+
+
 @functools.cache
 def cpu_kind() -> str:
     """``"avx512"``, ``"avx2"`` or ``"other"``: the x86 vector extension the CPU has (from
@@ -113,3 +120,9 @@ def cpu_kind() -> str:
     if "avx512f" in flags:
         return "avx512"
     return "avx2" if "avx2" in flags else "other"
+
+
+def table_cpu_kind(platform: str) -> str | None:
+    """The ``cpu_kind()`` that keys the shipped conv table on ``platform``; None off CPU,
+    where the table has no rules."""
+    return cpu_kind() if platform == "cpu" else None

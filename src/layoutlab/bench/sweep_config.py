@@ -12,8 +12,13 @@ import numpy as np
 from flax import nnx
 
 from layoutlab import models
+from layoutlab.arguments import CONV_TUNE_CHOICES
 from layoutlab.bench.cases import MODES
-from layoutlab.fast_defaults import default_kernel_storage, fast_compile_options
+from layoutlab.fast_defaults import (
+    default_kernel_storage,
+    fast_compile_options,
+    resolve_kernel_storage,
+)
 from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 from layoutlab.xla import resolve_backend
@@ -162,11 +167,9 @@ def validate(config: SweepConfig) -> SweepConfig:
         raise ValueError("conv_algorithms is empty; give at least one, e.g. xla.")
     for name in algos:
         check_conv_options(name, None)
-    storage = config.kernel_storage
-    if storage == "auto":
-        storage = default_kernel_storage(backend.platform)
+    storage = resolve_kernel_storage(config.kernel_storage, backend.platform)
     check_conv_options(None, storage)
-    if config.conv_tune not in ("auto", "always", "never"):
+    if config.conv_tune not in CONV_TUNE_CHOICES:
         raise ValueError(f"conv_tune must be auto, always or never, got {config.conv_tune!r}.")
     if config.conv_tune_repeats < 1:
         raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")

@@ -38,13 +38,12 @@ def batch_spec(config: TrainConfig, dataset: Dataset, batch: int, sharding):
 
 def compile_train_step(config, dataset, defs, tx, state, shard: Shardings, state_sharding):
     step = make_train_step(defs, tx, augment=_augment_fn(config))
+    options = compile_options(config, "train")
     jitted = jax.jit(
         step,
         donate_argnums=0,
         out_shardings=(state_sharding, shard.replicated),
-        compiler_options=compile_options(config, "train") or None,
+        compiler_options=options or None,
     )
     images, labels = batch_spec(config, dataset, config.batch_size, shard.batch)
-    return compile_with_options(
-        jitted.lower(state, images, labels), compile_options(config, "train")
-    )
+    return compile_with_options(jitted.lower(state, images, labels), options)

@@ -394,11 +394,9 @@ def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
         eval_batch = max(config.batch_size, 512)
         if data_parallel:
             eval_batch = -(-eval_batch // num_devices) * num_devices
-    storage = config.kernel_storage
-    if storage == AUTO_STORAGE:
-        from layoutlab.fast_defaults import default_kernel_storage
+    from layoutlab.fast_defaults import resolve_kernel_storage
 
-        storage = default_kernel_storage()
+    storage = resolve_kernel_storage(config.kernel_storage)
     return dataclasses.replace(
         config,
         loss_scale=loss_scale,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from layoutlab.fast_defaults import cpu_kind, default_backend, fast_compile_options
+from layoutlab.fast_defaults import default_backend, fast_compile_options, table_cpu_kind
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, default_conv_plan
 from layoutlab.train.config import TrainConfig
@@ -30,6 +30,5 @@ def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
     fine) when it runs ``"auto"`` convs and has no plan; otherwise ``config`` unchanged."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None or not convs(model):
         return config
-    backend = default_backend()
-    plan = default_conv_plan(model, images, "train", cpu_kind() if backend == "cpu" else None)
+    plan = default_conv_plan(model, images, "train", table_cpu_kind(default_backend()))
     return dataclasses.replace(config, conv_plan=plan.to_dict())

@@ -208,7 +208,7 @@ def train_and_evaluate(
     moved to ``checkpoints/corrupt/`` with a warning), after checking that ``config`` changes
     nothing the run may not change (``train.resume``). A run of ``"auto"`` convs without
     a ``conv_plan`` takes ``conv_planner(model, images, steps, compiler_options)``'s plan
-    (the CLI's: cached or tuned), or when that is None or absent the shipped table's
+    (the CLI's: cached, tuned or the table's), or when that is None or absent the table's
     (``nn.conv_algos.default_plan``). Every config error is raised as a
     ``ValueError`` before anything is compiled; a filesystem error is raised as a
     ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
@@ -226,9 +226,7 @@ def train_and_evaluate(
                 config = check_resume(config, workdir, workdir / CHECKPOINT_DIR)
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
-                return _run(
-                    config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner
-                )
+                return _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner)
             finally:
                 ckpt.close()
     except WorkdirError:

@@ -56,15 +56,14 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _inspect(args: argparse.Namespace):
-    from layoutlab.fast_defaults import default_kernel_storage, fast_compile_options
+    from layoutlab.fast_defaults import fast_compile_options, resolve_kernel_storage
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
     from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
     platform = resolve_backend(args.backend).platform
-    storage = args.kernel_storage
-    storage = default_kernel_storage(platform) if storage == "auto" else storage
+    storage = resolve_kernel_storage(args.kernel_storage, platform)
     common = dict(
         precision=args.precision,
         mode=args.mode,

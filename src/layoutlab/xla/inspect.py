@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import optax
 
 from layoutlab import models
-from layoutlab.fast_defaults import cpu_kind
+from layoutlab.fast_defaults import table_cpu_kind
 from layoutlab.layout import channels_last
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import as_plan
@@ -200,7 +200,7 @@ def inspect_model(
         kernel_storage=kernel_storage,
         images=images,
         conv_plan=plan,
-        table=(objective, cpu_kind() if be.platform == "cpu" else None),
+        table=(objective, table_cpu_kind(be.platform)),
     )
     plan = as_plan(plan)
     build_seconds = time.perf_counter() - t0

@@ -82,15 +82,9 @@ def run_layout(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernel_storage(args: argparse.Namespace) -> str:
-    from layoutlab.fast_defaults import default_kernel_storage
-
-    storage = args.kernel_storage
-    return default_kernel_storage(args.backend) if storage == "auto" else storage
-
-
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
+    from layoutlab.fast_defaults import resolve_kernel_storage
 
     try:
         tuning = autotune_registry_model(
@@ -100,7 +94,7 @@ def run_convs(args: argparse.Namespace) -> int:
             layout=args.layout,
             precision=args.precision,
             objective="train" if args.mode == "train" else "inference",
-            kernel_storage=_kernel_storage(args),
+            kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
             compiler_options=_xla_options(args, args.mode),
             model_kwargs=_model_kwargs(args),
             num_classes=args.num_classes,

@@ -17,7 +17,7 @@ from layoutlab.arguments import CONV_TUNE_CHOICES
 from layoutlab.bench.tuning.budget import cannot_pay, estimate_tuning
 from layoutlab.bench.tuning.cache import device_for
 from layoutlab.bench.tuning.convs import autotune_model, candidates_for
-from layoutlab.fast_defaults import cpu_kind
+from layoutlab.fast_defaults import table_cpu_kind
 from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import conv_specs, default_conv_plan
 
@@ -31,7 +31,7 @@ class PlanSource(NamedTuple):
 
 
 def _table(model, x, objective: str, backend: str, why: str, specs=None) -> PlanSource:
-    kind = cpu_kind() if backend == "cpu" else None
+    kind = table_cpu_kind(backend)
     plan = default_conv_plan(model, x, objective, kind, specs)
     counts: dict[str, int] = {}
     for entry in plan.algorithms().values():
