@@ -102,8 +102,8 @@ def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
     assert {r["kernel_storage"] for r in rows} == {"channels_last"}
     assert all(json.loads(r["xla_options"]) == EIGEN for r in rows)
     assert [variant(r) for r in rows] == [
-        "xla+hwio +experimental_ynn_fusion_type",
-        "im2col+hwio +experimental_ynn_fusion_type",
+        "xla+hwio+channels_last_inside +experimental_ynn_fusion_type",
+        "im2col+hwio+channels_last_inside +experimental_ynn_fusion_type",
     ]
     assert variant({"framework": "torch", "conv_algo": "im2col"}) == ""
 
@@ -199,7 +199,7 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
     assert all(r["status"] == "ok" for r in rows)
     auto = next(r for r in rows if r["conv_algo"] == "auto")
     assert auto["conv_tune_s"] is not None and auto["conv_tune_s"] >= 0
-    assert "| auto+hwio +enable_fast_math |" in captured.out
+    assert "| auto+hwio+channels_last_inside +enable_fast_math |" in captured.out
 
 
 def test_conv_autotune_cli_bad_input_is_a_clear_error(capsys):

@@ -39,6 +39,7 @@ def test_default_train_run_records_the_fast_configuration(tmp_path, capsys):
     config = json.loads((workdir / "config.json").read_text())
     assert config["cpu_fast"] is True
     assert config["kernel_storage"] == "channels_last"  # resolved on CPU, stored resolved
+    assert config["activation_storage"] == "channels_last"
     assert config["conv_algorithm"] == "auto"
     entries = config["conv_plan"]["convs"]
     sources = {e["evidence"]["source"] for e in entries.values()}
@@ -50,6 +51,7 @@ def test_default_train_run_records_the_fast_configuration(tmp_path, capsys):
     [
         (["--no-cpu-fast"], "cpu_fast", False),
         (["--kernel-storage", "layout"], "kernel_storage", "layout"),
+        (["--activation-storage", "layout"], "activation_storage", "layout"),
         (["--conv-algo", "xla"], "conv_algorithm", "xla"),
     ],
 )
@@ -59,7 +61,8 @@ def test_each_opt_out_turns_off_its_part_only(tmp_path, flags, field, value):
 
     argv = ["train", *_TINY, "--workdir", str(tmp_path), *flags]
     config = validate(build_config(cli.build_parser().parse_args(argv))[0], 1)
-    fast = {"cpu_fast": True, "kernel_storage": "channels_last", "conv_algorithm": "auto"}
+    fast = {"cpu_fast": True, "kernel_storage": "channels_last", "conv_algorithm": "auto",
+            "activation_storage": "channels_last"}  # fmt: skip
     assert {k: getattr(config, k) for k in fast} == {**fast, field: value}
 
 
@@ -71,13 +74,11 @@ def test_python_api_gets_the_same_defaults(tmp_path):
     assert saved["kernel_storage"] == "channels_last" and saved["conv_plan"] is not None
     # A config saved before these defaults existed keeps what it ran with.
     old = {k: v for k, v in saved.items() if k not in ("conv_algorithm", "kernel_storage",
+                                                       "activation_storage",
                                                        "cpu_fast")}  # fmt: skip
     legacy = TrainConfig.from_dict(old)
-    assert (legacy.conv_algorithm, legacy.kernel_storage, legacy.cpu_fast) == (
-        "xla",
-        "layout",
-        False,
-    )
+    got = (legacy.conv_algorithm, legacy.kernel_storage, legacy.activation_storage, legacy.cpu_fast)
+    assert got == ("xla", "layout", "layout", False)
 
 
 def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(capsys):
@@ -92,17 +93,27 @@ def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(ca
     assert _YNN in fast["flags"]["compiler_options"]
     assert fast["kernel_storage"] == "channels_last" and fast["conv_algorithm"] == "auto"
     assert fast["conv_plan"]  # the shipped table's choices, one per conv
-    plain = report("--no-cpu-fast", "--kernel-storage", "layout", "--conv-algo", "xla")
+    assert fast["activation_storage"] == "channels_last"
+    plain = report("--no-cpu-fast", "--kernel-storage", "layout", "--conv-algo", "xla",
+                   "--activation-storage", "layout")  # fmt: skip
     assert plain["flags"]["compiler_options"] == {}
     # OIHW kernels in NCHW are transposed on every call; HWIO ones are not (the training
     # step's remaining kernel-shaped transposes belong to the weight gradients).
     assert plain["totals"]["kernel_transposes"] > fast["totals"]["kernel_transposes"]
     assert plain["kernel_storage"] == "layout" and plain["conv_algorithm"] == "xla"
-    # Read back from the compiled program itself: the forward convs XLA compiled take HWIO
-    # kernels by default and OIHW ones when opted out.
-    fast_fwd = {c["logical"] for c in fast["convolutions"] if c["logical"].startswith("NCHW*")}
-    plain_fwd = {c["logical"] for c in plain["convolutions"] if c["logical"].startswith("NCHW*")}
-    assert "NCHW*HWIO->NCHW" in fast_fwd and not any("OIHW" in s for s in fast_fwd)
+    assert plain["activation_storage"] == "layout"
+
+    # Read back from the compiled program itself: the convs XLA compiled. By default the NCHW
+    # model's layers compute in NHWC with HWIO kernels: no conv of the program is NCHW.
+    def logical(rep):
+        return {c["logical"] for c in rep["convolutions"]}
+
+    assert "NHWC*HWIO->NHWC" in logical(fast) and not any("NCHW" in s for s in logical(fast))
+    # Each opt-out alone: HWIO kernels in an NCHW program, and OIHW ones in plain XLA.
+    nchw = report("--activation-storage", "layout")
+    nchw_fwd = {s for s in logical(nchw) if s.startswith("NCHW*")}
+    assert "NCHW*HWIO->NCHW" in nchw_fwd and not any("OIHW" in s for s in nchw_fwd)
+    plain_fwd = {s for s in logical(plain) if s.startswith("NCHW*")}
     assert "NCHW*OIHW->NCHW" in plain_fwd and not any("HWIO" in s for s in plain_fwd)
     # The options: YNNPACK takes the BatchNorm reductions and elementwise fusions of a
     # training step only when asked (small_cnn has no BatchNorm, so a ResNet here); every
@@ -124,6 +135,7 @@ def test_unknown_fast_option_is_left_out_with_one_notice(monkeypatch, capsys):
     assert len(notes) == 1 and notes[0].startswith("note: ") and "no_such_option" in notes[0]
     assert fast_defaults.fast_compile_options("train", "gpu") == {}  # never CPU options on GPU
     assert fast_defaults.default_kernel_storage("gpu") == "layout"
+    assert fast_defaults.default_activation_storage("gpu") == "layout"
 
 
 def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32"):
@@ -257,12 +269,13 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
               "--no-plots", "--no-roofline"]  # fmt: skip
     assert cli.main([*common, "--baseline-plain", "--out", str(tmp_path / "a")]) == 0
     rows = load_results(tmp_path / "a", source="csv").rows
-    got = sorted((r["layout"], r["defaults"], r["conv_algo"], r["kernel_storage"]) for r in rows)
+    keys = ("layout", "defaults", "conv_algo", "kernel_storage", "activation_storage")
+    got = sorted(tuple(r[k] for k in keys) for r in rows)
     assert got == [
-        ("NCHW", "fast", "auto", "channels_last"),
-        ("NCHW", "plain", "xla", "layout"),
-        ("NHWC", "fast", "auto", "channels_last"),
-        ("NHWC", "plain", "xla", "layout"),
+        ("NCHW", "fast", "auto", "channels_last", "channels_last"),
+        ("NCHW", "plain", "xla", "layout", "layout"),
+        ("NHWC", "fast", "auto", "channels_last", "channels_last"),
+        ("NHWC", "plain", "xla", "layout", "layout"),
     ]
     fast = [r for r in rows if r["defaults"] == "fast"]
     plain = [r for r in rows if r["defaults"] == "plain"]

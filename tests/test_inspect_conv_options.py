@@ -109,7 +109,12 @@ def test_auto_runs_the_plan_given_and_reports_missing_convs():
 def test_cli_conv_plan_file_and_bad_plans(tmp_path, capsys):
     plan, path = _first_conv_plan()
     good = plan.save(tmp_path / "plan.json")
-    code, out, err = run_cli([*SMALL_CLI, "--conv-algo", "auto", "--conv-plan", str(good)], capsys)
+    # The plan's shapes are those of convs computing in NCHW (a plan entry is keyed by its
+    # conv's shape, layout included), so the layers must compute there.
+    nchw = ["--activation-storage", "layout"]
+    code, out, err = run_cli(
+        [*SMALL_CLI, *nchw, "--conv-algo", "auto", "--conv-plan", str(good)], capsys
+    )
     assert code == 0, err
     assert f"plan: {path} -> im2col" in out and "auto: 2 of 3 convs" in out
     bad = tmp_path / "bad.json"

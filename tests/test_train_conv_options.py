@@ -133,7 +133,7 @@ def test_im2col_channels_last_matches_the_default_trajectory(conv_run, tmp_path)
     # The default run also shows that a valid XLA option reaches the compile and runs
     # (fast math is off by default on CPU, so the numerics are unchanged).
     loop.train_and_evaluate(_config(xla_options=FAST_MATH_OFF), tmp_path, quiet=True)
-    config = _config(**CONV)
+    config = validate(_config(**CONV), 1)  # build_model takes a resolved config
     model = nnx.eval_shape(lambda: loop.build_model(config, get_dataset(config.data)))
     assert conv_settings(model) == {"conv": ("im2col", "HWIO")}
     want, got = _records(tmp_path), _records(conv_run)

@@ -26,7 +26,8 @@ def test_compare_layouts_table_and_json(tmp_path, capsys):
     path = tmp_path / "sub" / "cmp.json"
     # The layout's own kernel order and XLA's conv (not the CPU defaults), whose kernel
     # transposes this checks.
-    plain = ["--kernel-storage", "layout", "--conv-algo", "xla", "--no-cpu-fast"]
+    plain = ["--kernel-storage", "layout", "--conv-algo", "xla", "--no-cpu-fast",
+             "--activation-storage", "layout"]  # fmt: skip
     code, out, err = run_cli([*TINY, *plain, "--compare-layouts", "--json", str(path)], capsys)
     assert code == 0, err
     header = out.splitlines()[1].split()
@@ -57,6 +58,8 @@ def test_single_report_dump_hlo_and_flags(tmp_path, capsys):
             "--conv-algo",
             "xla",
             "--kernel-storage",
+            "layout",
+            "--activation-storage",
             "layout",
             "--json",
             "-",

@@ -15,6 +15,7 @@ import sys
 __all__ = [
     "CONV_TUNE_CHOICES",
     "MODES",
+    "add_activation_storage",
     "add_conv_tune",
     "add_deprecated_flag",
     "deprecated",
@@ -45,6 +46,23 @@ def add_conv_tune(parser: argparse.ArgumentParser, weighed_against: str) -> None
         help="with auto convs: auto (default) tunes the conv shapes the autotune cache lacks "
         f"only when tuning costs <= 10%% of {weighed_against}; always tunes what the cache "
         "lacks; never takes the shipped table",
+    )
+
+
+def add_activation_storage(
+    parser: argparse.ArgumentParser, storages: tuple[str, ...], default: str | None = "auto"
+) -> None:
+    """``--activation-storage``: where a channels-first model computes, one of ``storages``
+    (``nn.conv_names.ACTIVATION_STORAGES``) or auto (``None`` default: the command's config
+    decides, and says "auto" in the help)."""
+    parser.add_argument(
+        "--activation-storage",
+        choices=("auto", *storages),
+        default=default,
+        help="where an NCHW model computes: auto (default: channels_last on CPU, layout "
+        "elsewhere); channels_last runs its layers in NHWC, inputs and outputs staying NCHW "
+        "(one transpose of the input), like PyTorch's channels_last memory format; layout "
+        "runs them in NCHW",
     )
 
 

@@ -7,7 +7,10 @@ On XLA:CPU a step gets
   installed jaxlib: these are experimental XLA:CPU options, and one a jaxlib does not know is
   left out with a one-line notice (``accepted_cpu_options``), never an error;
 - conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
-  the kernel transpose XLA:CPU runs per conv per call in a channels-first model.
+  the kernel transpose XLA:CPU runs per conv per call in a channels-first model;
+- channels-first models computing channels-last inside (``default_activation_storage``):
+  XLA:CPU runs its convs physically channels-last, and the dot-based conv algorithms of a
+  channels-first program would otherwise read channels-first, with copies between the two.
 
 GPU runs get neither. The conv plan of the default ``"auto"`` convs comes from
 ``layoutlab.nn.conv_algos.default_plan``, keyed by ``cpu_kind()``. Everything here is read
@@ -24,9 +27,11 @@ __all__ = [
     "accepted_cpu_options",
     "cpu_fast_options",
     "cpu_kind",
+    "default_activation_storage",
     "default_backend",
     "default_kernel_storage",
     "fast_compile_options",
+    "resolve_activation_storage",
     "resolve_kernel_storage",
     "table_cpu_kind",
 ]
@@ -103,6 +108,19 @@ def default_kernel_storage(backend: str | None = None) -> str:
 def resolve_kernel_storage(storage: str, backend: str | None = None) -> str:
     """``storage``, with ``"auto"`` resolved for ``backend`` (``default_kernel_storage``)."""
     return default_kernel_storage(backend) if storage == "auto" else storage
+
+
+def default_activation_storage(backend: str | None = None) -> str:
+    """``"channels_last"`` on CPU: a channels-first model takes and returns its own layout
+    but computes channels-last inside, like PyTorch's channels_last memory format (measured
+    on ResNet-18, ``benchmarks/results/resnet18_cifar_b128_defaults_cpu.md``); ``"layout"``
+    elsewhere, where XLA assigns physical layouts itself."""
+    return "channels_last" if (backend or default_backend()) == "cpu" else "layout"
+
+
+def resolve_activation_storage(storage: str, backend: str | None = None) -> str:
+    """``storage``, with ``"auto"`` resolved for ``backend`` (``default_activation_storage``)."""
+    return default_activation_storage(backend) if storage == "auto" else storage
 
 
 @functools.cache

@@ -102,6 +102,8 @@ class JaxCase:
     # layout's kernels, no options: --baseline-plain) or "custom" (flags changed them).
     defaults: str = "custom"
     conv_tune: str = "auto"  # where an "auto" case's plan comes from (bench.tuning.plan_source)
+    # Where a channels-first model computes: "layout" or "channels_last" (NHWC inside).
+    activation_storage: str = "layout"
 
     @property
     def compiler_options(self) -> dict | None:
@@ -118,6 +120,7 @@ class JaxCase:
             "precision_class": precision_class(self.precision),
             "conv_algo": self.conv_algo,
             "kernel_storage": self.kernel_storage,
+            "activation_storage": self.activation_storage,
             "xla_options": json.dumps(dict(self.xla_options), sort_keys=True),
             "defaults": self.defaults,
         }

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from layoutlab.arguments import add_conv_tune, parse_model_args
+from layoutlab.arguments import add_activation_storage, add_conv_tune, parse_model_args
 
 __all__ = ["register"]
 
@@ -70,6 +70,9 @@ def _add_conv_args(p: argparse.ArgumentParser) -> None:
         "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
         "per conv per call on CPU",
     )
+    from layoutlab.nn.conv_names import ACTIVATION_STORAGES  # names only: no JAX for --help
+
+    add_activation_storage(p, ACTIVATION_STORAGES)
     p.add_argument(
         "--xla-option",
         action="append",
@@ -132,6 +135,7 @@ def run_bench(args: argparse.Namespace) -> int:
             note=args.note,
             conv_algorithms=_csv(args.conv_algos),
             kernel_storage=args.kernel_storage,
+            activation_storage=args.activation_storage,
             xla_options=_xla_options(args),
             cpu_fast=args.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
@@ -188,7 +192,8 @@ def register(subparsers) -> None:
         "--baseline-plain",
         action="store_true",
         help="also run every layout and precision in plain XLA (xla convs, the layout's "
-        "kernels, no XLA options), interleaved; rows say defaults=fast or plain",
+        "kernels and activations, no XLA options), interleaved; rows say defaults=fast or "
+        "plain",
     )
     p.add_argument(
         "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"

@@ -49,7 +49,7 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
         rngs=nnx.Rngs(seed),
         **kwargs,
     )
-    return configure_convs(model, case.conv_algo, case.kernel_storage)
+    return configure_convs(model, case.conv_algo, case.kernel_storage, case.activation_storage)
 
 
 def tune_convs(

@@ -39,6 +39,7 @@ _SCHEMA: dict[str, type] = {
     "precision_class": str,  # fp32 | half
     "conv_algo": str,  # layoutlab only: the Conv algorithm (xla, im2col, ..., auto)
     "kernel_storage": str,  # layoutlab only: layout | channels_last
+    "activation_storage": str,  # layoutlab only: layout | channels_last (NHWC inside NCHW)
     "xla_options": str,  # layoutlab only: JSON of the XLA compile options
     "defaults": str,  # layoutlab only: fast (its defaults) | plain (plain XLA) | custom
     "conv_plan_source": str,  # layoutlab, conv_algo auto: cache | tuned | table
@@ -122,8 +123,15 @@ def variant(row: dict) -> str:
     parts = []
     algo = row.get("conv_algo") or "xla"
     storage = row.get("kernel_storage") or "layout"
-    if algo != "xla" or storage != "layout":
-        parts.append(algo + ("+hwio" if storage == "channels_last" else ""))
+    # Channels-last activations change only a channels-first model (NCHW, NCDHW).
+    channels_first = str(row.get("layout") or "").startswith("NC")
+    inside = (row.get("activation_storage") or "layout") if channels_first else "layout"
+    if algo != "xla" or storage != "layout" or inside != "layout":
+        parts.append(
+            algo
+            + ("+hwio" if storage == "channels_last" else "")
+            + ("+channels_last_inside" if inside == "channels_last" else "")
+        )
     options = json.loads(row.get("xla_options") or "{}")
     # Option names without their common prefix keep the label short but recognisable.
     parts += [f"+{name.removeprefix('xla_cpu_').removeprefix('xla_gpu_')}" for name in options]

@@ -57,6 +57,7 @@ __all__ = [
     "validate",
 ]
 
+
 def _interleave(*lists):
     """A1 B1 A2 B2 ...: the frameworks alternate in the timing rounds."""
     return [x for xs in itertools.zip_longest(*lists) for x in xs if x is not None]
@@ -71,18 +72,19 @@ def _groups(config: SweepConfig, torch_device: str | None):
             config.model, config.model_kwargs, shape, config.num_classes, mode, batch
         )
         options = tuple(sorted(options_for(config, mode, platform).items()))
+        storages = (config.kernel_storage, config.activation_storage)
         settings = [
-            (algo, config.kernel_storage, options, defaults_label(config, algo, platform))
+            (algo, storages, options, defaults_label(config, algo, platform))
             for algo in config.conv_algorithms
         ]
         if config.baseline_plain:
-            settings.append(("xla", "layout", (), "plain"))
+            settings.append(("xla", ("layout", "layout"), (), "plain"))
         jax_cases = [
-            JaxCase(w, layout, p, algo, storage, opts, label, config.conv_tune)
+            JaxCase(w, layout, p, algo, kernels, opts, label, config.conv_tune, activations)
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts
-            for algo, storage, opts, label in dict.fromkeys(settings)
+            for algo, (kernels, activations), opts, label in dict.fromkeys(settings)
         ]
         torch_cases = []
         if torch_device is not None:
@@ -249,7 +251,7 @@ def _predicted_step_s(row: dict, history: list[tuple[dict, float]]) -> tuple[flo
     earlier run of the same framework, layout and precision: the same mode at the largest
     smaller batch, else an inference run (times ``_TRAIN_OVER_INFER`` for training)."""
     keys = ("framework", "layout", "precision", "model", "model_kwargs", "input_shape")
-    keys += ("conv_algo", "kernel_storage", "defaults", "memory_format")
+    keys += ("conv_algo", "kernel_storage", "activation_storage", "defaults", "memory_format")
     same = [
         (past, seconds)
         for past, seconds in history
@@ -258,8 +260,12 @@ def _predicted_step_s(row: dict, history: list[tuple[dict, float]]) -> tuple[flo
     for mode in (row["mode"], "infer"):
         # The XLA options differ by mode by default (cpu_fast_options), so only a same-mode
         # run must have had the same ones.
-        runs = [(p, t) for p, t in same if p["mode"] == mode
-                and (mode != row["mode"] or p.get("xla_options") == row.get("xla_options"))]
+        runs = [
+            (p, t)
+            for p, t in same
+            if p["mode"] == mode
+            and (mode != row["mode"] or p.get("xla_options") == row.get("xla_options"))
+        ]
         if runs:
             past, seconds = max(runs, key=lambda run: run[0]["batch_size"])
             factor = row["batch_size"] / past["batch_size"]
@@ -383,5 +389,3 @@ def run_sweep(
     machine["sweep"] = config_dict(config)
     machine["peaks"] = peaks
     return BenchResults(machine, add_roofline(add_torch_ratios(rows), peaks), notes)
-
-

@@ -15,8 +15,10 @@ from layoutlab import models
 from layoutlab.arguments import CONV_TUNE_CHOICES
 from layoutlab.bench.cases import MODES
 from layoutlab.fast_defaults import (
+    default_activation_storage,
     default_kernel_storage,
     fast_compile_options,
+    resolve_activation_storage,
     resolve_kernel_storage,
 )
 from layoutlab.nn.conv_config import check_conv_options
@@ -68,10 +70,11 @@ class SweepConfig:
     note: str | None = None
     # layoutlab's conv settings: each algorithm is one more configuration ("auto": a plan
     # per conv shape from the autotune cache, a tuning (conv_tune) or the shipped table);
-    # the kernel storage ("auto": fast_defaults.default_kernel_storage) and XLA compile
-    # options apply to all.
+    # the kernel and activation storages ("auto": fast_defaults.default_kernel_storage and
+    # default_activation_storage) and XLA compile options apply to all.
     conv_algorithms: Sequence[str] = ("auto",)
     kernel_storage: str = "auto"
+    activation_storage: str = "auto"
     xla_options: dict = dataclasses.field(default_factory=dict)
     conv_tune_repeats: int = 6
     # "auto": tune only when the cache lacks a shape and tuning costs <= 10% of the
@@ -168,7 +171,8 @@ def validate(config: SweepConfig) -> SweepConfig:
     for name in algos:
         check_conv_options(name, None)
     storage = resolve_kernel_storage(config.kernel_storage, backend.platform)
-    check_conv_options(None, storage)
+    activations = resolve_activation_storage(config.activation_storage, backend.platform)
+    check_conv_options(None, storage, activations)
     if config.conv_tune not in CONV_TUNE_CHOICES:
         raise ValueError(f"conv_tune must be auto, always or never, got {config.conv_tune!r}.")
     if config.conv_tune_repeats < 1:
@@ -199,6 +203,7 @@ def validate(config: SweepConfig) -> SweepConfig:
         conv_algorithms=algos,
         xla_options=xla_options,
         kernel_storage=storage,
+        activation_storage=activations,
         backend=config.backend,
     )
 
@@ -232,6 +237,7 @@ def defaults_label(config: SweepConfig, algo: str, backend: str) -> str:
         and config.cpu_fast
         and not config.xla_options
         and config.kernel_storage == default_kernel_storage(backend)
+        and config.activation_storage == default_activation_storage(backend)
     )
     return "fast" if fast else "custom"
 

@@ -25,6 +25,7 @@ from flax import nnx
 
 from layoutlab.layout import Layout
 from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.convert import in_own_layout
 
 __all__ = [
     "LayerOutput",
@@ -106,7 +107,8 @@ def set_mode(model: nnx.Module, train: bool) -> nnx.Module:
             "nnx.remat, which hides their layers from a layerwise comparison; build it with "
             "remat=False (the numerics are the same)."
         )
-    model = nnx.clone(model)
+    # Layer outputs are compared in the model's layout, so its layers must compute in it.
+    model = nnx.clone(in_own_layout(model))
     if train:
         model.train()
     else:

@@ -21,6 +21,7 @@ from layoutlab.compare.torch_weights import stored_kernel_layout
 from layoutlab.layout import convert_kernel
 from layoutlab.models import cnn3d, mobilenet, resnet, small_cnn, unet, vgg
 from layoutlab.models.blocks import Sequential
+from layoutlab.nn.convert import in_own_layout
 
 __all__ = ["numpy_forward", "supported_types"]
 
@@ -240,6 +241,7 @@ def numpy_forward(
     ``train`` normalizes with batch statistics (running statistics are not updated),
     otherwise with the running ones; dropout is off. Outputs are in the model's layout.
     """
+    model = in_own_layout(model)  # its layers' outputs are recorded in the model's layout
     walker = _Walker(model, train)
     out = walker(model, np.asarray(x, np.float64))
     return out, walker.recorder.records

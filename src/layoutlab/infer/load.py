@@ -20,7 +20,7 @@ from flax import nnx
 
 from layoutlab.data import Dataset
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
-from layoutlab.train.config import TrainConfig, load_run_data, validate
+from layoutlab.train.config import LEGACY_DEFAULTS, TrainConfig, load_run_data, validate
 from layoutlab.train.loop import CHECKPOINT_DIR, build_model
 from layoutlab.train.metrics import CONFIG_FILE
 from layoutlab.train.state import ModelDefs, TrainState, split_model
@@ -161,7 +161,7 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
 
 # Config fields that decide the arrays' meaning; kernel_storage can transpose square kernels
 # without changing a shape, so the shape check alone would miss it.
-_MODEL_FIELDS = ("model", "model_kwargs", "layout", "kernel_storage")
+_MODEL_FIELDS = ("model", "model_kwargs", "layout", "kernel_storage", "activation_storage")
 
 
 def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
@@ -171,7 +171,8 @@ def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
         return  # older or foreign checkpoints: checkpoint_state still checks every array
     defaults = TrainConfig()
     for field in _MODEL_FIELDS:
-        have = saved.get(field, getattr(defaults, field))
+        # A checkpoint from before a field existed ran with its legacy value.
+        have = saved.get(field, LEGACY_DEFAULTS.get(field, getattr(defaults, field)))
         want = getattr(config, field)
         if have != want:
             raise IncompatibleCheckpointError(

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.layout import Layout
+from layoutlab.layout import Layout, to_layout
 
 __all__ = ["ImageModel", "check_model_input"]
 
@@ -42,12 +42,28 @@ def check_model_input(x, layout: Layout, where: str):
 
 
 class ImageModel(nnx.Module):
-    """Base of the architectures: ``model(x)`` checks ``x`` then runs ``forward(x)``."""
+    """Base of the architectures: ``model(x)`` checks ``x`` then runs ``forward(x)``.
+
+    ``layout`` is the layout of the inputs (and of a spatial output). ``compute_layout``,
+    when set (``nn.set_activation_storage``), is the one the layers run in: ``x`` is
+    transposed into it before ``forward`` and a spatial output back out of it after.
+    """
 
     layout: Layout
+    compute_layout: Layout | None = None
+
+    @property
+    def layers_layout(self) -> Layout:
+        """The layout ``forward`` and the layers see."""
+        return self.compute_layout or self.layout
 
     def __call__(self, x):
-        return self.forward(check_model_input(x, self.layout, type(self).__name__))
+        x = check_model_input(x, self.layout, type(self).__name__)
+        inner = self.layers_layout
+        if inner == self.layout:
+            return self.forward(x)
+        y = self.forward(to_layout(x, self.layout, inner))
+        return to_layout(y, inner, self.layout) if y.ndim == self.layout.rank else y
 
     def forward(self, x):
         raise NotImplementedError(f"{type(self).__name__} must define forward(x).")

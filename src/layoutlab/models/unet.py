@@ -57,7 +57,7 @@ class UNet(ImageModel):
         self.head = nn.Conv(w, num_classes, 1, padding=0, layout=layout, policy=policy, rngs=rngs)
 
     def forward(self, x):
-        spatial = self.layout.spatial_shape(x.shape)
+        spatial = self.layers_layout.spatial_shape(x.shape)
         if any(s % 4 for s in spatial):
             raise ValueError(f"UNet needs spatial sizes divisible by 4, got {spatial}.")
         e1 = self.enc1(x)

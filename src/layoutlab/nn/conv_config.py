@@ -17,6 +17,7 @@ from layoutlab.nn.conv import Conv, check_kernel_storage
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name
+from layoutlab.nn.convert import check_activation_storage, set_activation_storage
 
 
 def convs(model: nnx.Module) -> list[tuple[str, Conv]]:
@@ -56,22 +57,37 @@ def set_kernel_storage(model: nnx.Module, storage: str) -> nnx.Module:
     return model
 
 
-def check_conv_options(algorithm: str | None = None, kernel_storage: str | None = None) -> None:
-    """Raise ``ValueError`` naming the fix for an unknown algorithm or kernel storage, before
-    any model is built (``None``: not given)."""
+def check_conv_options(
+    algorithm: str | None = None,
+    kernel_storage: str | None = None,
+    activation_storage: str | None = None,
+) -> None:
+    """Raise ``ValueError`` naming the fix for an unknown algorithm, kernel storage or
+    activation storage, before any model is built (``None``: not given)."""
     if algorithm is not None:
         check_name(algorithm)
     if kernel_storage is not None:
         check_kernel_storage(kernel_storage)
+    if activation_storage is not None:
+        check_activation_storage(activation_storage)
 
 
 def configure_convs(
-    model: nnx.Module, algorithm: str | None = None, kernel_storage: str | None = None
+    model: nnx.Module,
+    algorithm: str | None = None,
+    kernel_storage: str | None = None,
+    activation_storage: str | None = None,
 ) -> nnx.Module:
-    """``set_conv_algorithm`` and ``set_kernel_storage`` in one call; ``None`` leaves that
-    setting alone, and a model without ``Conv`` layers is fine with algorithm ``"xla"`` or
-    ``"auto"`` (the defaults) and any kernel storage, so callers can pass their options
-    through unconditionally."""
+    """``set_activation_storage``, ``set_conv_algorithm`` and ``set_kernel_storage`` in one
+    call, in place; ``None`` leaves that setting alone, and a model without ``Conv`` layers is
+    fine with algorithm ``"xla"`` or ``"auto"`` (the defaults) and any storage, so callers
+    can pass their options through unconditionally. The activation storage goes first: the
+    conv plan and kernel order then see the layout the convs compute in. A model that is not
+    a ``models.ImageModel`` (no ``compute_layout``) always computes in its own layout."""
+    if activation_storage is not None:
+        check_activation_storage(activation_storage)
+        if hasattr(model, "compute_layout"):
+            set_activation_storage(model, activation_storage)
     if not convs(model) and algorithm in (None, XLA, AUTO):
         # The defaults (xla or auto, any storage) mean nothing without convs; an explicit
         # algorithm still raises below, naming the model.

@@ -8,6 +8,9 @@ XLA = "xla"
 AUTO = "auto"
 # How a conv's kernel is stored: in the layer's layout, or HWIO (channels-last) always.
 KERNEL_STORAGES = ("layout", "channels_last")
+# Where a channels-first model computes: in its own layout, or channels-last inside with its
+# inputs and spatial outputs transposed at the edges (PyTorch's channels_last memory format).
+ACTIVATION_STORAGES = ("layout", "channels_last")
 BUILTIN_ALGORITHMS = (
     "xla",
     "im2col",

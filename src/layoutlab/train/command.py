@@ -7,8 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from layoutlab.arguments import add_conv_tune
-from layoutlab.nn.conv_names import AUTO, BUILTIN_ALGORITHMS, KERNEL_STORAGES
+from layoutlab.arguments import add_activation_storage, add_conv_tune
+from layoutlab.nn.conv_names import (
+    ACTIVATION_STORAGES,
+    AUTO,
+    BUILTIN_ALGORITHMS,
+    KERNEL_STORAGES,
+)
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 
@@ -30,6 +35,7 @@ _FLAGS = {
     "seed": "seed",
     "conv_algo": "conv_algorithm",
     "kernel_storage": "kernel_storage",
+    "activation_storage": "activation_storage",
     "image_size": "image_size",
     "log_every": "log_every",
     "param_sharding": "param_sharding",
@@ -112,6 +118,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         f"{d.kernel_storage}: channels_last on CPU, layout elsewhere); channels_last keeps "
         "HWIO kernels in every layout, saving NCHW's kernel transposes",
     )
+    add_activation_storage(p, ACTIVATION_STORAGES, default=None)
     p.add_argument(
         "--no-cpu-fast",
         dest="cpu_fast",

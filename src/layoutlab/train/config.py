@@ -31,10 +31,15 @@ __all__ = [
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 AUTO_LOSS_SCALE = "auto"
-AUTO_STORAGE = "auto"  # kernel_storage: resolved per backend (fast_defaults)
+AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
 # them was written when these were the defaults, so from_dict fills these in.
-_LEGACY = {"conv_algorithm": "xla", "kernel_storage": "layout", "cpu_fast": False}
+LEGACY_DEFAULTS = {
+    "conv_algorithm": "xla",
+    "kernel_storage": "layout",
+    "activation_storage": "layout",
+    "cpu_fast": False,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,9 @@ class TrainConfig:
     # "auto": channels_last on CPU, layout elsewhere; stored resolved).
     conv_algorithm: str = "auto"
     kernel_storage: str = "auto"
+    # Where a channels-first model computes: "layout", "channels_last" (NHWC inside, inputs
+    # and outputs still in `layout`) or "auto": channels_last on CPU, layout elsewhere.
+    activation_storage: str = "auto"
     # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs,
     # over cpu_fast_options(mode) on CPU when cpu_fast (layoutlab.fast_defaults).
     xla_options: dict = dataclasses.field(default_factory=dict)
@@ -111,7 +119,7 @@ class TrainConfig:
                 f"{', '.join(field_names())}."
             )
         # A run saved before a default changed keeps what it ran with.
-        d = {**{k: v for k, v in _LEGACY.items() if k not in d}, **d}
+        d = {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in d}, **d}
         return cls(**{k: _coerce(k, v) for k, v in d.items()})
 
 
@@ -275,8 +283,9 @@ def _check_numbers(config: TrainConfig) -> None:
         config, "num_steps", "eval_batch_size", "eval_every", "checkpoint_every", allow_none=True
     )
     if not isinstance(config.log_every, int) or config.log_every < 0:
-        raise ValueError(f"log_every must be an integer >= 0 (0: no per-step log), got "
-                         f"{config.log_every!r}.")
+        raise ValueError(
+            f"log_every must be an integer >= 0 (0: no per-step log), got {config.log_every!r}."
+        )
     if config.warmup_steps is not None and config.warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
     _check_float(config, "learning_rate", 0.0, low_open=True)
@@ -336,8 +345,9 @@ def _check_conv(config: TrainConfig) -> None:
     from layoutlab.precision import get_policy
 
     storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
+    act = None if config.activation_storage == AUTO_STORAGE else config.activation_storage
     try:
-        check_conv_options(config.conv_algorithm, storage)
+        check_conv_options(config.conv_algorithm, storage, act)
     except ValueError as e:
         raise ValueError(f"conv settings: {e}") from None
     # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
@@ -394,15 +404,15 @@ def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
         eval_batch = max(config.batch_size, 512)
         if data_parallel:
             eval_batch = -(-eval_batch // num_devices) * num_devices
-    from layoutlab.fast_defaults import resolve_kernel_storage
+    from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 
-    storage = resolve_kernel_storage(config.kernel_storage)
     return dataclasses.replace(
         config,
         loss_scale=loss_scale,
         data_parallel=data_parallel,
         eval_batch_size=eval_batch,
-        kernel_storage=storage,
+        kernel_storage=resolve_kernel_storage(config.kernel_storage),
+        activation_storage=resolve_activation_storage(config.activation_storage),
     )
 
 

@@ -127,7 +127,9 @@ def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         rngs=nnx.Rngs(config.seed),
         **kwargs,
     )
-    model = configure_convs(model, config.conv_algorithm, config.kernel_storage)
+    model = configure_convs(
+        model, config.conv_algorithm, config.kernel_storage, config.activation_storage
+    )
     return with_conv_plan(model, config.conv_plan) if config.conv_algorithm == AUTO else model
 
 

@@ -13,7 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from layoutlab.arguments import MODES, add_deprecated_flag, parse_mode, parse_model_args
+from layoutlab.arguments import (
+    MODES,
+    add_activation_storage,
+    add_deprecated_flag,
+    parse_mode,
+    parse_model_args,
+)
 
 __all__ = ["parse_assignments", "register", "run"]
 
@@ -56,7 +62,11 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _inspect(args: argparse.Namespace):
-    from layoutlab.fast_defaults import fast_compile_options, resolve_kernel_storage
+    from layoutlab.fast_defaults import (
+        fast_compile_options,
+        resolve_activation_storage,
+        resolve_kernel_storage,
+    )
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
@@ -80,6 +90,7 @@ def _inspect(args: argparse.Namespace):
         auto_layout=args.auto_layout,
         conv_algorithm=args.conv_algo,
         kernel_storage=storage,
+        activation_storage=resolve_activation_storage(args.activation_storage, platform),
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
     )
     if args.compare_layouts:
@@ -173,6 +184,9 @@ def register(subparsers) -> None:
             "kernel transposes in NCHW models on CPU)"
         ),
     )
+    from layoutlab.nn.conv_names import ACTIVATION_STORAGES  # names only: no JAX for --help
+
+    add_activation_storage(p, ACTIVATION_STORAGES)
     p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
     p.add_argument(
         "--model-arg",

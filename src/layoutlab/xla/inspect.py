@@ -95,6 +95,7 @@ def build_abstract(
     *,
     conv_algorithm=None,
     kernel_storage=None,
+    activation_storage=None,
     images=None,
     conv_plan=None,
     table=None,
@@ -114,7 +115,7 @@ def build_abstract(
 
     def build():
         model = models.create(name, layout=layout, policy=policy, **model_kwargs)
-        configure_convs(model, conv_algorithm, kernel_storage)
+        configure_convs(model, conv_algorithm, kernel_storage, activation_storage)
         if conv_algorithm == "auto":
             plan = conv_plan
             if table is not None and not plan and images is not None and convs(model):
@@ -155,6 +156,7 @@ def inspect_model(
     num_classes: int = 10,
     conv_algorithm: str = "xla",
     kernel_storage: str = "layout",
+    activation_storage: str = "layout",
     conv_plan=None,
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
@@ -162,13 +164,15 @@ def inspect_model(
 
     ``conv_algorithm`` (``"xla"``, ``"auto"`` or a name from
     ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
-    ``"channels_last"``) are set on every conv (``nn.configure_convs``) before compiling.
+    ``"channels_last"``) are set on every conv, and ``activation_storage`` (``"layout"`` or
+    ``"channels_last"``: an NCHW model computing in NHWC inside) on the model
+    (``nn.configure_convs``), before compiling.
     ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: xla); nothing is
     autotuned here.
     """
     plan = as_plan(conv_plan)
     _check_config(mode, batch_size, image_size, model_kwargs)
-    check_conv_options(conv_algorithm, kernel_storage)
+    check_conv_options(conv_algorithm, kernel_storage, activation_storage)
     be = resolve_backend(backend)  # fail fast, before anything is built
     s = models.spec(model)
     lay = models.resolve_layout(layout, s.num_spatial)
@@ -198,6 +202,7 @@ def inspect_model(
         dict(kwargs, num_classes=num_classes),
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
+        activation_storage=activation_storage,
         images=images,
         conv_plan=plan,
         table=(objective, table_cpu_kind(be.platform)),
@@ -229,7 +234,7 @@ def inspect_model(
         layout=lay.value,
         kernel_layout=(
             channels_last(lay.num_spatial).kernel_layout
-            if kernel_storage == "channels_last"
+            if "channels_last" in (kernel_storage, activation_storage)
             else lay.kernel_layout
         ),
         precision=str(precision),
@@ -247,6 +252,7 @@ def inspect_model(
         kernel_shapes=conv_kernel_shapes(state.params),
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
+        activation_storage=activation_storage,
         missing_choices=None if missing is None else missing[0],
         conv_shapes=None if missing is None else missing[1],
         conv_plan=plan.algorithms() if conv_algorithm == "auto" else None,

@@ -80,6 +80,7 @@ class ModelInspection:
     kernel_shapes: set = dataclasses.field(default_factory=set, repr=False)
     conv_algorithm: str = "xla"
     kernel_storage: str = "layout"
+    activation_storage: str = "layout"  # "channels_last": an NCHW model computing in NHWC
     # "auto" convs with no conv plan entry for their shape (they run xla); None unless auto
     missing_choices: int | None = None
     conv_shapes: int | None = None  # "auto" 2D convs, counted when auto
@@ -181,6 +182,7 @@ class ModelInspection:
             "kernel_layout": self.kernel_layout,
             "conv_algorithm": self.conv_algorithm,
             "kernel_storage": self.kernel_storage,
+            "activation_storage": self.activation_storage,
             "missing_choices": self.missing_choices,
             "conv_plan": self.conv_plan,
             "conv_shapes": self.conv_shapes,
@@ -230,7 +232,12 @@ class ModelInspection:
         # Non-default conv settings only, so the default names stay what they always were.
         parts += tuple(
             p
-            for p, default in ((self.conv_algorithm, "xla"), (self.kernel_storage, "layout"))
+            for p, default in (
+                (self.conv_algorithm, "xla"),
+                (self.kernel_storage, "layout"),
+                # "channels_last" alone would read as the kernel storage's.
+                ("channels_last_inside" if self.activation_storage != "layout" else "", ""),
+            )
             if p != default
         )
         return "_".join(re.sub(r"[^\w.\-]+", "-", str(p)) for p in parts)
@@ -259,7 +266,10 @@ class ModelInspection:
         )
 
     def _conv_options_line(self) -> str:
-        line = f"  conv algorithm {self.conv_algorithm}; kernel storage {self.kernel_storage}"
+        line = (
+            f"  conv algorithm {self.conv_algorithm}; kernel storage {self.kernel_storage}; "
+            f"activation storage {self.activation_storage}"
+        )
         if self.missing_choices is not None:
             line += (
                 f"; auto: {self.missing_choices} of {self.conv_shapes} convs have no conv plan "

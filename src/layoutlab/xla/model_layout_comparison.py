@@ -65,7 +65,8 @@ class ModelLayoutComparison:
         first = next(iter(self.inspections.values()))
         head = (
             f"{first.model} {first.precision} {first.mode}, batch {first.batch_size}, conv "
-            f"algorithm {first.conv_algorithm}, kernel storage {first.kernel_storage}, on "
+            f"algorithm {first.conv_algorithm}, kernel storage {first.kernel_storage}, "
+            f"activation storage {first.activation_storage}, on "
             f"{first.backend} ({first.device}): " + " vs ".join(self.inspections)
         )
         for label, ins in self.inspections.items():

@@ -84,7 +84,7 @@ def run_layout(args: argparse.Namespace) -> int:
 
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
-    from layoutlab.fast_defaults import resolve_kernel_storage
+    from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 
     try:
         tuning = autotune_registry_model(
@@ -95,6 +95,7 @@ def run_convs(args: argparse.Namespace) -> int:
             precision=args.precision,
             objective="train" if args.mode == "train" else "inference",
             kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
+            activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
             compiler_options=_xla_options(args, args.mode),
             model_kwargs=_model_kwargs(args),
             num_classes=args.num_classes,

@@ -30,6 +30,7 @@ def autotune_registry_model(
     precision: str = "fp32",
     objective: str = "train",
     kernel_storage: str = "layout",
+    activation_storage: str = "layout",
     compiler_options: dict | None = None,
     model_kwargs: dict | None = None,
     num_classes: int | None = None,
@@ -47,7 +48,7 @@ def autotune_registry_model(
     spec = models.spec(model)
     lay = models.resolve_layout(layout, spec.num_spatial)
     policy = get_policy(precision)
-    check_conv_options(None, kernel_storage)
+    check_conv_options(None, kernel_storage, activation_storage)
     options = check_compile_options(compiler_options, backend) or None
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
     shape, classes = resolve_input(
@@ -71,6 +72,7 @@ def autotune_registry_model(
             ),
             None,
             kernel_storage,
+            activation_storage,
         )
     )
     x = jax.ShapeDtypeStruct(lay.shape(batch_size, shape[-1], shape[:-1]), jnp.float32)

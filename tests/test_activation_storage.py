@@ -1,0 +1,124 @@
+"""Activation storage: a channels-first model computing channels-last inside (the CPU default).
+
+The references are independent of that code path: a float64 NumPy forward
+(``compare.numpy_forward``, which runs every layer in the model's own layout) and the same
+weights computing in NCHW.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from layoutlab import cli, models, nn
+from layoutlab.compare.numpy_forward import numpy_forward
+from layoutlab.layout import channels_last
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.loop import train_and_evaluate
+
+MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "vgg11_bn", "unet", "small_cnn3d"]
+
+
+def _tiny(name, seed=0):
+    spec = models.spec(name)
+    model = models.create(name, layout="NCHW", rngs=nnx.Rngs(seed), **spec.tiny)
+    nn.set_kernel_storage(model, "channels_last")
+    x = np.random.default_rng(seed).standard_normal(spec.input_shape(2, "NCHW"))
+    return model, jnp.asarray(x, jnp.float32)
+
+
+def _param_shapes(model):
+    return jax.tree.map(jnp.shape, nnx.state(model, nnx.Param))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name):
+    model, x = _tiny(name)
+    model.eval()
+    before = _param_shapes(model)
+    ref, _ = numpy_forward(model, x)
+    nn.set_activation_storage(model, "channels_last")
+    assert model.compute_layout == channels_last(model.layout.num_spatial)
+    assert nn.activation_storage(model) == "channels_last"
+    got = np.asarray(model(x))
+    # Inputs and outputs stay NCHW: U-Net's per-pixel logits come back (N, classes, H, W).
+    assert got.shape == ref.shape
+    # float32 against float64 through a tiny network: the float32 rounding of sums of a few
+    # hundred terms per layer, compounded over at most ~20 layers, stays far below 1e-4.
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    if name != "unet":  # ConvTranspose kernels follow the layers' layout (documented)
+        assert _param_shapes(model) == before
+    # The float64 reference of the channels-last model is the NCHW one: same weights.
+    again, _ = numpy_forward(model, x)
+    np.testing.assert_array_equal(again, ref)
+    nn.set_activation_storage(model, "layout")
+    assert model.compute_layout is None and _param_shapes(model) == before
+
+
+def test_gradients_match_the_model_computing_in_nchw():
+    model, x = _tiny("resnet18", seed=1)
+    model.train()
+    inside = nn.set_activation_storage(nnx.clone(model), "channels_last")
+    w = jax.random.normal(jax.random.key(2), (2, 10))
+
+    def grads(m):
+        return nnx.grad(lambda m: jnp.sum(m(x) * w))(m)
+
+    got, want = jax.tree.leaves(grads(inside)), jax.tree.leaves(grads(model))
+    assert len(got) == len(want)
+    for g, r in zip(got, want, strict=True):
+        # The same float32 sums, reassociated by XLA in another layout: 1e-4 relative to
+        # each gradient's scale.
+        scale = float(jnp.max(jnp.abs(r))) or 1.0
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=0, atol=1e-4 * scale)
+
+
+def test_convert_layout_returns_a_model_computing_in_the_new_layout():
+    model, x = _tiny("small_cnn")
+    model.eval()
+    nn.set_activation_storage(model, "channels_last")
+    for dst in ("NCHW", "NHWC"):
+        other = nn.convert_layout(model, dst)
+        assert other.compute_layout is None and str(other.layout) == dst
+        xin = x if dst == "NCHW" else jnp.moveaxis(x, 1, -1)
+        np.testing.assert_allclose(np.asarray(other(xin)), np.asarray(model(x)), rtol=1e-5,
+                                   atol=1e-5)  # fmt: skip
+
+
+def test_bad_activation_storage_is_refused():
+    model, _ = _tiny("small_cnn")
+    with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
+        nn.set_activation_storage(model, "nhwc")
+    conv = nn.Conv(1, 2, 3, layout="NCHW", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="not a layoutlab.models model"):
+        nn.set_activation_storage(conv, "channels_last")
+    with pytest.raises(ValueError, match="conv settings: Unknown activation_storage"):
+        from layoutlab.train.config import validate
+
+        validate(TrainConfig(activation_storage="NHWC"), 1)
+
+
+@pytest.mark.parametrize("command", [["train"], ["bench", "--out", "unused"], ["inspect"]])
+def test_cli_refuses_an_unknown_activation_storage(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--activation-storage", "nhwc"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: argument --activation-storage: invalid choice: 'nhwc'" in err
+
+
+def test_resume_keeps_where_the_run_computed(tmp_path):
+    kw = dict(model="small_cnn", model_kwargs={"width": 4, "hidden": 8}, layout="NCHW",
+              batch_size=16, log_every=0, tensorboard=False)  # fmt: skip
+    train_and_evaluate(TrainConfig(num_steps=1, **kw), tmp_path, quiet=True)
+    assert json.loads((tmp_path / "config.json").read_text())["activation_storage"] == (
+        "channels_last"
+    )
+    again = TrainConfig(num_steps=2, activation_storage="layout", **kw)
+    record = train_and_evaluate(again, tmp_path, resume=True, quiet=True)
+    assert record["step"] == 2
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["activation_storage"] == "channels_last"
