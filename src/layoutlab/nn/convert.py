@@ -67,9 +67,10 @@ def set_activation_storage(model: nnx.Module, storage: str) -> nnx.Module:
     layout, but its layers run channels-last (NHWC), with one transpose of the input and of
     a spatial output; PyTorch's ``channels_last`` memory format, which XLA:CPU's convs
     prefer. ``"layout"``: the layers run in the model's own layout. A channels-last model is
-    the same under both. Params keep their shapes when the convs store kernels
-    ``"channels_last"`` (``set_kernel_storage``); with ``"layout"`` storage the kernels
-    follow the layers' layout. ``model`` must be a registry model (``models.ImageModel``).
+    the same under both. ``Conv`` params keep their shapes when the convs store kernels
+    ``"channels_last"`` (``set_kernel_storage``); with ``"layout"`` storage, and in
+    ``ConvTranspose``, the kernels follow the layers' layout. ``model`` must be a registry
+    model (``models.ImageModel``).
     """
     check_activation_storage(storage)
     layout = getattr(model, "layout", None)
