@@ -43,7 +43,7 @@ def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name
     nn.set_activation_storage(model, "channels_last")
     assert model.compute_layout == channels_last(model.layout.num_spatial)
     assert nn.activation_storage(model) == "channels_last"
-    got = np.asarray(model(x))
+    got = np.asarray(nnx.jit(lambda m, v: m(v))(model, x))
     # Inputs and outputs stay NCHW: U-Net's per-pixel logits come back (N, classes, H, W).
     assert got.shape == ref.shape
     # float32 against float64 through a tiny network: the float32 rounding of sums of a few
@@ -64,6 +64,7 @@ def test_gradients_match_the_model_computing_in_nchw():
     inside = nn.set_activation_storage(nnx.clone(model), "channels_last")
     w = jax.random.normal(jax.random.key(2), (2, 10))
 
+    @nnx.jit  # one compile instead of one per eager op
     def grads(m):
         return nnx.grad(lambda m: jnp.sum(m(x) * w))(m)
 
