@@ -8,6 +8,7 @@ import os
 import sys
 
 from layoutlab.arguments import add_activation_storage, add_conv_tune, parse_model_args
+from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
 
 __all__ = ["register"]
 
@@ -70,8 +71,6 @@ def _add_conv_args(p: argparse.ArgumentParser) -> None:
         "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
         "per conv per call on CPU",
     )
-    from layoutlab.nn.conv_names import ACTIVATION_STORAGES  # names only: no JAX for --help
-
     add_activation_storage(p, ACTIVATION_STORAGES)
     p.add_argument(
         "--xla-option",
@@ -157,8 +156,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _algorithm_list() -> str:
-    from layoutlab.nn.conv_names import BUILTIN_ALGORITHMS  # no JAX: this writes --help
-
     return ", ".join(BUILTIN_ALGORITHMS)
 
 

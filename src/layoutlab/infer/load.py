@@ -20,7 +20,7 @@ from flax import nnx
 
 from layoutlab.data import Dataset
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
-from layoutlab.train.config import LEGACY_DEFAULTS, TrainConfig, load_run_data, validate
+from layoutlab.train.config import TrainConfig, load_run_data, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR, build_model
 from layoutlab.train.metrics import CONFIG_FILE
 from layoutlab.train.state import ModelDefs, TrainState, split_model
@@ -170,9 +170,9 @@ def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
     if not isinstance(saved, dict):
         return  # older or foreign checkpoints: checkpoint_state still checks every array
     defaults = TrainConfig()
+    saved = with_legacy_defaults(saved)  # a checkpoint from before a field existed
     for field in _MODEL_FIELDS:
-        # A checkpoint from before a field existed ran with its legacy value.
-        have = saved.get(field, LEGACY_DEFAULTS.get(field, getattr(defaults, field)))
+        have = saved.get(field, getattr(defaults, field))
         want = getattr(config, field)
         if have != want:
             raise IncompatibleCheckpointError(

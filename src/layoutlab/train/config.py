@@ -26,6 +26,7 @@ __all__ = [
     "load_run_data",
     "resolve",
     "validate",
+    "with_legacy_defaults",
 ]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -33,13 +34,19 @@ SCHEDULES = ("constant", "cosine")
 AUTO_LOSS_SCALE = "auto"
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
-# them was written when these were the defaults, so from_dict fills these in.
-LEGACY_DEFAULTS = {
+# them was written when these were the defaults, so with_legacy_defaults fills these in.
+_LEGACY_DEFAULTS = {
     "conv_algorithm": "xla",
     "kernel_storage": "layout",
     "activation_storage": "layout",
     "cpu_fast": False,
 }
+
+
+def with_legacy_defaults(saved: dict) -> dict:
+    """A saved config dict with the fields it lacks among those whose default changed set to
+    the value the run ran with (a run saved before a default changed keeps what it ran with)."""
+    return {**{k: v for k, v in _LEGACY_DEFAULTS.items() if k not in saved}, **saved}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +125,7 @@ class TrainConfig:
                 f"Unknown TrainConfig fields {unknown}; valid fields are: "
                 f"{', '.join(field_names())}."
             )
-        # A run saved before a default changed keeps what it ran with.
-        d = {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in d}, **d}
+        d = with_legacy_defaults(d)
         return cls(**{k: _coerce(k, v) for k, v in d.items()})
 
 

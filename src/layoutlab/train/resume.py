@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from layoutlab.train.checkpoint import Checkpointer, newest_meta
-from layoutlab.train.config import LEGACY_DEFAULTS, TrainConfig, field_names
+from layoutlab.train.config import TrainConfig, field_names, with_legacy_defaults
 from layoutlab.train.metrics import CONFIG_FILE
 from layoutlab.train.state import TrainState
 
@@ -100,8 +100,7 @@ def check_resume(config: TrainConfig, workdir: Path, checkpoint_dir: Path) -> Tr
             "check the path, or start a new run there without --resume (resume=False)."
         )
     saved, source = found
-    # A run saved before a field existed ran with its legacy value (activation_storage).
-    saved = {**{k: v for k, v in LEGACY_DEFAULTS.items() if k not in saved}, **saved}
+    saved = with_legacy_defaults(saved)  # e.g. activation_storage, from before it existed
     asked = config.to_dict()
     for name in field_names():
         if name in MAY_CHANGE or name in FROM_CHECKPOINT or name not in saved:

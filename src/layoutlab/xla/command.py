@@ -20,6 +20,7 @@ from layoutlab.arguments import (
     parse_mode,
     parse_model_args,
 )
+from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
 __all__ = ["parse_assignments", "register", "run"]
 
@@ -184,8 +185,6 @@ def register(subparsers) -> None:
             "kernel transposes in NCHW models on CPU)"
         ),
     )
-    from layoutlab.nn.conv_names import ACTIVATION_STORAGES  # names only: no JAX for --help
-
     add_activation_storage(p, ACTIVATION_STORAGES)
     p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
     p.add_argument(

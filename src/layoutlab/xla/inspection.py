@@ -232,14 +232,11 @@ class ModelInspection:
         # Non-default conv settings only, so the default names stay what they always were.
         parts += tuple(
             p
-            for p, default in (
-                (self.conv_algorithm, "xla"),
-                (self.kernel_storage, "layout"),
-                # "channels_last" alone would read as the kernel storage's.
-                ("channels_last_inside" if self.activation_storage != "layout" else "", ""),
-            )
+            for p, default in ((self.conv_algorithm, "xla"), (self.kernel_storage, "layout"))
             if p != default
         )
+        if self.activation_storage != "layout":  # "channels_last" would read as the kernels'
+            parts += ("channels_last_inside",)
         return "_".join(re.sub(r"[^\w.\-]+", "-", str(p)) for p in parts)
 
     def dump_hlo(self, folder: str | os.PathLike) -> list[str]:
