@@ -24,8 +24,16 @@ MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "vgg11_bn", "unet", "small_cn
 
 def _tiny(name, seed=0):
     spec = models.spec(name)
-    model = models.create(name, layout="NCHW", rngs=nnx.Rngs(seed), **spec.tiny)
-    nn.set_kernel_storage(model, "channels_last")
+    # Computing in its own layout to start with; the tests move it (models.create's CPU
+    # default would already compute channels-last inside).
+    model = models.create(
+        name,
+        layout="NCHW",
+        rngs=nnx.Rngs(seed),
+        kernel_storage="channels_last",
+        activation_storage="layout",
+        **spec.tiny,
+    )
     x = np.random.default_rng(seed).standard_normal(spec.input_shape(2, "NCHW"))
     return model, jnp.asarray(x, jnp.float32)
 

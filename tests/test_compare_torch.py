@@ -209,9 +209,15 @@ def test_pth_file_on_disk(tmp_path):
     torch.save(mirror.state_dict(), path)
     model = fast_model("small_cnn", layout="NCHW", num_classes=10)
     assert load_torch_state_dict(model, path) is model
-    np.testing.assert_array_equal(
-        np.asarray(model.features[0][0].kernel[...]), mirror.features[0][0].weight.detach().numpy()
-    )
+    conv = model.features[0][0]
+    kernel = np.asarray(conv.kernel[...])
+    # Stored HWIO by default on CPU, OIHW (PyTorch's order) elsewhere: either way the
+    # importer wrote PyTorch's values, only permuted.
+    if conv.kernel_spec == "HWIO":
+        kernel = kernel.transpose(3, 2, 0, 1)
+    else:
+        assert conv.kernel_spec == "OIHW"
+    np.testing.assert_array_equal(kernel, mirror.features[0][0].weight.detach().numpy())
     np.testing.assert_array_equal(
         np.asarray(model.classifier[0].kernel[...]), mirror.classifier[0].weight.detach().numpy().T
     )

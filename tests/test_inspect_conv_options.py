@@ -86,7 +86,10 @@ def test_mixed_bf16_im2col_runs_bf16_gemms_where_native_convs_run_in_f32():
 def _first_conv_plan():
     # Abstract: eager weight init would compile many small ops.
     kwargs = SMALL["model_kwargs"]
-    model = nnx.eval_shape(lambda: models.create("small_cnn", layout="NCHW", **kwargs))
+    # Computing in NCHW, as inspect_model's layouts do unless told otherwise.
+    model = nnx.eval_shape(
+        lambda: models.create("small_cnn", layout="NCHW", activation_storage="layout", **kwargs)
+    )
     specs = conv_specs(model, jax.ShapeDtypeStruct((2, 1, 8, 8), "float32"))
     assert len(specs) == 3
     path, spec = next(iter(specs.items()))

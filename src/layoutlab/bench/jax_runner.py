@@ -47,9 +47,11 @@ def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
         layout=case.layout,
         policy=case.precision,
         rngs=nnx.Rngs(seed),
+        kernel_storage=case.kernel_storage,
+        activation_storage=case.activation_storage,
         **kwargs,
     )
-    return configure_convs(model, case.conv_algo, case.kernel_storage, case.activation_storage)
+    return configure_convs(model, case.conv_algo)
 
 
 def tune_convs(

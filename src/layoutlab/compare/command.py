@@ -10,7 +10,8 @@ import dataclasses
 import math
 import sys
 
-from layoutlab.arguments import MODES, parse_mode, parse_model_args
+from layoutlab.arguments import MODES, add_activation_storage, parse_mode, parse_model_args
+from layoutlab.nn.conv_names import ACTIVATION_STORAGES, AUTO, KERNEL_STORAGES
 
 __all__ = ["register", "run"]
 
@@ -68,6 +69,29 @@ def register(subparsers) -> None:
         metavar="NAME=VALUE",
         help="model option, e.g. width=8 (repeatable; JSON values)",
     )
+    parser.add_argument(
+        "--conv-algo",
+        default=AUTO,
+        metavar="NAME",
+        help="algorithm of every 2D conv of the model under test: auto (default: the shipped "
+        "table's plan, as a short run of train or bench gets; compare does not autotune), xla "
+        "or a name from layoutlab.nn.conv_algos",
+    )
+    parser.add_argument(
+        "--kernel-storage",
+        choices=("auto", *KERNEL_STORAGES),
+        default="auto",
+        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
+        "layout (OIHW for NCHW) or channels_last (HWIO)",
+    )
+    add_activation_storage(parser, ACTIVATION_STORAGES)
+    parser.add_argument(
+        "--cpu-fast",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CPU, compile the model under test with the XLA:CPU options train and bench "
+        "use (layoutlab.xla.cpu_fast_options(mode); default on, --no-cpu-fast turns it off)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
     parser.add_argument("--json", metavar="OUT.json", default=None, help="write the report")
     parser.add_argument(
@@ -123,6 +147,7 @@ def _build(args):
 
     from layoutlab import models
     from layoutlab.compare.torch_weights import load_torch_state_dict
+    from layoutlab.nn.conv_config import check_conv_options
     from layoutlab.precision import get_policy
 
     spec = models.spec(args.model)
@@ -130,12 +155,15 @@ def _build(args):
     _check_args(args, policy)
     options = dict(spec.tiny) if args.tiny else {}
     options.update(parse_model_args(args.model_arg))
+    check_conv_options(args.conv_algo)
     model = models.create(
         args.model,
         num_classes=args.num_classes,
         layout=args.layout,
         policy=policy,
         rngs=nnx.Rngs(args.seed),
+        kernel_storage=args.kernel_storage,
+        activation_storage=args.activation_storage,
         **options,
     )
     if args.torch_weights:
@@ -146,14 +174,34 @@ def _build(args):
         spatial[-2:] = [args.image_size, args.image_size]
     shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
     x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
-    return model, x, options
+    return _with_conv_algo(model, x, args.conv_algo, args.mode), x, options
+
+
+def _with_conv_algo(model, x, algorithm: str, mode: str):
+    """``model`` with ``algorithm`` on its 2D convs; ``auto`` convs get the shipped table's
+    plan for ``mode`` on this CPU (``xla`` off CPU), which is what a run too short to pay for
+    a tuning runs."""
+    from layoutlab.fast_defaults import default_backend, table_cpu_kind
+    from layoutlab.nn.conv_config import configure_convs, convs, default_conv_plan, with_conv_plan
+
+    configure_convs(model, algorithm)
+    if algorithm != AUTO or not convs(model):
+        return model
+    objective = "train" if mode == "train" else "inference"
+    plan = default_conv_plan(model, x, objective, table_cpu_kind(default_backend()))
+    return with_conv_plan(model, plan)
 
 
 def _compare(args, model, x, options, tolerance):
     from layoutlab.compare import references as refs
     from layoutlab.compare import torch_reference
 
-    kw = dict(train=args.mode == "train", layerwise=args.layerwise, tolerance=tolerance)
+    kw = dict(
+        train=args.mode == "train",
+        layerwise=args.layerwise,
+        tolerance=tolerance,
+        compiler_options=_compiler_options(args),
+    )
     if args.against == "layout":
         return refs.against_layout(model, x, grads=args.grads, **kw)
     if args.against == "fp32":
@@ -168,6 +216,37 @@ def _compare(args, model, x, options, tolerance):
         grads=args.grads,
         **kw,
     )
+
+
+def _compiler_options(args) -> dict:
+    from layoutlab.fast_defaults import fast_compile_options
+
+    return fast_compile_options(args.mode) if args.cpu_fast else {}
+
+
+def _conv_settings(model, x) -> dict:
+    """What the model under test ran with: how many convs ran each algorithm (after the
+    plan, and after an algorithm's refusal of a shape), its kernel orders and its activation
+    storage."""
+    from collections import Counter
+
+    from layoutlab.nn.conv_algos import select_algorithm
+    from layoutlab.nn.conv_config import conv_specs, convs
+    from layoutlab.nn.convert import activation_storage
+
+    specs = conv_specs(model, x) if convs(model) else {}
+    algos = Counter(
+        select_algorithm(specs[path], c.algorithm, c.plan_entry).name
+        if path in specs
+        else c.algorithm
+        for path, c in convs(model)
+    )
+    kernels = sorted({c.kernel_spec for _, c in convs(model)})
+    return {
+        "conv_algorithms": dict(sorted(algos.items())),
+        "kernel_storage": "/".join(kernels) or "n/a",
+        "activation_storage": activation_storage(model),
+    }
 
 
 def _one_line(err: BaseException) -> str:
@@ -196,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         "precision": args.precision,
         "input_shape": list(x.shape),
         "seed": args.seed,
+        "conv_algo": args.conv_algo,
+        **_conv_settings(model, x),
     }
     if args.torch_weights:
         settings["torch_weights"] = args.torch_weights

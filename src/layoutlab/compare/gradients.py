@@ -52,11 +52,17 @@ def loss_fn(logits: jax.Array, labels: jax.Array, layout: Layout) -> jax.Array:
 
 
 def parameter_grads(
-    model: nnx.Module, x: Any, labels: Any, *, train: bool = True
+    model: nnx.Module,
+    x: Any,
+    labels: Any,
+    *,
+    train: bool = True,
+    compiler_options: dict | None = None,
 ) -> tuple[float, nnx.State, list[str]]:
     """``(loss, grads, module order)``: gradients of ``loss_fn`` w.r.t. every ``nnx.Param``
     (an ``nnx.State`` shaped like the params) and the canonical paths of the layers in
-    execution order, for ordering the gradient table."""
+    execution order, for ordering the gradient table. ``compiler_options``: XLA options of
+    the compile."""
     model = set_mode(model, train)
     layout = model_layout(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -69,7 +75,8 @@ def parameter_grads(
         return loss_fn(logits, labels, layout)
 
     with highest_precision():
-        value, grads = jax.jit(jax.value_and_grad(loss))(params, rest, x, labels)
+        grad_fn = jax.jit(jax.value_and_grad(loss), compiler_options=compiler_options or None)
+        value, grads = grad_fn(params, rest, x, labels)
     return float(value), grads, order
 
 

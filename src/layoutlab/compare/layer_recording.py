@@ -23,9 +23,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.layout import Layout
+from layoutlab.layout import Layout, to_layout
 from layoutlab.nn.base import LayoutModule
-from layoutlab.nn.convert import in_own_layout
 
 __all__ = [
     "LayerOutput",
@@ -107,8 +106,9 @@ def set_mode(model: nnx.Module, train: bool) -> nnx.Module:
             "nnx.remat, which hides their layers from a layerwise comparison; build it with "
             "remat=False (the numerics are the same)."
         )
-    # Layer outputs are compared in the model's layout, so its layers must compute in it.
-    model = nnx.clone(in_own_layout(model))
+    # The copy keeps the model's activation storage: a comparison checks the computation
+    # that runs, and layer_outputs puts the records in the model's layout.
+    model = nnx.clone(model)
     if train:
         model.train()
     else:
@@ -200,15 +200,33 @@ def record_layers(
     return out, recorder.records
 
 
+def _in_model_layout(value: np.ndarray, inner: Layout, outer: Layout) -> np.ndarray:
+    """A layer output of a model whose layers compute in ``inner`` (its ``compute_layout``),
+    in the model's own layout ``outer``; logits and other non-spatial outputs as they are."""
+    if inner == outer or value.ndim != outer.rank:
+        return value
+    return np.asarray(to_layout(value, inner, outer))
+
+
 def layer_outputs(
-    model: nnx.Module, x: Any, *, train: bool = False, include_containers: bool = False
+    model: nnx.Module,
+    x: Any,
+    *,
+    train: bool = False,
+    include_containers: bool = False,
+    compiler_options: dict | None = None,
 ) -> tuple[np.ndarray, list[LayerOutput]]:
     """Compile one forward of ``model`` on ``x`` that returns every layer's output.
 
     ``train`` picks batch statistics (True) or running statistics (False); ``model`` itself
-    is not changed (its running statistics are not updated).
+    is not changed (its running statistics are not updated). A model computing channels-last
+    inside (``nn.set_activation_storage``) runs so, and its layers' outputs are returned in
+    its own layout. ``compiler_options``: XLA options of the compile (e.g.
+    ``fast_defaults.fast_compile_options``).
     """
     model = set_mode(model, train)
+    outer = model_layout(model)
+    inner = getattr(model, "compute_layout", None) or outer
     graphdef, state = nnx.split(model)
     meta: list[tuple[str, str]] = []
 
@@ -220,6 +238,9 @@ def layer_outputs(
         return out, [r.value for r in records]
 
     with highest_precision():
-        out, values = jax.jit(run)(state, x)
-    records = [LayerOutput(p, op, np.asarray(v)) for (p, op), v in zip(meta, values, strict=True)]
+        out, values = jax.jit(run, compiler_options=compiler_options or None)(state, x)
+    records = [
+        LayerOutput(p, op, _in_model_layout(np.asarray(v), inner, outer))
+        for (p, op), v in zip(meta, values, strict=True)
+    ]
     return np.asarray(out), records

@@ -26,7 +26,13 @@ from layoutlab.compare.layer_report import (
 from layoutlab.compare.report import CompareReport
 from layoutlab.layout import Layout
 
-__all__ = ["describe", "run_settings", "activation_report", "compare_layerwise"]
+__all__ = [
+    "describe",
+    "run_settings",
+    "option_settings",
+    "activation_report",
+    "compare_layerwise",
+]
 
 
 def describe(model: nnx.Module) -> str:
@@ -38,6 +44,11 @@ def describe(model: nnx.Module) -> str:
 def run_settings(train: bool, **extra) -> dict:
     """The settings a report records: train or eval mode and JAX's matmul precision."""
     return {"mode": "train" if train else "eval", "jax_matmul_precision": MATMUL_PRECISION, **extra}
+
+
+def option_settings(compiler_options: dict | None) -> dict:
+    """``{"candidate_xla_options": ...}`` when the candidate was compiled with XLA options."""
+    return {"candidate_xla_options": dict(compiler_options)} if compiler_options else {}
 
 
 def activation_report(

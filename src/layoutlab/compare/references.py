@@ -3,15 +3,19 @@
 Four references, each giving a ``ReferenceReport`` (output, optionally every layer and every
 parameter gradient):
 
-- ``against_layout``: the same model converted to the other layout (``convert_layout``);
-- ``against_policy``: the same weights under the fp32 policy, for a mixed-precision model;
+- ``against_layout``: the same model converted to the other layout (``convert_layout``),
+  computing in it with XLA's own convs;
+- ``against_policy``: the same weights under the fp32 policy, with XLA's own convs, for a
+  mixed-precision model;
   the per-layer table then shows where low-precision error accumulates with depth;
 - ``against_numpy``: a float64 NumPy forward pass (``numpy_forward``), no JAX ops at all;
 - ``against_torch`` (in ``torch_reference``): the PyTorch mirror of the architecture with the
   same weights.
 
 Default tolerances scale with the least precise compute dtype of the two sides (see
-``default_layer_tolerance``). JAX runs with ``jax.default_matmul_precision("highest")`` and
+``default_layer_tolerance``). The model under test runs as configured (conv algorithms and
+plan, kernel and activation storage) and, given ``compiler_options``, compiled with them;
+a JAX reference gets XLA's defaults. JAX runs with ``jax.default_matmul_precision("highest")`` and
 PyTorch with TF32 off and ``float32_matmul_precision("highest")``; reports record both.
 """
 
@@ -27,9 +31,16 @@ from flax import nnx
 from layoutlab.compare.gradients import compare_grad_trees, grads_to_layout, parameter_grads
 from layoutlab.compare.layer_recording import LayerOutput, layer_outputs, model_layout, set_mode
 from layoutlab.compare.layer_report import LayerTolerance
-from layoutlab.compare.layerwise import activation_report, describe, run_settings
+from layoutlab.compare.layerwise import (
+    activation_report,
+    describe,
+    option_settings,
+    run_settings,
+)
 from layoutlab.compare.reference_report import ReferenceReport
 from layoutlab.layout import Layout, to_layout
+from layoutlab.nn import conv_config
+from layoutlab.nn.conv_names import XLA
 from layoutlab.nn.convert import convert_layout
 from layoutlab.precision import Policy, get_policy
 
@@ -171,6 +182,14 @@ def build_report(
     )
 
 
+def _xla_convs(reference: nnx.Module) -> nnx.Module:
+    """``reference`` (a copy) with every conv on XLA's own algorithm: a reference should not
+    share the candidate's conv algorithms or plan."""
+    if conv_config.convs(reference):
+        conv_config.set_conv_algorithm(reference, XLA)
+    return reference
+
+
 def _against_model(
     against: str,
     model: nnx.Module,
@@ -182,8 +201,10 @@ def _against_model(
     layerwise: bool,
     grads: bool,
     tolerance: LayerTolerance | None,
+    compiler_options: dict | None,
 ) -> ReferenceReport:
-    """Compare ``model`` (the candidate) with another JAX model of the same architecture."""
+    """Compare ``model`` (the candidate, compiled with ``compiler_options``) with another
+    JAX model of the same architecture (compiled with XLA's defaults)."""
     cand_layout, ref_layout = model_layout(model), model_layout(reference)
     if tolerance is None:
         tolerance = default_layer_tolerance(
@@ -194,20 +215,22 @@ def _against_model(
 
     def gradients(labels: Any) -> GradientPair:
         ref_loss, ref_grads, order = parameter_grads(reference, x_ref, labels, train=train)
-        cand_loss, cand_grads, _ = parameter_grads(model, x, labels, train=train)
+        cand_loss, cand_grads, _ = parameter_grads(
+            model, x, labels, train=train, compiler_options=compiler_options
+        )
         cand_grads = grads_to_layout(model, cand_grads, ref_layout)
         return GradientPair(reference, ref_grads, cand_grads, order, ref_loss, cand_loss)
 
     return build_report(
         against,
         layer_outputs(reference, x_ref, train=train),
-        layer_outputs(model, x, train=train),
+        layer_outputs(model, x, train=train, compiler_options=compiler_options),
         tolerance,
         layerwise=layerwise,
         reference_layout=ref_layout,
         candidate_layout=cand_layout,
         names=(describe(reference), describe(model)),
-        settings=run_settings(train),
+        settings=run_settings(train, **option_settings(compiler_options)),
         labels=labels,
         gradients=gradients if grads else None,
     )
@@ -222,10 +245,11 @@ def against_layout(
     layerwise: bool = False,
     grads: bool = False,
     tolerance: LayerTolerance | None = None,
+    compiler_options: dict | None = None,
 ) -> ReferenceReport:
-    """``model`` against itself converted to the other layout (same weights, same policy).
-    ``x`` is in ``model``'s layout."""
-    reference = convert_layout(model, model_layout(model).counterpart)
+    """``model`` against itself converted to the other layout (same weights, same policy),
+    which computes in that layout with XLA's own convs. ``x`` is in ``model``'s layout."""
+    reference = _xla_convs(convert_layout(model, model_layout(model).counterpart))
     return _against_model(
         "layout",
         model,
@@ -236,6 +260,7 @@ def against_layout(
         layerwise=layerwise,
         grads=grads,
         tolerance=tolerance,
+        compiler_options=compiler_options,
     )
 
 
@@ -249,6 +274,7 @@ def against_policy(
     layerwise: bool = False,
     grads: bool = False,
     tolerance: LayerTolerance | None = None,
+    compiler_options: dict | None = None,
 ) -> ReferenceReport:
     """A mixed-precision ``model`` against the same weights under ``reference_policy``.
 
@@ -261,7 +287,7 @@ def against_policy(
     ~1% forward error legitimately moves them by tens of percent. Judge half-precision
     training with ``layoutlab.compare.curves`` instead, or pass a tolerance of that size.
     """
-    reference = with_policy(model, reference_policy)
+    reference = _xla_convs(with_policy(model, reference_policy))
     return _against_model(
         "fp32" if get_policy(reference_policy) == get_policy("fp32") else "policy",
         model,
@@ -272,6 +298,7 @@ def against_policy(
         layerwise=layerwise,
         grads=grads,
         tolerance=tolerance,
+        compiler_options=compiler_options,
     )
 
 
@@ -282,6 +309,7 @@ def against_numpy(
     train: bool = False,
     layerwise: bool = False,
     tolerance: LayerTolerance | None = None,
+    compiler_options: dict | None = None,
 ) -> ReferenceReport:
     """``model`` against a float64 NumPy forward pass with its weights (no JAX involved)."""
     from layoutlab.compare.numpy_forward import numpy_forward
@@ -294,11 +322,11 @@ def against_numpy(
     return build_report(
         "numpy",
         ref,
-        layer_outputs(model, x, train=train),
+        layer_outputs(model, x, train=train, compiler_options=compiler_options),
         tolerance,
         layerwise=layerwise,
         reference_layout=layout,
         candidate_layout=layout,
         names=("float64 NumPy (numpy_ref)", describe(model)),
-        settings=run_settings(train),
+        settings=run_settings(train, **option_settings(compiler_options)),
     )

@@ -11,7 +11,7 @@ from flax import nnx
 from layoutlab.compare.gradients import parameter_grads
 from layoutlab.compare.layer_recording import layer_outputs, model_layout, set_mode
 from layoutlab.compare.layer_report import LayerTolerance
-from layoutlab.compare.layerwise import describe, run_settings
+from layoutlab.compare.layerwise import describe, option_settings, run_settings
 from layoutlab.compare.reference_report import ReferenceReport
 from layoutlab.compare.references import (
     GradientPair,
@@ -50,13 +50,15 @@ def against_torch(
     layerwise: bool = False,
     grads: bool = False,
     tolerance: LayerTolerance | None = None,
+    compiler_options: dict | None = None,
 ) -> ReferenceReport:
     """``model`` against its PyTorch mirror with the same weights.
 
     Give ``mirror`` (a ``torch.nn.Module`` holding the same weights) or the registry
     ``name`` and the ``model_kwargs`` ``model`` was created with. ``x`` is in ``model``'s
     layout; the torch side runs channels-first and every activation is compared there.
-    Gradients are compared in ``model``'s parameter layout.
+    Gradients are compared in ``model``'s parameter layout. ``compiler_options``: XLA
+    options of the model's compiles.
     """
     from layoutlab.compare.torch_layerwise import (
         TORCH_PRECISION,
@@ -73,8 +75,8 @@ def against_torch(
         tolerance = default_layer_tolerance(model_policy(model).compute_dtype)
     x = np.asarray(x)
     x_ref = np.asarray(to_layout(x, layout, ref_layout))
-    settings = run_settings(train, **TORCH_PRECISION)
-    cand = layer_outputs(model, x, train=train)
+    settings = run_settings(train, **TORCH_PRECISION, **option_settings(compiler_options))
+    cand = layer_outputs(model, x, train=train, compiler_options=compiler_options)
     if mirror is None:
         kwargs = dict(model_kwargs or {})
         kwargs.setdefault("num_classes", _num_classes(cand[0], layout))
@@ -83,7 +85,9 @@ def against_torch(
 
     def gradients(labels: Any) -> GradientPair:
         ref_loss, named = torch_grads(mirror, x_ref, labels, train=train)
-        cand_loss, cand_grads, order = parameter_grads(model, x, labels, train=train)
+        cand_loss, cand_grads, order = parameter_grads(
+            model, x, labels, train=train, compiler_options=compiler_options
+        )
         # Torch gradients go through the weight importer, which puts each one in the
         # model's own parameter layout.
         holder = set_mode(model, train)

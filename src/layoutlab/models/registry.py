@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 from flax import nnx
 
+from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 from layoutlab.layout import Layout, channels_first, channels_last, parse_layout
+from layoutlab.nn.conv_config import check_conv_options, configure_convs
 from layoutlab.precision import get_policy
 
 
@@ -98,23 +100,38 @@ def create(
     layout: Layout | str = Layout.NHWC,
     policy=None,
     rngs: nnx.Rngs | None = None,
+    kernel_storage: str = "auto",
+    activation_storage: str = "auto",
     **kw,
 ) -> nnx.Module:
-    """Build a registered model. Extra keywords go to its builder (``stem``, ``width``, ...)."""
+    """Build a registered model. Extra keywords go to its builder (``stem``, ``width``, ...).
+
+    ``kernel_storage`` and ``activation_storage`` (``nn.configure_convs``) default to
+    ``"auto"``, the fast defaults of JAX's default backend (``fast_defaults``): on CPU, conv
+    kernels stored ``HWIO`` and a channels-first model computing channels-last inside, with
+    the same weights, inputs and outputs as ``"layout"`` for both (the model's own orders).
+    """
     s = spec(name)
+    kernel_storage = resolve_kernel_storage(kernel_storage)
+    activation_storage = resolve_activation_storage(activation_storage)
+    check_conv_options(None, kernel_storage, activation_storage)
     params = _accepted_options(s.builder)
     unknown = sorted(set(kw) - set(params))
     if unknown:
         allowed = [p for p in params if p not in ("num_classes", "layout", "policy", "rngs")]
+        allowed += ["kernel_storage", "activation_storage"]
         raise ValueError(
             f"Model {s.name!r} got unknown options {unknown}; it accepts: {', '.join(allowed)}."
         )
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
-    return s.builder(
+    model = s.builder(
         num_classes=num_classes,
         layout=resolve_layout(layout, s.num_spatial),
         policy=get_policy(policy),
         rngs=rngs if rngs is not None else nnx.Rngs(0),
         **kw,
+    )
+    return configure_convs(
+        model, kernel_storage=kernel_storage, activation_storage=activation_storage
     )

@@ -125,11 +125,11 @@ def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         layout=config.layout,
         policy=config.precision,
         rngs=nnx.Rngs(config.seed),
+        kernel_storage=config.kernel_storage,
+        activation_storage=config.activation_storage,
         **kwargs,
     )
-    model = configure_convs(
-        model, config.conv_algorithm, config.kernel_storage, config.activation_storage
-    )
+    model = configure_convs(model, config.conv_algorithm)
     return with_conv_plan(model, config.conv_plan) if config.conv_algorithm == AUTO else model
 
 

@@ -114,8 +114,15 @@ def build_abstract(
     box = {"missing": None}
 
     def build():
-        model = models.create(name, layout=layout, policy=policy, **model_kwargs)
-        configure_convs(model, conv_algorithm, kernel_storage, activation_storage)
+        model = models.create(
+            name,
+            layout=layout,
+            policy=policy,
+            kernel_storage=kernel_storage,
+            activation_storage=activation_storage,
+            **model_kwargs,
+        )
+        configure_convs(model, conv_algorithm)
         if conv_algorithm == "auto":
             plan = conv_plan
             if table is not None and not plan and images is not None and convs(model):

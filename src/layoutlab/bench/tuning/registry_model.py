@@ -15,7 +15,7 @@ from layoutlab import models
 from layoutlab.bench.cases import parse_shape
 from layoutlab.bench.sweep_config import check_compile_options, resolve_input
 from layoutlab.bench.tuning.convs import ConvTuning, autotune_model
-from layoutlab.nn.conv_config import check_conv_options, configure_convs
+from layoutlab.nn.conv_config import check_conv_options
 from layoutlab.precision import get_policy
 
 __all__ = ["autotune_registry_model"]
@@ -60,19 +60,16 @@ def autotune_registry_model(
     )
     # Built abstractly: only the conv shapes matter, no weights are initialised.
     net = nnx.eval_shape(
-        lambda: configure_convs(
-            models.create(
-                model,
-                num_classes=classes,
-                layout=lay,
-                policy=policy,
-                in_channels=shape[-1],
-                rngs=nnx.Rngs(0),
-                **kwargs,
-            ),
-            None,
-            kernel_storage,
-            activation_storage,
+        lambda: models.create(
+            model,
+            num_classes=classes,
+            layout=lay,
+            policy=policy,
+            in_channels=shape[-1],
+            rngs=nnx.Rngs(0),
+            kernel_storage=kernel_storage,
+            activation_storage=activation_storage,
+            **kwargs,
         )
     )
     x = jax.ShapeDtypeStruct(lay.shape(batch_size, shape[-1], shape[:-1]), jnp.float32)
