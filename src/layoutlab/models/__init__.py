@@ -1,6 +1,8 @@
 """Model registry and architectures, built only from ``layoutlab.nn``.
 
-``names()`` lists them, ``create(name, num_classes=, layout=, policy=, rngs=, **kw)`` builds one.
+``names()`` lists them, ``create(name, num_classes=, layout=, policy=, rngs=,
+kernel_storage=, activation_storage=, **kw)`` builds one (the two storages default to the
+backend's fast defaults: on CPU, HWIO kernels and channels-last inside).
 
 
 Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
