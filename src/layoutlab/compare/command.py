@@ -147,7 +147,7 @@ def _build(args):
 
     from layoutlab import models
     from layoutlab.compare.torch_weights import load_torch_state_dict
-    from layoutlab.nn.conv_config import check_conv_options
+    from layoutlab.nn.conv_config import check_conv_options, conv_specs, convs
     from layoutlab.precision import get_policy
 
     spec = models.spec(args.model)
@@ -174,21 +174,23 @@ def _build(args):
         spatial[-2:] = [args.image_size, args.image_size]
     shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
     x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
-    return _with_conv_algo(model, x, args.conv_algo, args.mode), x, options
+    # Traced once: the table's plan and the report's algorithm counts both read them.
+    specs = conv_specs(model, x) if convs(model) else {}
+    return _with_conv_algo(model, x, specs, args.conv_algo, args.mode), x, options, specs
 
 
-def _with_conv_algo(model, x, algorithm: str, mode: str):
+def _with_conv_algo(model, x, specs: dict, algorithm: str, mode: str):
     """``model`` with ``algorithm`` on its 2D convs; ``auto`` convs get the shipped table's
     plan for ``mode`` on this CPU (``xla`` off CPU), which is what a run too short to pay for
-    a tuning runs."""
+    a tuning runs. ``specs``: ``conv_specs(model, x)``."""
     from layoutlab.fast_defaults import default_backend, table_cpu_kind
-    from layoutlab.nn.conv_config import configure_convs, convs, default_conv_plan, with_conv_plan
+    from layoutlab.nn.conv_config import configure_convs, default_conv_plan, with_conv_plan
 
     configure_convs(model, algorithm)
-    if algorithm != AUTO or not convs(model):
+    if algorithm != AUTO or not specs:
         return model
     objective = "train" if mode == "train" else "inference"
-    plan = default_conv_plan(model, x, objective, table_cpu_kind(default_backend()))
+    plan = default_conv_plan(model, x, objective, table_cpu_kind(default_backend()), specs)
     return with_conv_plan(model, plan)
 
 
@@ -224,17 +226,16 @@ def _compiler_options(args) -> dict:
     return fast_compile_options(args.mode) if args.cpu_fast else {}
 
 
-def _conv_settings(model, x) -> dict:
+def _conv_settings(model, specs: dict) -> dict:
     """What the model under test ran with: how many convs ran each algorithm (after the
     plan, and after an algorithm's refusal of a shape), its kernel orders and its activation
-    storage."""
+    storage. ``specs``: ``conv_specs(model, x)``."""
     from collections import Counter
 
     from layoutlab.nn.conv_algos import select_algorithm
-    from layoutlab.nn.conv_config import conv_specs, convs
+    from layoutlab.nn.conv_config import convs
     from layoutlab.nn.convert import activation_storage
 
-    specs = conv_specs(model, x) if convs(model) else {}
     algos = Counter(
         select_algorithm(specs[path], c.algorithm, c.plan_entry).name
         if path in specs
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
             from layoutlab.compare.torch_weights import require_torch
 
             require_torch()
-        model, x, options = _build(args)
+        model, x, options, specs = _build(args)
         report = _compare(args, model, x, options, tolerance)
     except bad_input as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
@@ -276,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         "input_shape": list(x.shape),
         "seed": args.seed,
         "conv_algo": args.conv_algo,
-        **_conv_settings(model, x),
+        **_conv_settings(model, specs),
     }
     if args.torch_weights:
         settings["torch_weights"] = args.torch_weights
