@@ -54,6 +54,8 @@ def test_models_create_stores_hwio_and_computes_channels_last_inside_by_default(
     _assert_same_params(fast, plain, oihw_from_hwio=True)  # the same seed, the same weights
     with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
         _create(activation_storage="nhwc")
+    with pytest.raises(ValueError, match="Unknown kernel_storage 'oihw'"):
+        _create(kernel_storage="oihw")
 
 
 @on_cpu
@@ -129,3 +131,22 @@ def test_a_jax_reference_runs_xlas_own_convs(monkeypatch):
     x = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32)
     assert refs.against_layout(model, x).passed
     assert seen == [["xla"], ["im2col"]]  # reference, then candidate
+
+
+def test_the_report_counts_what_ran_after_a_refusal(tmp_path):
+    # s2d takes stride-2 convs only: small_cnn's three stride-1 convs run XLA's conv.
+    out = tmp_path / "s2d.json"
+    code = _run("--model", "small_cnn", "--tiny", "--batch-size", "2", "--against", "numpy",
+                "--conv-algo", "s2d", "--json", str(out))  # fmt: skip
+    assert code == 0
+    s = json.loads(out.read_text())["settings"]
+    assert s["conv_algo"] == "s2d" and s["conv_algorithms"] == {"xla": 3}
+
+
+def test_bad_conv_settings_exit_2_with_one_line(capsys):
+    assert _run("--model", "small_cnn", "--tiny", "--against", "numpy", "--conv-algo", "fft") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Unknown conv algorithm 'fft'") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exc:  # argparse's invalid choice, also exit 2
+        _run("--model", "small_cnn", "--against", "numpy", "--kernel-storage", "oihw")
+    assert exc.value.code == 2 and "invalid choice: 'oihw'" in capsys.readouterr().err
