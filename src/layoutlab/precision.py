@@ -198,7 +198,8 @@ def get_policy(spec: Policy | str | None) -> Policy:
         fields[_KEYS[key]] = parse_dtype(value)
     missing = {"param_dtype", "compute_dtype", "output_dtype"} - set(fields)
     if missing:
-        # jmp fills unspecified dtypes with float32; so do we, which keeps "c=bf16" short.
+        # Unlike jmp (whose compute dtype follows params and output follows compute), a
+        # dtype left out is float32: "c=bf16" is then the usual mixed policy, not pure bf16.
         for name in missing:
             fields[name] = _F32
     return Policy(**fields)

@@ -14,7 +14,3 @@ import jax
 
 def flat_uniform(key, shape, dtype, minval, maxval):
     return jax.random.uniform(key, (math.prod(shape),), dtype, minval, maxval).reshape(shape)
-
-
-def flat_normal(key, shape, dtype, stddev):
-    return (stddev * jax.random.normal(key, (math.prod(shape),), dtype)).reshape(shape)

@@ -72,16 +72,19 @@ def float32_state(inner: optax.GradientTransformation) -> optax.GradientTransfor
     from finite gradients), so pure-half policies keep the optimizer state in float32.
     """
 
+    inner = optax.with_extra_args_support(inner)
+
     def init(params):
         return inner.init(_to_f32(params))
 
-    def update(updates, state, params=None):
+    def update(updates, state, params=None, **extra_args):
+        # extra_args (optax's value, loss, ...) go through as optax.chain forwards them.
         new, state = inner.update(
-            _to_f32(updates), state, None if params is None else _to_f32(params)
+            _to_f32(updates), state, None if params is None else _to_f32(params), **extra_args
         )
         return jax.tree.map(lambda u, g: u.astype(g.dtype), new, updates), state
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def make_optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTransformation:

@@ -53,8 +53,3 @@ def create_train_state(
         loss_scale=loss_scale if loss_scale is not None else NoOpLossScale(),
     )
     return defs, state
-
-
-def merge_model(defs: ModelDefs, state: TrainState, *, train: bool = False) -> nnx.Module:
-    """The model with ``state``'s weights, in train or eval mode."""
-    return nnx.merge(defs.train if train else defs.eval, state.params, state.model_state)

@@ -97,9 +97,6 @@ class AutotuneCache:
             raise ValueError(f"autotune cache kind must be one of {KINDS}, got {kind!r}.")
         self.entries[key] = {**entry, "kind": kind}
 
-    def of_kind(self, kind: str) -> dict[str, dict]:
-        return {k: e for k, e in self.entries.items() if e.get("kind") == kind}
-
     def save(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
