@@ -6,6 +6,7 @@ tables the parsers read instead of the real registries are checked against them 
 """
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def _probe(argv):
 def test_every_help_and_models_import_no_jax():
     paths = sorted(set(_command_paths()))
     assert ("train",) in paths and ("autotune", "convs") in paths
-    runs = [["--help"], ["models"], ["models", "--json"]] + [[*p, "--help"] for p in paths]
+    runs = [["--help"], ["--version"], ["models"], ["models", "--json"]]
+    runs += [[*p, "--help"] for p in paths]
     slowest = 0.0
     for argv in runs:
         result = _probe(argv)
@@ -76,6 +78,13 @@ def test_layoutlab_help_wall_time_is_reported():
     )
     assert proc.returncode == 0
     print(f"layoutlab --help: {time.perf_counter() - start:.3f}s wall")
+
+
+def test_version_is_the_installed_distributions(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.split() == ["layoutlab", importlib.metadata.version("layoutlab")]
 
 
 def test_the_static_tables_match_the_registries():

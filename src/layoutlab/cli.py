@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from layoutlab import __version__
+
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (
     "layoutlab.train.command",
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="layoutlab",
         description="Layout- and precision-aware Flax vision models on XLA.",
     )
+    parser.add_argument("--version", action="version", version=f"layoutlab {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)
