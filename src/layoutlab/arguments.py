@@ -15,6 +15,7 @@ import sys
 __all__ = [
     "CONV_TUNE_CHOICES",
     "MODES",
+    "OneLineParser",
     "add_activation_storage",
     "add_conv_tune",
     "add_deprecated_flag",
@@ -27,6 +28,15 @@ MODES = ("train", "infer")
 CONV_TUNE_CHOICES = ("auto", "always", "never")
 # Values other commands used for the forward-only mode.
 _MODE_ALIASES = {"eval": "infer", "inference": "infer"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (unknown flag, missing argument, bad choice) as the one
+    ``error:`` line and exit status 2 that every other bad input gets; its subcommand parsers
+    are of this class too, as ``add_subparsers`` takes the parent's class."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {' '.join(message.split())} (see '{self.prog} --help')\n")
 
 
 def deprecated(old: str, new: str) -> None:

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from layoutlab import __version__
+from layoutlab.arguments import OneLineParser
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (
@@ -35,7 +36,7 @@ def _subparser(subparsers, path: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="layoutlab",
         description="Layout- and precision-aware Flax vision models on XLA.",
     )
@@ -54,7 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
             "temp buffer on every call; process-wide, so PyTorch in the same process gets it "
             "too. --no-keep-host-memory leaves glibc's defaults",
         )
+    _name_parsers(parser)
     return parser
+
+
+def _name_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser as its ``command_parser`` default: the innermost one wins,
+    so an unknown flag is reported with the --help of the command it was given to."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.set_defaults(command_parser=sub)
+                _name_parsers(sub)
 
 
 def _autotune_train(args: argparse.Namespace) -> None:
@@ -200,7 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     from layoutlab.bench.tuning.command import legacy_argv
 
     parser = build_parser()
-    args = parser.parse_args(legacy_argv(list(sys.argv[1:] if argv is None else argv)))
+    args, unknown = parser.parse_known_args(
+        legacy_argv(list(sys.argv[1:] if argv is None else argv))
+    )
+    if unknown:
+        getattr(args, "command_parser", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

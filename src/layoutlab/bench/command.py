@@ -25,7 +25,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _err(message: str) -> None:
-    print(f"layoutlab: error: {message}", file=sys.stderr)
+    print(f"error: {message}", file=sys.stderr)
 
 
 def _log(message: str) -> None:

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from layoutlab.arguments import add_activation_storage, add_conv_tune
+from layoutlab.arguments import OneLineParser, add_activation_storage, add_conv_tune
 from layoutlab.nn.conv_names import (
     ACTIVATION_STORAGES,
     AUTO,
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry: ``python -m layoutlab.train.command train ...``."""
-    parser = argparse.ArgumentParser(prog="layoutlab")
+    parser = OneLineParser(prog="layoutlab")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     args = parser.parse_args(argv)

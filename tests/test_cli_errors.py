@@ -1,0 +1,49 @@
+"""argparse's own errors read like every other bad input: one ``error:`` line, exit 2."""
+
+import pytest
+from test_cli_fast_start import _command_paths
+
+from layoutlab import cli
+
+# A missing value, a bad choice and a missing positional, besides the unknown flag every
+# command gets below.
+CASES = [
+    ["nosuchcommand"],
+    ["train", "--lr"],
+    ["train", "--layout", "NWHC"],
+    ["predict", "--workdir", "RUN"],
+    ["bench", "--model", "small_cnn"],
+    ["autotune", "convs", "--model", "small_cnn"],
+]
+
+
+def _one_line_error(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's own errors exit from inside parse_args
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err)
+    # `layoutlab autotune --flag` is the deprecated spelling of `autotune layout`, which
+    # says so in its own warning line before the error.
+    lines = [x for x in err.strip().splitlines() if not x.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), (argv, err)
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", CASES, ids=" ".join)
+def test_argparse_errors_are_one_line(argv, capsys):
+    _one_line_error(argv, capsys)
+
+
+def test_every_command_rejects_an_unknown_flag_in_one_line(capsys):
+    paths = sorted(set(_command_paths()))
+    assert len(paths) > 10
+    for path in paths:
+        line = _one_line_error([*path, "--no-such-flag"], capsys)
+        # argparse names missing required arguments before unknown ones; either way the line
+        # names the command's --help, which lists the right spellings
+        assert "--no-such-flag" in line or "are required" in line, line
+        assert "--help'" in line, line
+        if "--no-such-flag" in line:  # reported by the command it was given to
+            assert f"'layoutlab {' '.join(path)} --help'" in line, line
