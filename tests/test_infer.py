@@ -331,6 +331,13 @@ def test_bad_predict_and_export_arguments(run_dir, tmp_path, capsys):
     _assert_error(_cli(capsys, "predict", "--workdir", run_dir, broken), str(broken))
     _assert_error(_cli(capsys, "predict", "--workdir", run_dir, tmp_path / "gone.png"), "gone")
     _assert_error(_cli(capsys, "predict", "--workdir", run_dir, tmp_path, "--top-k", "0"), "top-k")
+    # digits has 10 classes: 11 is refused rather than silently cut to 10
+    _assert_error(
+        _cli(capsys, "predict", "--workdir", run_dir, tmp_path, "--top-k", "11"), "top-k 10"
+    )
+    missing = tmp_path / "missing" / "dir" / "m.jax"
+    _assert_error(_cli(capsys, "export", "--workdir", run_dir, "--out", missing), "does not exist")
+    assert not (tmp_path / "missing").exists()
     out = tmp_path / "m.jax"
     _assert_error(_cli(capsys, "export", "--workdir", run_dir, "--out", out, "--batch", "0"), "0")
     _assert_error(

@@ -75,6 +75,11 @@ def export_run(
 
     ``batch=None`` exports a symbolic batch dimension ``b``; an int fixes it.
     """
+    out = Path(out)
+    if not out.parent.is_dir():  # a typo in the path should not create folders
+        raise ValueError(
+            f"--out's folder {out.parent} does not exist; create it first or pick another --out."
+        )
     state = run.state()
     forward = make_forward(run.defs)
     dim = jax.export.symbolic_shape("b")[0] if batch is None else batch
@@ -90,8 +95,6 @@ def export_run(
             f"Exporting {run.config.model} for {', '.join(platforms)} failed: {first}; try "
             "--platforms cpu or a fixed --batch N."
         ) from None
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(exported.serialize())
     out_aval = exported.out_avals[0]
     sidecar = {

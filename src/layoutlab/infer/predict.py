@@ -99,6 +99,11 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     if k < 1:
         raise ValueError(f"--top-k must be at least 1, got {k}.")
     names = class_names(run.dataset)
+    if k > len(names):
+        raise ValueError(
+            f"--top-k {k} is more than the run's {len(names)} classes; use --top-k "
+            f"{len(names)} or less."
+        )
     files = collect_images(paths)
     images = load_images(files, run.dataset)
     forward = jax.jit(make_forward(run.defs))
@@ -113,7 +118,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
             )
         ]
     )
-    classes, probs = top_k(logits, min(k, len(names)))
+    classes, probs = top_k(logits, k)
     return [
         {
             "file": str(f),
