@@ -1,4 +1,4 @@
-"""Reproduce the README's performance table on this machine: ResNet-18 with the CIFAR stem
+"""Reproduce benchmarks/results/resnet18_cpu.md on this machine: ResNet-18 with the CIFAR stem
 at 32x32 and with the ImageNet stem at 224x224, NHWC/NCHW x fp32/mixed_bf16, inference and
 training, beside PyTorch eager (contiguous and channels_last, fp32 and autocast bf16).
 

@@ -1,6 +1,7 @@
 """One vocabulary across commands: ``--mode train|infer``, ``--xla-option``, ``--model-arg``,
 ``--cache``/``--compile-cache``; every old spelling still parses to the same value, with one
-``warning:`` line naming the new one. The README's command blocks use only the new ones."""
+``warning:`` line naming the new one. The README's and docs' command blocks use only the new
+ones."""
 
 import re
 from pathlib import Path
@@ -105,8 +106,10 @@ def test_a_malformed_model_arg_is_one_line(argv, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and "NAME=VALUE" in err[0], err
 
 
-def test_readme_commands_use_only_the_new_spellings():
-    text = README.read_text()
+def test_docs_commands_use_only_the_new_spellings():
+    from test_readme import PAGES  # the README and the hand-written docs pages
+
+    text = "\n".join(page.read_text() for page in PAGES)
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
     inline = " ".join(re.findall(r"`(layoutlab [^`]*)`", text))
     for old in ("--flag ", "--cache-dir", "--objective", "--mode eval", "--mode inference"):

@@ -163,8 +163,9 @@ def test_shipped_table_follows_its_measurements():
 
 def test_winograd4_full_matches_float64_numpy():
     """Forward, input and weight gradient against a float64 direct conv. The bar is F(4x4,
-    3x3)'s measured error in float32 (README: 4e-6-1.6e-5 of max|ref| on ResNet shapes),
-    with headroom for the 3x3 weight gradient's longer sums: 5e-5 of max|ref|."""
+    3x3)'s measured error in float32 (docs/guides/conv-algorithms.md: 4e-6-1.6e-5 of max|ref|
+    on ResNet shapes), with headroom for the 3x3 weight gradient's longer sums: 5e-5 of
+    max|ref|."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 9, 7, 5))
     w = rng.standard_normal((3, 3, 5, 6))

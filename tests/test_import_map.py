@@ -1,5 +1,5 @@
 """The repository map holds: every ``layoutlab`` import, lazy ones inside functions included,
-goes from a package to one at or below it in this order (README, "Repository map")."""
+goes from a package to one at or below it in this order (docs/development.md, "Repository map")."""
 
 import ast
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Every ```python block of the README runs as written, each in a fresh interpreter.
+"""Every ```python block of the README and of the documentation pages (``docs/``) runs as
+written, each in a fresh interpreter.
 
 A fresh interpreter per block is what a reader gets who pastes one block into a new session:
 no names leak from earlier blocks, and ``keep_host_memory()`` really is the first thing the
@@ -15,14 +16,33 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+# The hand-written pages: docs/_generated/ and docs/_build/ are the build's.
+PAGES = [
+    README,
+    *sorted(
+        p for p in (ROOT / "docs").rglob("*.md") if not any(x.startswith("_") for x in p.parts)
+    ),
+]
 _FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 # Generous: the slowest blocks compile a few small training steps on a loaded 2-core machine.
 _TIMEOUT_S = 420
 
 
 def _blocks() -> list[tuple[str, str]]:
-    text = README.read_text()
+    out, seen = [], set()
+    for page in PAGES:
+        for name, code in _page_blocks(page):
+            if code not in seen:  # the README's quickstart repeats the docs' one
+                seen.add(code)
+                out.append((name, code))
+    return out
+
+
+def _page_blocks(page: Path) -> list[tuple[str, str]]:
+    text = page.read_text()
+    stem = page.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
     out = []
     for m in _FENCE.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
@@ -33,7 +53,7 @@ def _blocks() -> list[tuple[str, str]]:
         ):
             heading = h.group(1)
         slug = re.sub(r"[^a-z0-9]+", "-", heading.lower()).strip("-")
-        out.append((f"L{line}-{slug}", m.group(1)))
+        out.append((f"{stem}:L{line}-{slug}", m.group(1)))
     return out
 
 
@@ -67,7 +87,8 @@ def test_readme_yaml_blocks_are_valid_train_config_files(tmp_path):
     from layoutlab.train.config import validate
     from layoutlab.train.config_file import read_config_file
 
-    blocks = re.findall(r"^```yaml\n(.*?)^```", README.read_text(), re.S | re.M)
+    text = "\n".join(page.read_text() for page in PAGES)
+    blocks = re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)
     assert blocks
     for i, text in enumerate(blocks):
         path = tmp_path / f"block{i}.yaml"

@@ -1,6 +1,6 @@
-"""What ``layoutlab train`` promises about a run (README, "What layoutlab guarantees about your
-run"): no silent config change on resume, no default run in place of a missing one, no
-non-finite hyperparameter, no traceback for bad model kwargs or filesystem faults, one writer
+"""What ``layoutlab train`` promises about a run (docs/guides/guarantees.md): no silent
+config change on resume, no default run in place of a missing one, no non-finite
+hyperparameter, no traceback for bad model kwargs or filesystem faults, one writer
 per workdir. Each refusal is checked for its exit code (2), its one-line ``error:`` message
 and that nothing on disk changed.
 
@@ -122,7 +122,7 @@ def test_resume_refuses_precision_change_from_python(copy):
 
 
 def test_resume_may_change_length_and_cadence(copy, run_dir, capsys):
-    # The README's list, word for word.
+    # The guarantees page's list, word for word.
     assert MAY_CHANGE == {
         "epochs", "num_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
         "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "xla_options",

@@ -38,7 +38,7 @@ __all__ = [
 
 _YNN = "LIBRARY_FUSION_TYPE_"
 _YNN_KEY = "xla_cpu_experimental_ynn_fusion_type"
-# Measured on ResNet-18 (README, "Convolution algorithms and CPU speed"). Both modes run
+# Measured on ResNet-18 (docs/guides/conv-algorithms.md). Both modes run
 # convs on Eigen, whose backward is much faster than YNNPACK's, and dots on YNNPACK. A
 # training step also hands reductions and elementwise fusions to YNNPACK: otherwise XLA
 # splits every BatchNorm reduction into a slow reduce-window (10x slower on a 32 MiB

@@ -182,7 +182,7 @@ class DynamicLossScale(_ScaleOps):
     def adjust(self, grads_finite) -> DynamicLossScale:
         """GradScaler's ``_amp_update_scale_``, then the clamp to ``[min, max]``.
 
-        Non-finite: scale *= backoff, counter = 0. Finite: counter += 1; on reaching
+        Non-finite: ``scale *= backoff``, ``counter = 0``. Finite: ``counter += 1``; on reaching
         ``period`` the scale grows by ``factor`` unless that overflows float32, and the
         counter goes back to 0. The factors multiply in float32, which equals GradScaler's
         double-precision product rounded to float32 whenever the factor is exactly

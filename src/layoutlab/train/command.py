@@ -156,7 +156,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_distributed_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
-        "more than one process (jax.distributed; see the README's multi-machine section)"
+        "more than one process (jax.distributed; see docs/guides/multihost.md)"
     )
     g.add_argument(
         "--distributed",

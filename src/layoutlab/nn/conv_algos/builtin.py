@@ -43,7 +43,7 @@ BUILTIN = (
     ),
     # Winograd forward and dX with XLA's own weight gradient: on XLA:CPU with convs on Eigen
     # (cpu_fast_options) the native dW beats the per-offset GEMMs, while Winograd's fewer
-    # multiplies still pay in the two 3x3 stride-1 convs (README, "Convolution algorithms").
+    # multiplies still pay in the two 3x3 stride-1 convs (docs/guides/conv-algorithms.md).
     *(
         _winograd(
             m,
@@ -55,7 +55,8 @@ BUILTIN = (
     ),
     # All three convs by Winograd: F(4x4,3x3) forward and dX, F(3x3,4x4) dW. With dots on
     # YNNPACK, which uses AVX-512 where the CPU has it while XLA:CPU's Eigen convs do not,
-    # this is the fastest 3x3 stride-1 training conv measured on such CPUs (README).
+    # this is the fastest 3x3 stride-1 training conv measured on such CPUs
+    # (docs/guides/conv-algorithms.md).
     _winograd(
         4, "_full", "winograd4", "Winograd F(4x4,3x3) forward and dX, F(3x3,4x4) weight gradient"
     ),
