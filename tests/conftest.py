@@ -3,15 +3,22 @@
 - dtype promotion is strict, so a silent upcast in a layer is an error;
 - rank promotion raises, so a bias added without an explicit broadcast is an error;
 - 4 fake CPU devices back the sharding tests (set before JAX starts its backend);
+- the autotune cache is a fresh file, not the user's;
 - warnings are errors (pyproject's filterwarnings).
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The suite's own autotune cache, empty at start: what a user (or an earlier run) tuned into
+# ~/.cache/layoutlab must not change which conv plan a test sees. Subprocesses inherit it.
+os.environ["LAYOUTLAB_AUTOTUNE_CACHE"] = os.path.join(
+    tempfile.mkdtemp(prefix="layoutlab-autotune-"), "autotune.json"
+)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

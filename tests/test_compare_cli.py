@@ -20,7 +20,7 @@ TINY = ("--model", "small_cnn", "--tiny", "--batch-size", "2")
 
 def test_pass_exits_0_and_writes_json(tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert _run(*TINY, "--against", "layout", "--layerwise", "--json", str(out)) == 0
+    assert _run(*TINY, "--against", "layout", "--layerwise", "--json-file", str(out)) == 0
     printed = capsys.readouterr().out
     assert "compare against layout: PASSED" in printed and "features.0.0" in printed
     data = json.loads(out.read_text())
@@ -84,7 +84,7 @@ def test_against_torch_with_weights_file(tmp_path, capsys):
     torch.save(mirror.state_dict(), path)
     out = tmp_path / "torch.json"
     code = _run(*TINY, "--against", "torch", "--torch-weights", str(path), "--layerwise",
-                "--grads", "--mode", "train", "--json", str(out))  # fmt: skip
+                "--grads", "--mode", "train", "--json-file", str(out))  # fmt: skip
     assert code == 0, capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["settings"]["torch_weights"] == str(path)

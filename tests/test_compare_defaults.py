@@ -90,7 +90,7 @@ def test_compare_checks_the_defaults_layer_by_layer_against_float64_numpy(
 ):
     out = tmp_path / "report.json"
     code = _run(*argv, "--layout", "NCHW", "--against", "numpy", "--layerwise",
-                "--json", str(out))  # fmt: skip
+                "--json-file", str(out))  # fmt: skip
     report = json.loads(out.read_text())
     # The default tolerance (3e-4 x each layer's largest value, refs.FLOOR): the shipped
     # plan's Winograd convs put full-size ResNet-18's worst layer at 1.6e-5 of it against
@@ -110,7 +110,8 @@ def test_each_compare_default_turns_off(tmp_path):
     out = tmp_path / "plain.json"
     code = _run("--model", "small_cnn", "--tiny", "--batch-size", "2", "--layout", "NCHW",
                 "--against", "numpy", "--conv-algo", "xla", "--kernel-storage", "layout",
-                "--activation-storage", "layout", "--no-cpu-fast", "--json", str(out))  # fmt: skip
+                "--activation-storage", "layout", "--no-cpu-fast",
+                "--json-file", str(out))  # fmt: skip
     assert code == 0
     s = json.loads(out.read_text())["settings"]
     assert s["conv_algorithms"] == {"xla": 3} and s["kernel_storage"] == "OIHW"
@@ -137,7 +138,7 @@ def test_the_report_counts_what_ran_after_a_refusal(tmp_path):
     # s2d takes stride-2 convs only: small_cnn's three stride-1 convs run XLA's conv.
     out = tmp_path / "s2d.json"
     code = _run("--model", "small_cnn", "--tiny", "--batch-size", "2", "--against", "numpy",
-                "--conv-algo", "s2d", "--json", str(out))  # fmt: skip
+                "--conv-algo", "s2d", "--json-file", str(out))  # fmt: skip
     assert code == 0
     s = json.loads(out.read_text())["settings"]
     assert s["conv_algo"] == "s2d" and s["conv_algorithms"] == {"xla": 3}

@@ -1,4 +1,4 @@
-"""`layoutlab data --spec ...` prints a summary or a clear error."""
+"""`layoutlab data --data ...` prints a summary or a clear error."""
 
 import argparse
 import json
@@ -14,19 +14,19 @@ def _run(argv):
 
 
 def test_summary_text_and_json(capsys):
-    assert _run(["--spec", "synthetic:6x6x3:4:50", "--seed", "1"]) == 0
+    assert _run(["--data", "synthetic:6x6x3:4:50", "--seed", "1"]) == 0
     text = capsys.readouterr().out
     assert "40 / 10 images" in text and "6x6x3" in text
-    assert _run(["--spec", "synthetic:6x6x3:4:50", "--json"]) == 0
+    assert _run(["--data", "synthetic:6x6x3:4:50", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["num_classes"] == 4 and len(summary["mean"]) == 3
     assert sum(summary["train_class_counts"]) == summary["train_size"] == 40
 
 
 def test_errors_exit_nonzero(capsys, tmp_path):
-    assert _run(["--spec", f"mnist:{tmp_path / 'missing'}"]) == 2
+    assert _run(["--data", f"mnist:{tmp_path / 'missing'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert _run(["--spec", "imagenet"]) == 2
+    assert _run(["--data", "imagenet"]) == 2
     assert "Valid forms" in capsys.readouterr().err
-    assert _run(["--spec", f"folder:{tmp_path}", "--image-size", "3"]) == 2
+    assert _run(["--data", f"folder:{tmp_path}", "--image-size", "3"]) == 2
     assert "HxW" in capsys.readouterr().err

@@ -84,7 +84,14 @@ def test_evaluate_reproduces_the_runs_test_metrics_exactly(run_dir):
 def test_evaluate_cli_prints_and_writes_json_and_png(run_dir, tmp_path, capsys):
     out_json = tmp_path / "eval.json"
     code, out, err = _cli(
-        capsys, "evaluate", "--workdir", run_dir, "--json", out_json, "--out", tmp_path / "plots"
+        capsys,
+        "evaluate",
+        "--workdir",
+        run_dir,
+        "--json-file",
+        out_json,
+        "--out",
+        tmp_path / "plots",
     )
     assert code == 0, err
     last = read_records(run_dir / "metrics.jsonl")[-1]
@@ -233,7 +240,7 @@ def test_export_round_trip_in_a_fresh_process(run_dir, tmp_path, capsys):
 def test_export_rejects_inputs_of_the_wrong_shape(run_dir, tmp_path, capsys):
     """What a caller of the artifact sees: jax.export's ValueError naming both shapes."""
     code, _, err = _cli(
-        capsys, "export", "--workdir", run_dir, "--out", tmp_path / "b4.jax", "--batch", "4"
+        capsys, "export", "--workdir", run_dir, "--out", tmp_path / "b4.jax", "--batch-size", "4"
     )
     assert code == 0, err
     fixed = jax.export.deserialize((tmp_path / "b4.jax").read_bytes())
@@ -339,7 +346,9 @@ def test_bad_predict_and_export_arguments(run_dir, tmp_path, capsys):
     _assert_error(_cli(capsys, "export", "--workdir", run_dir, "--out", missing), "does not exist")
     assert not (tmp_path / "missing").exists()
     out = tmp_path / "m.jax"
-    _assert_error(_cli(capsys, "export", "--workdir", run_dir, "--out", out, "--batch", "0"), "0")
+    _assert_error(
+        _cli(capsys, "export", "--workdir", run_dir, "--out", out, "--batch-size", "0"), "0"
+    )
     _assert_error(
         _cli(capsys, "export", "--workdir", run_dir, "--out", out, "--platforms", "gpu"), "gpu"
     )

@@ -136,7 +136,7 @@ def test_cli_conv_plan_file_and_bad_plans(tmp_path, capsys):
 def test_cli_flags_are_used_and_shown(tmp_path, capsys):
     path = tmp_path / "r.json"
     argv = [*SMALL_CLI, "--kernel-storage", "channels_last", "--conv-algo", "xla"]
-    code, out, err = run_cli([*argv, "--json", str(path)], capsys)
+    code, out, err = run_cli([*argv, "--json-file", str(path)], capsys)
     assert code == 0, err
     assert "conv algorithm xla; kernel storage channels_last" in out
     assert "(kernels HWIO)" in out

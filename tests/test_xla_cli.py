@@ -28,7 +28,7 @@ def test_compare_layouts_table_and_json(tmp_path, capsys):
     # transposes this checks.
     plain = ["--kernel-storage", "layout", "--conv-algo", "xla", "--no-cpu-fast",
              "--activation-storage", "layout"]  # fmt: skip
-    code, out, err = run_cli([*TINY, *plain, "--compare-layouts", "--json", str(path)], capsys)
+    code, out, err = run_cli([*TINY, *plain, "--compare-layouts", "--json-file", str(path)], capsys)
     assert code == 0, err
     header = out.splitlines()[1].split()
     assert header == ["NHWC", "NCHW"]

@@ -16,9 +16,11 @@ __all__ = [
     "CONV_TUNE_CHOICES",
     "MODES",
     "OneLineParser",
+    "STDOUT",
     "add_activation_storage",
     "add_conv_tune",
     "add_deprecated_flag",
+    "add_json",
     "deprecated",
     "parse_mode",
     "parse_model_args",
@@ -114,6 +116,41 @@ class _DeprecatedFlag(argparse.Action):
         if self.append:
             values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
+
+
+STDOUT = "-"
+
+
+class _JsonFlag(argparse.Action):
+    """``--json``: JSON on standard output. Where ``--json FILE`` used to write a file
+    (``legacy_file``), that form still does, with a warning naming ``--json-file FILE``."""
+
+    def __init__(self, option_strings, dest, *, legacy_file: bool = False, **kwargs):
+        super().__init__(option_strings, dest, nargs="?" if legacy_file else 0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values in (None, [], STDOUT):
+            values = STDOUT
+        else:
+            deprecated(f"--json {values}", f"--json-file {values}")
+        setattr(namespace, self.dest, values)
+
+
+def add_json(parser: argparse.ArgumentParser, what: str, *, file: bool = False) -> None:
+    """One meaning for ``--json`` in every command: print ``what`` as JSON on standard output
+    (``args.json == STDOUT``). ``file=True`` adds ``--json-file FILE``, which writes it to
+    FILE (``args.json`` is then the path)."""
+    parser.add_argument(
+        "--json",
+        action=_JsonFlag,
+        legacy_file=file,
+        default=None,
+        help=f"print {what} as JSON on standard output",
+    )
+    if file:
+        parser.add_argument(
+            "--json-file", dest="json", metavar="FILE", help=f"write {what} as JSON to FILE"
+        )
 
 
 def add_deprecated_flag(

@@ -10,7 +10,14 @@ import dataclasses
 import math
 import sys
 
-from layoutlab.arguments import MODES, add_activation_storage, parse_mode, parse_model_args
+from layoutlab.arguments import (
+    MODES,
+    STDOUT,
+    add_activation_storage,
+    add_json,
+    parse_mode,
+    parse_model_args,
+)
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, AUTO, KERNEL_STORAGES
 
 __all__ = ["register", "run"]
@@ -93,7 +100,7 @@ def register(subparsers) -> None:
         "use (layoutlab.xla.cpu_fast_options(mode); default on, --no-cpu-fast turns it off)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
-    parser.add_argument("--json", metavar="OUT.json", default=None, help="write the report")
+    add_json(parser, "the report, instead of the table,", file=True)
     parser.add_argument(
         "--rtol",
         type=float,
@@ -282,6 +289,9 @@ def run(args: argparse.Namespace) -> int:
     if args.torch_weights:
         settings["torch_weights"] = args.torch_weights
     report = dataclasses.replace(report, settings=settings)
+    if args.json == STDOUT:
+        print(report.to_json())
+        return 0 if report.passed else 1
     print(report)
     if args.json:
         try:

@@ -1,10 +1,12 @@
-"""``layoutlab data --spec SPEC``: load a data set and print what it holds."""
+"""``layoutlab data --data SPEC``: load a data set and print what it holds."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from layoutlab.arguments import add_deprecated_flag, add_json
 
 __all__ = ["register", "run"]
 
@@ -17,13 +19,16 @@ def register(subparsers) -> None:
         help="load a data set and print its sizes, shape, classes and mean/std",
         description="Load a data set and summarize it. Spec forms: " + "; ".join(SPEC_FORMS),
     )
-    parser.add_argument("--spec", default="digits", help="data set spec (default: digits)")
+    parser.add_argument(
+        "--data", default="digits", metavar="SPEC", help="data set spec (default: digits)"
+    )
+    add_deprecated_flag(parser, "--spec", "--data", dest="data")
     parser.add_argument("--seed", type=int, default=0, help="train/test split seed")
     parser.add_argument(
         "--test-fraction", type=float, default=0.2, help="test share for unsplit sources"
     )
     parser.add_argument("--image-size", default=None, help="HxW to resize folder images to")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_json(parser, "the summary")
     parser.set_defaults(func=run)
 
 
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         size = parse_image_shape(args.image_size, rank=2) if args.image_size else None
         dataset = get_dataset(
-            args.spec, seed=args.seed, test_fraction=args.test_fraction, image_size=size
+            args.data, seed=args.seed, test_fraction=args.test_fraction, image_size=size
         )
     except (DataError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

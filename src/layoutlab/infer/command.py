@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from layoutlab.arguments import STDOUT, add_deprecated_flag, add_json
+
 __all__ = ["register"]
 
 
@@ -56,7 +58,7 @@ def register(subparsers) -> None:
         "accuracy, and writes the confusion matrix as a PNG.",
     )
     p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    add_json(p, "the results, instead of text,", file=True)
     p.add_argument(
         "--out", metavar="DIR", help="where confusion_step<STEP>.png goes (default: --workdir)"
     )
@@ -72,7 +74,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="classes per image (5)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json(p, "the predictions, instead of text,")
 
     p = _parser(
         subparsers,
@@ -90,11 +92,14 @@ def register(subparsers) -> None:
         help="comma-separated platforms the artifact runs on (default cpu,cuda)",
     )
     p.add_argument(
-        "--batch",
+        "--batch-size",
+        dest="batch",
         default="symbolic",
         metavar="N|symbolic",
         help="a fixed batch size, or 'symbolic' (default): any batch size",
     )
+    # after --batch-size: argparse takes a dest's default from its first flag
+    add_deprecated_flag(p, "--batch", "--batch-size", dest="batch")
     p.add_argument(
         "--torch-state-dict",
         metavar="FILE.pth",
@@ -109,6 +114,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_confusion(result, out / f"confusion_step{result['step']}.png")
+    if args.json == STDOUT:
+        print(json.dumps(result, indent=1))
+        print(f"confusion matrix plot: {png}", file=sys.stderr)
+        return 0
     print(format_report(result))
     print(f"confusion matrix plot: {png}")
     if args.json:

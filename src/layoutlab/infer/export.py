@@ -49,7 +49,7 @@ def parse_batch(text: str | int) -> int | None:
     except ValueError:
         batch = 0
     if batch < 1:
-        raise ValueError(f"--batch {text!r} is neither a positive integer nor '{SYMBOLIC}'.")
+        raise ValueError(f"--batch-size {text!r} is neither a positive integer nor '{SYMBOLIC}'.")
     return batch
 
 

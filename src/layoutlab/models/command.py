@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from layoutlab.arguments import add_json
 from layoutlab.models.catalog import BUILTIN_MODELS
 
 
@@ -33,5 +34,5 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="list the registered models")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json(p, "the models, instead of a table,")
     p.set_defaults(func=_run)

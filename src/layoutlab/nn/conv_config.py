@@ -137,6 +137,10 @@ def model_conv_specs(model: nnx.Module, x) -> list[ConvSpec]:
     return list(unique.values())
 
 
+class ConvPlanMismatch(ValueError):
+    """A conv plan made for another model (it names convs this one does not have)."""
+
+
 def with_conv_plan(model: nnx.Module, plan: ConvPlan | Mapping | None) -> nnx.Module:
     """A copy of ``model`` whose convs carry ``plan``'s entries (``None``: no entries, so
     every ``"auto"`` conv runs ``xla``); ``model`` is not changed.
@@ -150,10 +154,10 @@ def with_conv_plan(model: nnx.Module, plan: ConvPlan | Mapping | None) -> nnx.Mo
     unknown = sorted(set(plan) - set(found))
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        raise ValueError(
+        raise ConvPlanMismatch(
             f"the conv plan names {len(unknown)} conv(s) {type(model).__name__} does not have "
             f"({shown}); it was made for another model: tune this one (`layoutlab autotune "
-            "convs`, `train --conv-algo auto`) or drop the plan."
+            "convs`, `train --conv-algo auto`) or drop the plan (`--set conv_plan=null`)."
         )
     copy = nnx.clone(model)
     for path, conv in convs(copy):

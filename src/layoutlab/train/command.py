@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="compile without layoutlab.xla.cpu_fast_options (on by default on CPU: convs on "
         "Eigen, dots, reductions and elementwise fusions on YNNPACK)",
     )
+    p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem (model_kwargs.stem)")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the model's tiny variant (fast; its kwargs under any model_kwargs given)",
+    )
     p.add_argument(
         "--model-arg",
         action="append",
@@ -232,6 +239,8 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
         overrides.append("remat=true")
     if args.cpu_fast is False:
         overrides.append("cpu_fast=false")
+    if args.stem is not None:
+        overrides.append(f"model_kwargs.stem={args.stem}")
     for item in args.model_arg:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
@@ -244,6 +253,11 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
             raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
         overrides.append(f"xla_options.{name}={value}")
     config = apply_overrides(config, overrides + list(args.set))
+    if args.tiny:
+        from layoutlab import models
+
+        tiny = models.spec(config.model).tiny
+        config = dataclasses.replace(config, model_kwargs={**tiny, **config.model_kwargs})
     if not args.workdir:
         from layoutlab.train.distributed import agree_on, wall_clock
 

@@ -34,7 +34,12 @@ from layoutlab.data import (
 )
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs, plan_coverage, with_conv_plan
+from layoutlab.nn.conv_config import (
+    ConvPlanMismatch,
+    configure_convs,
+    plan_coverage,
+    with_conv_plan,
+)
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import batch_spec, compile_train_step
 from layoutlab.train.config import TrainConfig, load_run_data, validate
@@ -97,6 +102,8 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
     try:
         model = nnx.eval_shape(lambda: build_model(config, dataset))
         nnx.eval_shape(lambda m, x: m(x), model, images)
+    except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
+        raise ValueError(f"conv_plan: {e}") from None
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(

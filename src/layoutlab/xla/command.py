@@ -15,8 +15,10 @@ import sys
 
 from layoutlab.arguments import (
     MODES,
+    STDOUT,
     add_activation_storage,
     add_deprecated_flag,
+    add_json,
     parse_mode,
     parse_model_args,
 )
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             for ins in items:
                 for path in ins.dump_hlo(args.dump_hlo):
                     print(f"wrote {path}", file=sys.stderr)
-        if args.json == "-":
+        if args.json == STDOUT:
             print(result.to_json())
             return 0
         print(result.summary())
@@ -215,7 +217,7 @@ def register(subparsers) -> None:
         action="store_true",
         help="also compile with Layout.AUTO inputs/outputs and show the layouts XLA chose",
     )
-    p.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': print it)")
+    add_json(p, "the report, instead of the summary,", file=True)
     p.add_argument("--dump-hlo", metavar="DIR", help="write pre- and post-optimization HLO")
     p.add_argument(
         "--compile-cache",

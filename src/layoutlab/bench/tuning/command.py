@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from layoutlab.arguments import MODES, deprecated, parse_mode
+from layoutlab.arguments import MODES, add_json, deprecated, parse_mode
 from layoutlab.bench.command import (
     _add_conv_args,
     _add_model_args,
@@ -138,7 +138,7 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
     a.add_argument("--cache-dir", help=argparse.SUPPRESS)  # deprecated: a dir for autotune.json
     a.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
-    a.add_argument("--json", action="store_true", help="print the full result as JSON")
+    add_json(a, "the full result")
     a.set_defaults(func=run_layout)
 
 
@@ -158,7 +158,7 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
     c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")
     c.add_argument("--out", metavar="PLAN.json", help="write the conv plan (JSON) here")
-    c.add_argument("--json", action="store_true", help="print the plan and every result as JSON")
+    add_json(c, "the plan and every result")
     c.set_defaults(func=func)
 
 

@@ -1,0 +1,97 @@
+"""One name per concept across every command's parser, and one meaning per name.
+
+The table says which flag spells each concept and which commands take it; the retired
+spellings may only survive hidden from ``--help`` (they warn, see test_cli_vocabulary).
+"""
+
+import argparse
+
+import pytest
+from test_cli_fast_start import _command_paths
+
+from layoutlab import cli
+from layoutlab.arguments import STDOUT
+
+# concept: (the flag, the commands that must take it)
+CONCEPTS = {
+    "registered model": ("--model", ["inspect", "compare", "bench", "autotune layout", "train"]),
+    "data set spec": ("--data", ["train", "evaluate", "data"]),
+    "batch size": ("--batch-size", ["train", "inspect", "compare", "export", "autotune convs"]),
+    "JSON on standard output": (
+        "--json",
+        ["models", "data", "evaluate", "predict", "inspect", "compare", "autotune convs"],
+    ),
+    "JSON written to a file": ("--json-file", ["evaluate", "inspect", "compare"]),
+    "ResNet stem": ("--stem", ["train", "inspect", "bench", "autotune layout", "autotune convs"]),
+    "the model's tiny variant": (
+        "--tiny",
+        ["train", "inspect", "compare", "bench", "autotune layout", "autotune convs"],
+    ),
+    "model keyword argument": ("--model-arg", ["train", "inspect", "compare", "bench"]),
+    "XLA compile option": ("--xla-option", ["train", "inspect", "bench", "autotune convs"]),
+    "forward only or a training step": ("--mode", ["inspect", "compare", "autotune convs"]),
+    "autotune cache file": ("--cache", ["autotune layout", "autotune convs"]),
+}
+# Old spellings of a concept above: hidden if present at all.
+RETIRED = {"--spec": "--data", "--batch": "--batch-size", "--objective": "--mode"}
+
+
+def _parsers():
+    parser = cli.build_parser()
+    out = {}
+    for path in sorted(set(_command_paths(parser))):
+        sub = parser
+        for name in path:
+            action = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction))
+            sub = action.choices[name]
+        out[" ".join(path)] = sub
+    return out
+
+
+PARSERS = _parsers()
+
+
+def _options(parser, visible=True):
+    return {
+        s: a
+        for a in parser._actions
+        for s in a.option_strings
+        if not visible or a.help != argparse.SUPPRESS
+    }
+
+
+@pytest.mark.parametrize("concept", CONCEPTS)
+def test_each_concept_has_one_flag_in_every_command(concept):
+    flag, commands = CONCEPTS[concept]
+    for command in commands:
+        assert flag in _options(PARSERS[command]), (concept, command)
+
+
+def test_retired_spellings_are_hidden_everywhere():
+    for command, parser in PARSERS.items():
+        for old in RETIRED:
+            assert old not in _options(parser), (command, old)
+
+
+def test_json_means_standard_output_everywhere():
+    for command, parser in PARSERS.items():
+        options = _options(parser)
+        if "--json" in options:
+            action = options["--json"]
+            assert action.nargs in (0, "?"), command  # never needs a value
+            # What argparse does with a bare --json (the commands' required flags aside)
+            args = argparse.Namespace()
+            action(parser, args, [] if action.nargs == 0 else None, "--json")
+            assert args.json == STDOUT, command
+        if "--json-file" in options:
+            action = options["--json-file"]
+            assert action.dest == "json" and action.nargs is None, command
+
+
+def test_retired_spellings_still_parse_with_a_warning(capsys):
+    data = PARSERS["data"].parse_args(["--spec", "digits"])
+    export = PARSERS["export"].parse_args(["--workdir", "w", "--out", "m", "--batch", "4"])
+    inspect = PARSERS["inspect"].parse_args(["--model", "small_cnn", "--json", "r.json"])
+    assert (data.data, export.batch, inspect.json) == ("digits", "4", "r.json")
+    warnings = capsys.readouterr().err.splitlines()
+    assert len(warnings) == 3 and all(w.startswith("warning: ") for w in warnings), warnings
