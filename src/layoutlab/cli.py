@@ -57,19 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
 def _autotune_train(args: argparse.Namespace) -> None:
     """``train --autotune``: bench/ sits above train/ in the import map, so it is joined here."""
     from layoutlab.bench.tuning import autotune_config
+    from layoutlab.train.agreement import decided_by_process_0
     from layoutlab.train.command import build_config
     from layoutlab.train.config import load_run_data
+    from layoutlab.train.distributed import main_process
 
-    config, _ = build_config(args)
-    dataset = load_run_data(config)
-    args.layout, args.precision = autotune_config(
-        config.model,
-        config.batch_size,
-        dataset.image_shape,
-        model_kwargs=dict(config.model_kwargs),
-        num_classes=dataset.num_classes,
-    )
-    print(f"autotune chose layout {args.layout}, precision {args.precision}")
+    config, _ = build_config(args)  # on every process: it may agree on the workdir's name
+
+    def decide():  # measured once, by process 0 of a multi-process run
+        dataset = load_run_data(config)
+        return autotune_config(
+            config.model,
+            config.batch_size,
+            dataset.image_shape,
+            model_kwargs=dict(config.model_kwargs),
+            num_classes=dataset.num_classes,
+        )
+
+    args.layout, args.precision = decided_by_process_0("autotune", decide)
+    if main_process():
+        print(f"autotune chose layout {args.layout}, precision {args.precision}")
 
 
 # Conv autotuning before training measures each candidate this many interleaved rounds: a
@@ -225,8 +232,16 @@ def main(argv: list[str] | None = None) -> int:
             args.conv_planner = _conv_planner(args)
         except (ValueError, FileNotFoundError) as e:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
+            return _stopped(e)
     return int(args.func(args) or 0)
+
+
+def _stopped(error: Exception) -> int:
+    """Exit code 2, after telling the other processes of a distributed run why."""
+    from layoutlab.train.agreement import report_failure
+
+    report_failure(str(error))
+    return 2
 
 
 if __name__ == "__main__":

@@ -270,6 +270,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        from layoutlab.train.agreement import report_failure
+
+        report_failure(str(e))  # the other processes of a distributed run stop with it
         return 2
     except KeyboardInterrupt:
         print("interrupted; continue with --resume", file=sys.stderr)

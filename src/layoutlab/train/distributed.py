@@ -8,11 +8,19 @@ stack trace, so a watchdog thread turns "nobody answered within ``timeout_s``" i
 ``error:`` line and exit code 2 first. After joining, every process checks that it joined
 the run it asked for (a ``--num-processes`` that differs between processes is not an error
 to JAX: the coordinator's count wins).
+
+Later, the coordination service ends every process with a C++ stack trace when it loses
+one (a process killed, a failed shutdown barrier); the client is given a callback that
+says so in one ``error:`` line and exits with code 2 instead. A second ``--process-id 0``
+on the coordinator's host finds its port taken and stops before joining.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import socket
 import sys
 import threading
 import time
@@ -22,12 +30,15 @@ __all__ = [
     "agree_on",
     "barrier",
     "initialize_distributed",
+    "join_timeout",
     "main_process",
     "wall_clock",
 ]
 
 # JAX's own timeout is set past the watchdog's, so the one-line error comes first.
 _JAX_TIMEOUT_MARGIN_S = 30
+# The join timeout of this process's run: how long the checks across processes wait.
+_join_timeout_s = [120.0]
 
 
 class DistributedError(ValueError):
@@ -73,6 +84,74 @@ def _watchdog(timeout_s: float, what: str) -> threading.Event:
     return done
 
 
+def join_timeout() -> float:
+    """Seconds the processes wait for each other (``initialize_distributed``'s timeout)."""
+    return _join_timeout_s[0]
+
+
+def _check_port_free(coordinator: str) -> None:
+    """Process 0 serves the coordinator on its port (on every interface, as JAX binds it);
+    gRPC shares a port with another gRPC server, so a second process 0 would join the wrong
+    service instead of failing. A plain bind finds the port taken first."""
+    port = int(coordinator.rpartition(":")[2])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, port))
+            return
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise DistributedError(
+                    f"port {port} of --coordinator {coordinator} is taken on this host, but "
+                    "process 0 serves the coordinator there: another process was started "
+                    "with --process-id 0 (give each process its own id, 0..N-1), or another "
+                    "program holds the port (choose a free one)."
+                ) from None
+            # no IPv6 here: try IPv4
+
+
+def _lost_process(*status) -> None:
+    """The coordination client's callback when the service reports a failed process (JAX's
+    default logs a fatal error with a C++ stack trace)."""
+    detail = " ".join(str(status[0] if status else "").split())
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
+    print(
+        "error: the distributed run lost a process (killed, crashed or stopped early; its "
+        f"own output names the cause), so this process stops too: {detail}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(2)
+
+
+@contextlib.contextmanager
+def _one_line_on_failure():
+    """While JAX creates its coordination client: give it ``_lost_process`` as the callback,
+    where this jaxlib's client takes one (else JAX's default stays)."""
+    try:
+        from jax._src.lib import _jax
+
+        make = _jax.get_distributed_runtime_client
+    except (ImportError, AttributeError):
+        yield
+        return
+    if "missed_heartbeat_callback" not in (make.__doc__ or ""):
+        yield
+        return
+
+    def with_callback(*args, **kwargs):
+        kwargs.setdefault("missed_heartbeat_callback", _lost_process)
+        return make(*args, **kwargs)
+
+    _jax.get_distributed_runtime_client = with_callback
+    try:
+        yield
+    finally:
+        _jax.get_distributed_runtime_client = make
+
+
 def initialize_distributed(
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -105,6 +184,9 @@ def initialize_distributed(
             )
     if timeout_s <= 0:
         raise DistributedError(f"The distributed timeout must be > 0 s, got {timeout_s}.")
+    if coordinator is not None and process_id == 0:
+        _check_port_free(coordinator)
+    _join_timeout_s[0] = float(timeout_s)
     # XLA:CPU's cross-process collectives (GPUs use NCCL whatever this says).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or "the detected coordinator"
@@ -116,12 +198,13 @@ def initialize_distributed(
         "coordinator) and check that the address is reachable.",
     )
     try:
-        jax.distributed.initialize(
-            coordinator_address=coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
-        )
+        with _one_line_on_failure():
+            jax.distributed.initialize(
+                coordinator_address=coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+            )
     except ValueError as e:  # JAX found no cluster to detect
         done.set()
         raise DistributedError(
