@@ -231,17 +231,10 @@ def main(argv: list[str] | None = None) -> int:
                 _autotune_train(args)  # layout and precision first: the conv shapes follow
             args.conv_planner = _conv_planner(args)
         except (ValueError, FileNotFoundError) as e:
-            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-            return _stopped(e)
+            from layoutlab.train.liveness import stop_with
+
+            return stop_with(str(e))  # the other processes of a distributed run stop too
     return int(args.func(args) or 0)
-
-
-def _stopped(error: Exception) -> int:
-    """Exit code 2, after telling the other processes of a distributed run why."""
-    from layoutlab.train.agreement import report_failure
-
-    report_failure(str(error))
-    return 2
 
 
 if __name__ == "__main__":

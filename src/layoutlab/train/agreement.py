@@ -13,7 +13,8 @@ same one-line error naming the fields that differ and each process's value, or g
 Choices one process makes for all (the conv plan: a tuning measures, the shipped table
 depends on the CPU) are made once, by process 0, and published (``decided_by_process_0``);
 the others wait for them while process 0 keeps saying it is alive. A process that fails
-publishes its error (``report_failure``), so the others stop with it instead of waiting.
+records its error (``liveness.report_failure``), so the others stop with it instead of
+waiting.
 """
 
 from __future__ import annotations
@@ -26,16 +27,11 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = [
-    "agree_on_run",
-    "decided_by_process_0",
-    "describe_differences",
-    "report_failure",
-    "run_fingerprint",
-]
+from layoutlab.train.liveness import FAILED, report_failure
+
+__all__ = ["agree_on_run", "decided_by_process_0", "describe_differences", "run_fingerprint"]
 
 _PREFIX = "layoutlab/"
-_FAILED = _PREFIX + "failed"
 # How often a waiting process looks for another process's failure, and how often process 0
 # says it is still deciding; both far below any sensible join timeout.
 _POLL_S = 0.5
@@ -81,23 +77,9 @@ def _missing(error: Exception) -> bool:
     return "DEADLINE_EXCEEDED" in text or "NOT_FOUND" in text
 
 
-def report_failure(message: str) -> None:
-    """Tells the other processes of a multi-process run that this one stopped, and why (the
-    first report wins); nothing in a single process or when the store is gone."""
-    import jax
-
-    try:
-        if jax.process_count() == 1:
-            return
-        text = f"process {jax.process_index()} stopped: {_one_line(message)}"
-        _client().key_value_set(_FAILED, text)
-    except Exception:  # already reported by another process, or no store left to tell
-        pass
-
-
 def _failure(client) -> str | None:
     try:
-        return str(client.key_value_try_get(_FAILED))
+        return str(client.key_value_try_get(FAILED))
     except Exception:
         return None
 
@@ -222,7 +204,7 @@ def describe_differences(prints: list[dict[str, str]]) -> str | None:
     state's leaves count as one field, shown by its first differing leaf."""
     reference, differing = prints[0], {}
     for k, other in enumerate(prints[1:], start=1):
-        for name in sorted(set(reference) | set(other)):
+        for name in [*reference, *(n for n in other if n not in reference)]:
             if reference.get(name) != other.get(name):
                 differing.setdefault(name, []).append(k)
     if not differing:

@@ -9,15 +9,14 @@ stack trace, so a watchdog thread turns "nobody answered within ``timeout_s``" i
 the run it asked for (a ``--num-processes`` that differs between processes is not an error
 to JAX: the coordinator's count wins).
 
-Later, the coordination service ends every process with a C++ stack trace when it loses
-one (a process killed, a failed shutdown barrier); the client is given a callback that
-says so in one ``error:`` line and exits with code 2 instead. A second ``--process-id 0``
-on the coordinator's host finds its port taken and stops before joining.
+Once joined, ``train.liveness``'s watchdog turns a lost process into one line on every
+process before JAX's heartbeat timeout (set past it) ends them with a C++ stack trace. A
+second ``--process-id 0`` on the coordinator's host finds its port taken and stops before
+joining.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import socket
@@ -111,47 +110,6 @@ def _check_port_free(coordinator: str) -> None:
             # no IPv6 here: try IPv4
 
 
-def _lost_process(*status) -> None:
-    """The coordination client's callback when the service reports a failed process (JAX's
-    default logs a fatal error with a C++ stack trace)."""
-    detail = " ".join(str(status[0] if status else "").split())
-    if len(detail) > 300:
-        detail = detail[:297] + "..."
-    print(
-        "error: the distributed run lost a process (killed, crashed or stopped early; its "
-        f"own output names the cause), so this process stops too: {detail}",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(2)
-
-
-@contextlib.contextmanager
-def _one_line_on_failure():
-    """While JAX creates its coordination client: give it ``_lost_process`` as the callback,
-    where this jaxlib's client takes one (else JAX's default stays)."""
-    try:
-        from jax._src.lib import _jax
-
-        make = _jax.get_distributed_runtime_client
-    except (ImportError, AttributeError):
-        yield
-        return
-    if "missed_heartbeat_callback" not in (make.__doc__ or ""):
-        yield
-        return
-
-    def with_callback(*args, **kwargs):
-        kwargs.setdefault("missed_heartbeat_callback", _lost_process)
-        return make(*args, **kwargs)
-
-    _jax.get_distributed_runtime_client = with_callback
-    try:
-        yield
-    finally:
-        _jax.get_distributed_runtime_client = make
-
-
 def initialize_distributed(
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -194,17 +152,17 @@ def initialize_distributed(
         timeout_s,
         f"could not join the distributed run within {timeout_s:g} s: {where} did not "
         f"answer, or not all {num_processes or 'expected'} processes joined; start every "
-        "process with the same --coordinator and --num-processes (process 0 runs the "
-        "coordinator) and check that the address is reachable.",
+        "process with the same --coordinator and --num-processes and its own --process-id "
+        "(process 0 runs the coordinator) and check that the address is reachable.",
     )
     try:
-        with _one_line_on_failure():
-            jax.distributed.initialize(
-                coordinator_address=coordinator,
-                num_processes=num_processes,
-                process_id=process_id,
-                initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
-            )
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+            heartbeat_timeout_seconds=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+        )
     except ValueError as e:  # JAX found no cluster to detect
         done.set()
         raise DistributedError(
@@ -216,6 +174,9 @@ def initialize_distributed(
         done.set()
         raise DistributedError(f"jax.distributed.initialize failed: {e}") from None
     done.set()
+    from layoutlab.train.liveness import start_watchdog
+
+    start_watchdog(timeout_s)
     index, count = jax.process_index(), jax.process_count()
     if num_processes is not None:
         _check_count(num_processes, count)

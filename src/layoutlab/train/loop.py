@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import sys
 import time
@@ -281,7 +282,10 @@ def _planned(config, dataset, schedule, shard, conv_planner) -> TrainConfig:
                 return plan.to_dict()
         return with_default_plan(config, model, images).conv_plan
 
-    return dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
+    planned = dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
+    # What every process compiles, checked like the rest of the run.
+    agree_on_run(lambda: {"conv_plan": json.dumps(planned.conv_plan, sort_keys=True)})
+    return planned
 
 
 def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) -> dict:
