@@ -114,3 +114,25 @@ def test_fingerprint_compares_resolved_values():
     assert line.startswith("model_kwargs: {\"width\": 4} on process 0, {\"width\": 8} on "
                            "process 2; model state ("), line  # fmt: skip
     assert "process 1" not in line and "\n" not in line
+
+
+def test_supervisor_holds_back_a_fatal_trace_and_names_its_reason():
+    import io
+    import os
+
+    from layoutlab.train.supervise import _fatal_message, _pass_through
+
+    read, write = os.pipe()
+    os.write(write, b"W1125 06:00:00.000001 1 a.cc:1] a warning\nprogress 50%\rprogress 90%\r"
+                    b"F1125 06:46:42.051416   28951 client.h:80] Terminating process. "
+                    b"absl::Status: UNAVAILABLE: Failed to send RPC\n*** Check failure stack "
+                    b"trace: ***\n    @ 0x7f36b8240634 absl::LogMessage\n")  # fmt: skip
+    os.close(write)
+    out = io.BytesIO()
+    with os.fdopen(read, "rb") as stream:
+        held = _pass_through(stream, out)
+    # Everything before the fatal line passes as it came; the trace is held back.
+    assert (
+        out.getvalue() == b"W1125 06:00:00.000001 1 a.cc:1] a warning\nprogress 50%\rprogress 90%\r"
+    )
+    assert _fatal_message(held) == "UNAVAILABLE: Failed to send RPC"

@@ -204,10 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     from layoutlab.bench.tuning.command import legacy_argv
 
     parser = build_parser()
-    args = parser.parse_args(legacy_argv(list(sys.argv[1:] if argv is None else argv)))
+    argv = legacy_argv(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command == "train" and args.distributed:
+        from layoutlab.train.supervise import supervise, supervised
+
+        if not supervised():  # JAX's aborts become one line (see train.supervise)
+            return supervise(argv)
     keep = getattr(args, "keep_host_memory", False)
     if keep is None:  # the default: on, unless the batches are known to be small
         try:
