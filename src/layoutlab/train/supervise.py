@@ -109,7 +109,8 @@ def supervise(argv: list[str]) -> int:
         sys.stderr.buffer.write(held)
         sys.stderr.flush()
     if code < 0:  # die of the child's signal, so the caller sees what happened
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be handled anyway
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
