@@ -19,13 +19,15 @@ waiting.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import platform
 import threading
 import time
+import zlib
 from collections.abc import Callable
+
+import numpy as np
 
 from layoutlab.train.liveness import FAILED, report_failure
 
@@ -128,12 +130,15 @@ def _versions() -> dict[str, str]:
 
 
 def _data_digest(dataset) -> str:
-    """A digest of the images and labels themselves: the same spec can name other files."""
-    digest = hashlib.blake2b(digest_size=8)
+    """A CRC-32 of the images and labels themselves (the same spec can name other files):
+    it catches a differing copy, not an attack, at about five times blake2b's speed (CIFAR's
+    737 MB of float32 in about a second)."""
+    crc = 0
     for array in (*dataset.split("train"), *dataset.split("test")):
-        digest.update(str((array.shape, array.dtype.str)).encode())
-        digest.update(memoryview(array).cast("B") if array.flags.c_contiguous else array.tobytes())
-    return digest.hexdigest()
+        crc = zlib.crc32(str((array.shape, array.dtype.str)).encode(), crc)
+        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
+        crc = zlib.crc32(memoryview(data).cast("B"), crc)
+    return f"{crc:08x}"
 
 
 def _key_name(entry) -> str:
