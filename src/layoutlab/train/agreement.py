@@ -297,11 +297,11 @@ def decided_by_process_0(name: str, decide: Callable[[], object]):
 
     threading.Thread(target=beat, daemon=True, name=f"layoutlab-{name}-beat").start()
     try:
-        value = decide()
-        client.key_value_set(f"{base}/value", json.dumps(value))
+        text = json.dumps(decide())
+        client.key_value_set(f"{base}/value", text)
     except Exception as e:
         report_failure(str(e))
         raise
     finally:
         done.set()
-    return value
+    return json.loads(text)  # what the others get, to the type (tuples come back as lists)
