@@ -72,19 +72,26 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 def _autotune_train(args: argparse.Namespace) -> None:
     """``train --autotune``: bench/ sits above train/ in the import map, so it is joined here."""
     from layoutlab.bench.tuning import autotune_config
+    from layoutlab.train.agreement import decided_by_process_0
     from layoutlab.train.command import build_config
     from layoutlab.train.config import load_run_data
+    from layoutlab.train.distributed import main_process
 
-    config, _ = build_config(args)
-    dataset = load_run_data(config)
-    args.layout, args.precision = autotune_config(
-        config.model,
-        config.batch_size,
-        dataset.image_shape,
-        model_kwargs=dict(config.model_kwargs),
-        num_classes=dataset.num_classes,
-    )
-    print(f"autotune chose layout {args.layout}, precision {args.precision}")
+    config, _ = build_config(args)  # on every process: it may agree on the workdir's name
+
+    def decide():  # measured once, by process 0 of a multi-process run
+        dataset = load_run_data(config)
+        return autotune_config(
+            config.model,
+            config.batch_size,
+            dataset.image_shape,
+            model_kwargs=dict(config.model_kwargs),
+            num_classes=dataset.num_classes,
+        )
+
+    args.layout, args.precision = decided_by_process_0("autotune", decide)
+    if main_process():
+        print(f"autotune chose layout {args.layout}, precision {args.precision}")
 
 
 # Conv autotuning before training measures each candidate this many interleaved rounds: a
@@ -212,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     from layoutlab.bench.tuning.command import legacy_argv
 
     parser = build_parser()
-    args, unknown = parser.parse_known_args(
-        legacy_argv(list(sys.argv[1:] if argv is None else argv))
-    )
+    argv = legacy_argv(list(sys.argv[1:] if argv is None else argv))
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         getattr(args, "command_parser", parser).error(
             f"unrecognized arguments: {' '.join(unknown)}"
@@ -222,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command == "train" and args.distributed:
+        from layoutlab.train.supervise import supervise, supervised
+
+        if not supervised():  # JAX's aborts become one line (see train.supervise)
+            return supervise(argv)
     keep = getattr(args, "keep_host_memory", False)
     if keep is None:  # the default: on, unless the batches are known to be small
         try:
@@ -245,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                 _autotune_train(args)  # layout and precision first: the conv shapes follow
             args.conv_planner = _conv_planner(args)
         except (ValueError, FileNotFoundError) as e:
-            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
+            from layoutlab.train.liveness import stop_with
+
+            return stop_with(str(e))  # the other processes of a distributed run stop too
     return int(args.func(args) or 0)
 
 

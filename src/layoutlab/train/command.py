@@ -17,6 +17,7 @@ from layoutlab.nn.conv_names import (
 )
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
+from layoutlab.train.liveness import stop_with
 
 __all__ = ["register", "run", "main"]
 
@@ -283,8 +284,17 @@ def run(args: argparse.Namespace) -> int:
             config, workdir, resume=args.resume, quiet=quiet, conv_planner=planner
         )
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return stop_with(str(e))  # the other processes of a distributed run stop with it
+    except RuntimeError as e:  # a collective across processes failed (another one stopped?)
+        import jax
+
+        if jax.process_count() == 1:
+            raise
+        return stop_with(
+            f"a computation across the processes failed ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}); the first error of the other processes "
+            "names the cause."
+        )
     except KeyboardInterrupt:
         print("interrupted; continue with --resume", file=sys.stderr)
         return 130

@@ -8,11 +8,18 @@ stack trace, so a watchdog thread turns "nobody answered within ``timeout_s``" i
 ``error:`` line and exit code 2 first. After joining, every process checks that it joined
 the run it asked for (a ``--num-processes`` that differs between processes is not an error
 to JAX: the coordinator's count wins).
+
+Once joined, ``train.liveness``'s watchdog turns a lost process into one line on every
+process before JAX's heartbeat timeout (set past it) ends them with a C++ stack trace. A
+second ``--process-id 0`` on the coordinator's host finds its port taken and stops before
+joining.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import sys
 import threading
 import time
@@ -22,12 +29,15 @@ __all__ = [
     "agree_on",
     "barrier",
     "initialize_distributed",
+    "join_timeout",
     "main_process",
     "wall_clock",
 ]
 
 # JAX's own timeout is set past the watchdog's, so the one-line error comes first.
 _JAX_TIMEOUT_MARGIN_S = 30
+# The join timeout of this process's run: how long the checks across processes wait.
+_join_timeout_s = [120.0]
 
 
 class DistributedError(ValueError):
@@ -73,6 +83,33 @@ def _watchdog(timeout_s: float, what: str) -> threading.Event:
     return done
 
 
+def join_timeout() -> float:
+    """Seconds the processes wait for each other (``initialize_distributed``'s timeout)."""
+    return _join_timeout_s[0]
+
+
+def _check_port_free(coordinator: str) -> None:
+    """Process 0 serves the coordinator on its port (on every interface, as JAX binds it);
+    gRPC shares a port with another gRPC server, so a second process 0 would join the wrong
+    service instead of failing. A plain bind finds the port taken first."""
+    port = int(coordinator.rpartition(":")[2])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((host, port))
+            return
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise DistributedError(
+                    f"port {port} of --coordinator {coordinator} is taken on this host, but "
+                    "process 0 serves the coordinator there: another process was started "
+                    "with --process-id 0 (give each process its own id, 0..N-1), or another "
+                    "program holds the port (choose a free one)."
+                ) from None
+            # no IPv6 here: try IPv4
+
+
 def initialize_distributed(
     coordinator: str | None = None,
     num_processes: int | None = None,
@@ -105,6 +142,9 @@ def initialize_distributed(
             )
     if timeout_s <= 0:
         raise DistributedError(f"The distributed timeout must be > 0 s, got {timeout_s}.")
+    if coordinator is not None and process_id == 0:
+        _check_port_free(coordinator)
+    _join_timeout_s[0] = float(timeout_s)
     # XLA:CPU's cross-process collectives (GPUs use NCCL whatever this says).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     where = coordinator or "the detected coordinator"
@@ -112,8 +152,8 @@ def initialize_distributed(
         timeout_s,
         f"could not join the distributed run within {timeout_s:g} s: {where} did not "
         f"answer, or not all {num_processes or 'expected'} processes joined; start every "
-        "process with the same --coordinator and --num-processes (process 0 runs the "
-        "coordinator) and check that the address is reachable.",
+        "process with the same --coordinator and --num-processes and its own --process-id "
+        "(process 0 runs the coordinator) and check that the address is reachable.",
     )
     try:
         jax.distributed.initialize(
@@ -121,6 +161,7 @@ def initialize_distributed(
             num_processes=num_processes,
             process_id=process_id,
             initialization_timeout=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
+            heartbeat_timeout_seconds=int(timeout_s) + _JAX_TIMEOUT_MARGIN_S,
         )
     except ValueError as e:  # JAX found no cluster to detect
         done.set()
@@ -133,6 +174,9 @@ def initialize_distributed(
         done.set()
         raise DistributedError(f"jax.distributed.initialize failed: {e}") from None
     done.set()
+    from layoutlab.train.liveness import start_watchdog
+
+    start_watchdog(timeout_s)
     index, count = jax.process_index(), jax.process_count()
     if num_processes is not None:
         _check_count(num_processes, count)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import sys
 import time
@@ -40,6 +41,7 @@ from layoutlab.nn.conv_config import (
     plan_coverage,
     with_conv_plan,
 )
+from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import batch_spec, compile_train_step
 from layoutlab.train.config import TrainConfig, load_run_data, validate
@@ -233,6 +235,8 @@ def train_and_evaluate(
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
             if resume:
                 config = check_resume(config, workdir, workdir / CHECKPOINT_DIR)
+            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, _abstract_model(
+                config, dataset)))  # fmt: skip
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
                 return _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner)
@@ -264,18 +268,31 @@ class _Run:
     step_log: StepLog
 
 
+def _abstract_model(config, dataset) -> nnx.Module:
+    return nnx.eval_shape(lambda: build_model(config, dataset))
+
+
 def _planned(config, dataset, schedule, shard, conv_planner) -> TrainConfig:
-    """``config`` with a conv plan, when it runs ``"auto"`` convs without one."""
+    """``config`` with a conv plan, when it runs ``"auto"`` convs without one: decided by
+    process 0 of a multi-process run alone (a tuning measures, the table depends on the
+    CPU) and taken by the others."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
-    model = nnx.eval_shape(lambda: build_model(config, dataset))
-    images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
-    if conv_planner is not None:
-        steps = schedule.total_steps * schedule.accum_steps
-        plan = conv_planner(model, images, steps, compile_options(config, "train"))
-        if plan is not None:
-            return dataclasses.replace(config, conv_plan=plan.to_dict())
-    return with_default_plan(config, model, images)
+
+    def decide() -> dict:
+        model = _abstract_model(config, dataset)
+        images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
+        if conv_planner is not None:
+            steps = schedule.total_steps * schedule.accum_steps
+            plan = conv_planner(model, images, steps, compile_options(config, "train"))
+            if plan is not None:
+                return plan.to_dict()
+        return with_default_plan(config, model, images).conv_plan
+
+    planned = dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
+    # What every process compiles, checked like the rest of the run.
+    agree_on_run(lambda: {"conv_plan": json.dumps(planned.conv_plan, sort_keys=True)})
+    return planned
 
 
 def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) -> dict:

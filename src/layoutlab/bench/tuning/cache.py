@@ -55,9 +55,11 @@ def versions() -> dict[str, str | None]:
 
 
 def device_for(backend: str | None):
-    """The first device of ``backend`` (None: JAX's default), or a ``ValueError``."""
+    """This process's first device of ``backend`` (None: JAX's default), or a ``ValueError``.
+    Local, since a tuning fetches what it runs: in a multi-process run ``jax.devices()[0]``
+    may belong to another process."""
     try:
-        return jax.devices(backend)[0]
+        return jax.local_devices(backend=backend)[0]
     except RuntimeError as err:
         raise ValueError(f"No {backend!r} device: {err}") from None
 

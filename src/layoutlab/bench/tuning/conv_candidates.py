@@ -67,7 +67,7 @@ def _compiled_fns(
 def candidate_fns(
     spec: ConvSpec, name: str, device=None, compiler_options: dict | None = None
 ) -> tuple[Callable, Callable]:
-    device = device if device is not None else jax.devices()[0]
+    device = device if device is not None else jax.local_devices()[0]
     return _compiled_fns(spec, ca.get_algorithm(name), device, options_key(compiler_options))
 
 

@@ -1,0 +1,149 @@
+"""The processes of a multi-process run watch each other, and stop together with one line.
+
+JAX's coordination service ends every process with a C++ stack trace when it loses one (a
+process killed, crashed, or gone from the shutdown barrier), after its heartbeat timeout;
+its client's callback cannot be replaced from Python. So once joined, each process runs a
+watchdog thread that says "alive" in the service's key-value store every second and
+watches: process 0 watches every process, the others process 0 (whose process serves the
+store) and the run's failure record. A process silent for the join timeout, a failure
+another process recorded (``report_failure``), or a store that stops answering ends the
+process with one ``error:`` line and exit code 2, before JAX's heartbeat timeout, which
+``initialize_distributed`` sets past the watchdog's. A process that printed its own error
+(``stop_with``) exits quietly when the watchdog fires.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+__all__ = ["report_failure", "start_watchdog", "stop_with"]
+
+_PREFIX = "layoutlab/"
+FAILED = _PREFIX + "failed"
+_ALIVE = _PREFIX + "alive/"
+_DONE = "done"
+_BEAT_S = 1.0
+# How long the watchdog leaves the main thread to report a failure it will notice itself
+# (a wait that polls the failure record), so that the process prints one line, not two.
+_GRACE_S = 3.0
+
+_printed = threading.Event()  # this process printed its error line
+_lock = threading.Lock()
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+def _client():
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def _print_once(message: str) -> bool:
+    with _lock:
+        if _printed.is_set():
+            return False
+        _printed.set()
+    print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+    return True
+
+
+def report_failure(message: str) -> None:
+    """Records in the run's store that this process stopped, and why (the first record
+    wins), for the other processes; nothing in a single process or without a store."""
+    import jax
+
+    try:
+        if jax.process_count() == 1 or (client := _client()) is None:
+            return
+        client.key_value_set(FAILED, f"process {jax.process_index()} stopped: {_one_line(message)}")
+    except Exception:  # another process recorded first, or the store is gone
+        pass
+
+
+def stop_with(message: str) -> int:
+    """Prints ``error: message`` (once per process) and records the failure for the other
+    processes of a distributed run; returns the exit code, 2."""
+    _print_once(message)
+    report_failure(message)
+    return 2
+
+
+def _exit(message: str) -> None:
+    _print_once(message)  # quiet when this process printed its error already
+    os._exit(2)
+
+
+def _try_get(client, key: str) -> str | None:
+    try:
+        return str(client.key_value_try_get(key))
+    except Exception as e:
+        if "NOT_FOUND" in str(e):
+            return None
+        raise
+
+
+def _watch(client, me: int, count: int, timeout_s: float) -> None:
+    peers = range(1, count) if me == 0 else [0]
+    now = time.monotonic()
+    seen = {p: (None, now) for p in peers}
+    beats, failing_since, store_ok = 0, None, now
+    while True:
+        time.sleep(_BEAT_S)
+        now = time.monotonic()
+        try:
+            beats += 1
+            client.key_value_set(f"{_ALIVE}{me}", str(beats), allow_overwrite=True)
+            failed = _try_get(client, FAILED)
+            for p in peers:
+                value, since = seen[p]
+                beat = _try_get(client, f"{_ALIVE}{p}")
+                if beat != value:
+                    seen[p] = (beat, now)
+                elif beat != _DONE and now - since > timeout_s:
+                    report_failure(
+                        f"process {p} stopped answering for {timeout_s:g} s (killed, crashed "
+                        "or hung; its own output names the cause)"
+                    )
+                    failed = failed or _try_get(client, FAILED)
+            store_ok = now
+        except Exception as e:  # the store is gone: process 0 stopped
+            if now - store_ok > timeout_s:
+                _exit(
+                    f"lost the distributed run's coordinator (process 0) for {timeout_s:g} s "
+                    f"({_one_line(e)[:200]}); process 0's output names the cause."
+                )
+            continue
+        if failed is None:
+            failing_since = None
+        elif failing_since is None:
+            failing_since = now
+        elif now - failing_since > _GRACE_S:
+            _exit(f"the distributed run stopped: {failed}")
+
+
+def _done(client, me: int) -> None:
+    """At a normal exit: the others must not mistake a finished process for a dead one."""
+    try:
+        client.key_value_set(f"{_ALIVE}{me}", _DONE, allow_overwrite=True)
+    except Exception:
+        pass
+
+
+def start_watchdog(timeout_s: float) -> None:
+    """Starts this process's watchdog (see the module doc); nothing in a single process."""
+    import jax
+
+    client = _client()
+    if jax.process_count() == 1 or client is None:
+        return
+    me = jax.process_index()
+    atexit.register(_done, client, me)  # runs before JAX's own exit handler (registered first)
+    args = (client, me, jax.process_count(), timeout_s)
+    threading.Thread(target=_watch, args=args, daemon=True, name="layoutlab-liveness").start()
