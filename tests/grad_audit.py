@@ -41,9 +41,19 @@ class Audit(NamedTuple):
     pinned_dparams: float | None
 
 
-def normwise(actual, expected) -> float:
+def normwise(actual, expected, floor: float = 0.0) -> float:
+    """``max|a - e| / max(max|e|, floor)``."""
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
+    return float(np.max(np.abs(actual - expected)) / max(np.max(np.abs(expected)), floor))
+
+
+def worst_param(named: dict, expected: dict) -> float:
+    """The largest normwise error over the parameters. A parameter whose exact gradient is
+    zero (a conv bias before a train-mode BatchNorm, which cancels it) has only rounding
+    noise of ordinary-sized terms: its scale is floored at 0.1 x the median parameter's
+    largest gradient (the rule of ``compare.layer_report.LayerTolerance``)."""
+    floor = 0.1 * float(np.median([np.max(np.abs(g)) for g in expected.values()]))
+    return max(normwise(named[k], g, floor) for k, g in expected.items())
 
 
 def problem(name: str, seed: int, batch: int, size: int, num_classes: int = 10, **kw):
@@ -152,7 +162,7 @@ def audit(
         if model.layout != Layout.NCHW:
             dx = dx.transpose(0, 3, 1, 2)
         named = to_torch_state_dict(nnx.merge(graphdef, dparams, rest, copy=True))
-        worst = max(normwise(named[k], g) for k, g in ref.dparams.items())
+        worst = worst_param(named, ref.dparams)
         return normwise(logits, ref.logits), normwise(dx, ref.dx), worst, found
 
     forward, dx, dparams, found = errors(run(params, rest, xin, ct32, None))
@@ -162,3 +172,21 @@ def audit(
     if pin and flips:
         pinned = errors(run(params, rest, xin, ct32, pins))[1:3]
     return Audit(forward, dx, dparams, [(f.site, f.count) for f in flips], *pinned)
+
+
+def audit_pinned(model, x, ct, ref: Reference, decisions: list[Decision], **program) -> Audit:
+    """``audit``'s errors of ``model`` run on ``decisions`` (in float64's layout, e.g. a
+    modified copy of ``ref.decisions``) instead of its own."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    run = gradient_program(model, **program)
+    xin, ct32 = to_model_input(x, model), np.asarray(ct, np.float32)
+    _, _, found = run(params, rest, xin, ct32, None)
+    inner = getattr(model, "compute_layout", None) or model.layout
+    _, pins = decision_flips(decisions, found, Layout.NCHW, inner)
+    (dparams, dx), logits, _ = run(params, rest, xin, ct32, pins)
+    dx = np.asarray(dx)
+    if model.layout != Layout.NCHW:
+        dx = dx.transpose(0, 3, 1, 2)
+    named = to_torch_state_dict(nnx.merge(graphdef, dparams, rest, copy=True))
+    worst = worst_param(named, ref.dparams)
+    return Audit(normwise(logits, ref.logits), normwise(dx, ref.dx), worst, [], None, None)
