@@ -27,11 +27,14 @@ SIZES = {  # model: (input size, builder options)
     "vgg11_bn": (64, {"hidden": 512, "pool_size": 1}),
 }
 
+# jit xla-convs: models.create's model as is; jit plan: with the shipped table's conv plan
+# (what train and compare run); cpu-fast: compiled with cpu_fast_options(mode); O0: with
+# xla_backend_optimization_level=0; eager: jax.grad without jit.
 RUNS = {
-    "jit, XLA's convs": dict(plan=False, program={}),
-    "jit, shipped plan": dict(plan=True, program={}),
-    "jit, plan, cpu_fast_options": dict(plan=True, program="fast"),
-    "jit, plan, backend opt level 0": dict(
+    "jit xla-convs": dict(plan=False, program={}),
+    "jit plan": dict(plan=True, program={}),
+    "jit plan cpu-fast": dict(plan=True, program="fast"),
+    "jit plan O0": dict(
         plan=True, program={"compiler_options": {"xla_backend_optimization_level": 0}}
     ),
     "eager": dict(plan=False, program={"jit": False}),

@@ -94,17 +94,12 @@ def against_torch(
         holder = set_mode(model, train)
         load_torch_state_dict(holder, {**to_torch_state_dict(holder), **named})
         ref_grads = nnx.state(holder, nnx.Param)
-        return GradientPair(
-            model,
-            ref_grads,
-            run.grads,
-            run.order,
-            ref_loss,
-            run.loss,
-            **pinned_rerun(
-                model, x, labels, train, compiler_options, ref_decisions, run, ref_layout
-            ),
+        diagnosis = pinned_rerun(
+            model, x, labels, train, compiler_options, ref_decisions, run, ref_layout
         )
+        if "decisions" not in diagnosis:
+            diagnosis["decisions"] = "matched; the reference's gradients and decisions in float64"
+        return GradientPair(model, ref_grads, run.grads, run.order, ref_loss, run.loss, **diagnosis)
 
     return build_report(
         "torch",
