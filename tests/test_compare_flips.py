@@ -3,6 +3,7 @@ on the rerun with the reference's decisions pinned and says ``flips: N at site``
 the flips do not explain fails. The mechanism itself (a real flip in a jitted ResNet-18,
 float64's decisions pinned) is tested in test_grad_numerics_torchvision.py."""
 
+import argparse
 import json
 
 import jax
@@ -11,6 +12,7 @@ import pytest
 from compare_helpers import fast_model, random_input
 from flax import nnx
 
+from layoutlab.compare import command
 from layoutlab.compare.decisions import FlipSite, decision_flips, probe_decisions
 from layoutlab.compare.gradients import compare_grad_trees, probed_parameter_grads
 from layoutlab.compare.layer_report import LayerwiseReport
@@ -120,3 +122,46 @@ def test_pins_make_the_program_follow_the_given_decisions(run):
     with probe_decisions(model) as log:
         pass
     assert log.decisions == []
+
+
+def _cli(*argv):
+    parser = argparse.ArgumentParser(prog="layoutlab")
+    command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["compare", *argv])
+    return args.func(args)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(tmp_path, capsys):
+    """The audit's ResNet-18 (torchvision definition, random BatchNorm, seed 5) and its
+    input, through ``layoutlab compare --against torch --grads --mode train``: on the
+    measuring machine one ReLU element of layer1.1 flips and moves the rows before it by up
+    to 1e-2; every row out of tolerance as run must be named by the flips that reach it
+    and be within tolerance on the reference's decisions."""
+    torch = pytest.importorskip("torch")
+    import grad_audit as ga
+
+    tm, x, _ = ga.problem("resnet18", seed=5, batch=4, size=64)
+    weights, inputs, out = tmp_path / "w.pth", tmp_path / "x.npy", tmp_path / "r.json"
+    torch.save({k: v.float() for k, v in tm.state_dict().items()}, weights)
+    np.save(inputs, x.transpose(0, 2, 3, 1).astype(np.float32))
+    code = _cli("--model", "resnet18", "--against", "torch", "--grads", "--mode", "train",
+                "--torch-weights", str(weights), "--input", str(inputs),
+                "--json", str(out))  # fmt: skip
+    grads = json.loads(out.read_text())["grads"]
+    assert grads["decision_flips"] is not None  # decisions were compared
+    out_of_tolerance = [r for r in grads["rows"] if not r["report"]["passed"]]
+    for row in out_of_tolerance:
+        assert row["flips"].startswith("flips: ") and row["pinned"]["passed"], row["path"]
+    assert code == 0 and grads["passed"]
+    if grads["decision_flips"]:
+        assert "differing from the reference: " in capsys.readouterr().out
+
+
+def test_cli_input_of_the_wrong_shape_exits_2(tmp_path, capsys):
+    bad = tmp_path / "x.npy"
+    np.save(bad, np.zeros((2, 8, 8, 3), np.float32))  # small_cnn takes 1 channel
+    code = _cli("--model", "small_cnn", "--tiny", "--against", "layout", "--input", str(bad))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --input")

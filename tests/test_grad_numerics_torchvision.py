@@ -103,7 +103,10 @@ def test_one_pinned_flip_moves_the_gradient_as_the_audit_saw(resnet18_problem):
 _OTHERS = {
     "vgg11_bn": dict(mode=True, size=32, kw={"width": 16, "hidden": 64, "pool_size": 1}),
     "mobilenet_v2": dict(mode=False, size=64, kw={"width_mult": 0.5, "last_channel": 128}),
-    "resnet50": dict(mode=True, size=64, kw={"width": 16}),
+    # Eval mode: in train mode ResNet-50's last stage normalizes 4x2x2 values per channel
+    # at this size, and that BatchNorm alone leaves ~2e-4 on float64's decisions
+    # (benchmarks/results/grad_numerics_torchvision_cpu.md).
+    "resnet50": dict(mode=False, size=64, kw={"width": 16}),
 }
 
 
