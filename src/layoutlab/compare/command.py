@@ -100,6 +100,13 @@ def register(subparsers) -> None:
         "use (layoutlab.xla.cpu_fast_options(mode); default on, --no-cpu-fast turns it off)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
+    parser.add_argument(
+        "--input",
+        metavar="X.npy",
+        default=None,
+        help="compare on this input (a float array in --layout, batch first) instead of a "
+        "random one; --batch-size and --image-size are then ignored",
+    )
     add_json(parser, "the report, instead of the table,", file=True)
     parser.add_argument(
         "--rtol",
@@ -163,6 +170,11 @@ def _build(args):
     options = dict(spec.tiny) if args.tiny else {}
     options.update(parse_model_args(args.model_arg))
     check_conv_options(args.conv_algo)
+    given = None
+    if args.input is not None:  # checked before the model is built and initialized
+        layout = models.resolve_layout(args.layout, spec.num_spatial)
+        shape = spec.input_shape(1, layout, tuple(spec.default_input[:-1]))
+        given = _read_input(args.input, shape, layout.channel_axis)
     model = models.create(
         args.model,
         num_classes=args.num_classes,
@@ -181,9 +193,28 @@ def _build(args):
         spatial[-2:] = [args.image_size, args.image_size]
     shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
     x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
+    if given is not None:
+        x = given
     # Traced once: the table's plan and the report's algorithm counts both read them.
     specs = conv_specs(model, x) if convs(model) else {}
     return _with_conv_algo(model, x, specs, args.conv_algo, args.mode), x, options, specs
+
+
+def _read_input(path: str, shape: tuple[int, ...], channel_axis: int):
+    """The ``--input`` array: ``shape``'s rank and channels (its other sizes are free)."""
+    import numpy as np
+
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise _BadInput(f"--input {path}: cannot read a .npy array ({err}).") from None
+    same_channels = x.ndim == len(shape) and x.shape[channel_axis] == shape[channel_axis]
+    if not np.issubdtype(x.dtype, np.floating) or not same_channels:
+        raise _BadInput(
+            f"--input {path}: a float array shaped like {shape} (batch first, in --layout) "
+            f"is needed, got {x.dtype} {x.shape}."
+        )
+    return x.astype(np.float32)
 
 
 def _with_conv_algo(model, x, specs: dict, algorithm: str, mode: str):

@@ -4,8 +4,10 @@ names it."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from layoutlab.compare.decisions import Decision, FlipSite, probe_decisions
 from layoutlab.compare.layer_recording import (
     MATMUL_PRECISION,
     LayerOutput,
@@ -36,6 +39,8 @@ from layoutlab.nn.convert import convert_layout
 __all__ = [
     "loss_fn",
     "parameter_grads",
+    "probed_parameter_grads",
+    "ProbedGrads",
     "grads_to_layout",
     "compare_grad_trees",
     "compare_gradients",
@@ -63,21 +68,65 @@ def parameter_grads(
     (an ``nnx.State`` shaped like the params) and the canonical paths of the layers in
     execution order, for ordering the gradient table. ``compiler_options``: XLA options of
     the compile."""
+    run = probed_parameter_grads(
+        model, x, labels, train=train, compiler_options=compiler_options, probe=False
+    )
+    return run.loss, run.grads, run.order
+
+
+class ProbedGrads(NamedTuple):
+    """``parameter_grads``'s results plus the ReLU/max-pool decisions of the same compiled
+    program (``compare.decisions``) and the module calls in the order they returned."""
+
+    loss: float
+    grads: nnx.State
+    order: list[str]
+    decisions: list[Decision]
+    done: list[str]
+
+
+def probed_parameter_grads(
+    model: nnx.Module,
+    x: Any,
+    labels: Any,
+    *,
+    train: bool = True,
+    compiler_options: dict | None = None,
+    pins: dict | None = None,
+    probe: bool = True,
+) -> ProbedGrads:
+    """``parameter_grads`` that also returns every ReLU/ReLU6/max-pool decision the
+    compiled forward took and, with ``pins``, follows the given decisions instead
+    (``probe_decisions``). The decisions are outputs of the gradient program itself, so
+    they are the ones its gradients saw."""
     model = set_mode(model, train)
     layout = model_layout(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     order: list[str] = []
+    meta: list[tuple[str, str, int]] = []
+    done: list[str] = []
 
     def loss(params, rest, x, labels):
         m = nnx.merge(graphdef, params, rest, copy=True)
-        logits, records = record_layers(m, x)
+        probing = probe_decisions(m, pins) if probe else contextlib.nullcontext()
+        with probing as log:
+            logits, records = record_layers(m, x)
         order[:] = [r.path for r in records]
-        return loss_fn(logits, labels, layout)
+        found = log.decisions if probe else []
+        meta[:] = [(d.site, d.kind, d.position) for d in found]
+        done[:] = log.done if probe else []
+        return loss_fn(logits, labels, layout), [d.value for d in found]
 
     with highest_precision():
-        grad_fn = jax.jit(jax.value_and_grad(loss), compiler_options=compiler_options or None)
-        value, grads = grad_fn(params, rest, x, labels)
-    return float(value), grads, order
+        grad_fn = jax.jit(
+            jax.value_and_grad(loss, has_aux=True), compiler_options=compiler_options or None
+        )
+        (value, values), grads = grad_fn(params, rest, x, labels)
+    decisions = [
+        Decision(site, kind, np.asarray(v), position)
+        for (site, kind, position), v in zip(meta, values, strict=True)
+    ]
+    return ProbedGrads(float(value), grads, order, decisions, list(done))
 
 
 def grads_to_layout(model: nnx.Module, grads: nnx.State, layout: Layout) -> nnx.State:
@@ -120,16 +169,25 @@ def compare_grad_trees(
     *,
     order: Sequence[str] = (),
     backward: bool = True,
+    pinned: nnx.State | None = None,
+    flips: Sequence[FlipSite] = (),
+    done: Sequence[str] | None = None,
     reference_name: str = "reference",
     candidate_name: str = "candidate",
     settings: dict | None = None,
 ) -> LayerwiseReport:
     """Compare two gradient trees already in the reference model's layout, row by row in
     backprop order (``backward``; ``order`` is the layers' execution order), so the first
-    failing row is where the backward pass starts to diverge."""
+    failing row is where the backward pass starts to diverge.
+
+    ``flips`` (where the candidate's ReLU/max-pool decisions differ from the reference's),
+    ``done`` (the candidate's module calls in the order they returned) and ``pinned`` (the
+    candidate's gradients on the reference's decisions) let a row reached by a flip, that
+    is, a parameter whose layer ran before the flip's site, be judged on the pinned rerun
+    and say which flips reach it; ``done=None``: decisions were not compared."""
     ref = _grad_rows_order(reference_model, reference_grads, order, backward)
     cand = _grad_rows_order(reference_model, candidate_grads, order, backward)
-    return compare_records(
+    report = compare_records(
         [LayerOutput(p, op, v) for p, op, v in ref],
         [LayerOutput(p, op, v) for p, op, v in cand],
         tolerance,
@@ -138,6 +196,43 @@ def compare_grad_trees(
         candidate_name=candidate_name,
         settings={"order": "backprop" if backward else "execution", **(settings or {})},
     )
+    if done is None:
+        return report
+    summary = tuple((f.site, f.kind, f.count) for f in sorted(flips, key=lambda f: f.position))
+    if not flips or pinned is None:
+        return dataclasses.replace(report, decision_flips=summary)
+    pins = _grad_rows_order(reference_model, pinned, order, backward)
+    pinned_rows = {
+        r.path: r.report
+        for r in compare_records(
+            [LayerOutput(p, op, v) for p, op, v in ref],
+            [LayerOutput(p, op, v) for p, op, v in pins],
+            tolerance,
+            kind="gradients",
+        ).rows
+    }
+    returned = {}
+    for i, path in enumerate(done):
+        returned.setdefault(path, i)
+    rows = []
+    for row in report.rows:
+        owner = row.path.rsplit(".", 1)[0]
+        reaching = [f for f in flips if f.position > returned.get(owner, len(done))]
+        if reaching:
+            row = dataclasses.replace(
+                row, flips=flips_note(reaching), pinned=pinned_rows.get(row.path)
+            )
+        rows.append(row)
+    return dataclasses.replace(report, rows=tuple(rows), decision_flips=summary)
+
+
+def flips_note(flips: Sequence[FlipSite], limit: int = 3) -> str:
+    """``flips: 3 at layer1.1.relu, 1 at maxpool``: the sites nearest the row first."""
+    ordered = sorted(flips, key=lambda f: f.position)
+    note = "flips: " + ", ".join(f"{f.count} at {f.site}" for f in ordered[:limit])
+    if len(ordered) > limit:
+        note += f" (+{len(ordered) - limit} more sites)"
+    return note
 
 
 def compare_gradients(
@@ -157,17 +252,33 @@ def compare_gradients(
     A bug in one layer's forward changes every gradient (the activations after it change),
     so look for it in ``compare_layerwise``; a bug in one layer's backward leaves the layers
     after it intact, and the first failing row here names it."""
+    from layoutlab.compare.flip_diagnosis import layers_layout, pinned_rerun
+
     ref_layout, cand_layout = model_layout(reference), model_layout(candidate)
-    ref_loss, ref_grads, order = parameter_grads(reference, x, labels, train=train)
+    ref = probed_parameter_grads(reference, x, labels, train=train)
     x_cand = to_reference_layout(np.asarray(x), ref_layout, cand_layout)
-    cand_loss, cand_grads, _ = parameter_grads(candidate, x_cand, labels, train=train)
-    cand_grads = grads_to_layout(candidate, cand_grads, ref_layout)
+    run = probed_parameter_grads(candidate, x_cand, labels, train=train)
+    diagnosis = pinned_rerun(
+        candidate,
+        x_cand,
+        labels,
+        train,
+        None,
+        ref.decisions,
+        run,
+        layers_layout(reference),
+        ref_layout,
+    )
+    ref_loss, cand_loss = ref.loss, run.loss
     return compare_grad_trees(
         reference,
-        ref_grads,
-        cand_grads,
+        ref.grads,
+        grads_to_layout(candidate, run.grads, ref_layout),
         tolerance,
-        order=order,
+        order=ref.order,
+        pinned=diagnosis.get("pinned"),
+        flips=diagnosis.get("flips", ()),
+        done=diagnosis.get("done"),
         reference_name=reference_name or describe(reference),
         candidate_name=candidate_name or describe(candidate),
         settings={

@@ -96,10 +96,20 @@ class LayerRow:
     report: CompareReport
     rel_l2: float  # ||actual - expected|| / ||expected||
     rms_expected: float
+    # Gradient rows only: the ReLU/max-pool decision flips that reach this row (``flips: 3
+    # at layer1.1.relu``) and the comparison rerun with those decisions pinned to the
+    # reference's; such a row is judged on the pinned rerun.
+    flips: str = ""
+    pinned: CompareReport | None = None
 
     @property
     def passed(self) -> bool:
-        return self.report.passed
+        return (self.pinned if self.pinned is not None else self.report).passed
+
+    @property
+    def explained_by_flips(self) -> bool:
+        """Out of tolerance as run, within it on the reference's decisions."""
+        return self.pinned is not None and self.pinned.passed and not self.report.passed
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -115,6 +125,8 @@ class LayerRow:
             "rms_expected": _json_float(self.rms_expected),
             "passed": self.passed,
             "report": self.report.to_dict(),
+            "flips": self.flips,
+            "pinned": self.pinned.to_dict() if self.pinned is not None else None,
         }
 
     @classmethod
@@ -126,6 +138,8 @@ class LayerRow:
             report=CompareReport.from_dict(data["report"]),
             rel_l2=float(data["rel_l2"]),
             rms_expected=float(data["rms_expected"]),
+            flips=data.get("flips", ""),
+            pinned=CompareReport.from_dict(data["pinned"]) if data.get("pinned") else None,
         )
 
 
@@ -146,6 +160,10 @@ class LayerwiseReport:
     settings: dict = dataclasses.field(default_factory=dict)
     unmatched_reference: tuple[str, ...] = ()
     unmatched_candidate: tuple[str, ...] = ()
+    # Gradient reports: ``(site, kind, count)`` of every ReLU/ReLU6/max-pool site where the
+    # candidate decided differently from the reference, in execution order; ``None`` when
+    # decisions were not compared.
+    decision_flips: tuple[tuple[str, str, int], ...] | None = None
 
     @property
     def passed(self) -> bool:
@@ -198,6 +216,9 @@ class LayerwiseReport:
             "first_failure": first.path if first is not None else None,
             "unmatched_reference": list(self.unmatched_reference),
             "unmatched_candidate": list(self.unmatched_candidate),
+            "decision_flips": [list(f) for f in self.decision_flips]
+            if self.decision_flips is not None
+            else None,
             "rows": [r.to_dict() for r in self.rows],
         }
 
@@ -215,6 +236,9 @@ class LayerwiseReport:
             settings=dict(data.get("settings", {})),
             unmatched_reference=tuple(data.get("unmatched_reference", ())),
             unmatched_candidate=tuple(data.get("unmatched_candidate", ())),
+            decision_flips=tuple(tuple(f) for f in data["decision_flips"])
+            if data.get("decision_flips") is not None
+            else None,
         )
 
 
@@ -235,8 +259,16 @@ def _jsonable(value: Any) -> Any:
 _COLUMNS = ("#", "layer", "op", "shape", "max abs", "max rel", "rel L2", "cosine", "status")
 
 
+def _status(r: LayerRow) -> str:
+    if not r.flips:
+        return "ok" if r.passed else f"FAIL ({r.report.mismatches})"
+    if r.passed:
+        return r.flips
+    return f"FAIL ({r.pinned.mismatches} with decisions pinned; {r.flips})"
+
+
 def _row_cells(r: LayerRow) -> tuple[str, ...]:
-    status = "ok" if r.passed else f"FAIL ({r.report.mismatches})"
+    status = _status(r)
     return (
         str(r.index),
         r.path,
@@ -274,6 +306,12 @@ def format_layerwise(report: LayerwiseReport) -> str:
     ]
     for key, value in report.settings.items():
         lines.append(f"  {key}: {value}")
+    if report.decision_flips is not None:
+        flips = report.decision_flips
+        lines.append(
+            "  ReLU/max-pool decisions differing from the reference: "
+            + (", ".join(f"{n} at {site} ({kind})" for site, kind, n in flips) or "none")
+        )
     lines += format_table(_COLUMNS, [_row_cells(r) for r in report.rows])
     for side, paths in (
         ("reference", report.unmatched_reference),

@@ -28,7 +28,13 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from layoutlab.compare.gradients import compare_grad_trees, grads_to_layout, parameter_grads
+from layoutlab.compare.decisions import FlipSite
+from layoutlab.compare.flip_diagnosis import layers_layout, pinned_rerun
+from layoutlab.compare.gradients import (
+    compare_grad_trees,
+    grads_to_layout,
+    probed_parameter_grads,
+)
 from layoutlab.compare.layer_recording import LayerOutput, layer_outputs, model_layout, set_mode
 from layoutlab.compare.layer_report import LayerTolerance
 from layoutlab.compare.layerwise import (
@@ -121,7 +127,11 @@ def default_labels(output: np.ndarray, layout: Layout, seed: int = 0) -> np.ndar
 
 class GradientPair(NamedTuple):
     """Both sides' parameter gradients of one loss, as trees in the parameter layout of
-    ``model``, whose paths name the rows; ``order`` is its layers' execution order."""
+    ``model``, whose paths name the rows; ``order`` is its layers' execution order.
+    ``pinned``: the candidate's gradients rerun on the reference's ReLU/max-pool decisions
+    (when any differ), ``flips`` where they differ, ``done`` the candidate's module calls
+    in the order they returned (placing each flip among the layers); ``decisions`` says
+    whether the two runs' decisions could be matched at all."""
 
     model: nnx.Module
     reference: nnx.State
@@ -129,6 +139,10 @@ class GradientPair(NamedTuple):
     order: Sequence[str]
     reference_loss: float
     candidate_loss: float
+    pinned: nnx.State | None = None
+    flips: tuple[FlipSite, ...] = ()
+    done: tuple[str, ...] = ()
+    decisions: str = "matched"
 
 
 def build_report(
@@ -169,12 +183,16 @@ def build_report(
             pair.candidate,
             tolerance,
             order=pair.order,
+            pinned=pair.pinned,
+            flips=pair.flips,
+            done=pair.done,
             reference_name=names[0],
             candidate_name=names[1],
             settings={
                 **settings,
                 "reference_loss": pair.reference_loss,
                 "candidate_loss": pair.candidate_loss,
+                "decisions": pair.decisions,
             },
         )
     return ReferenceReport(
@@ -214,12 +232,29 @@ def _against_model(
     x_ref = np.asarray(to_layout(x, cand_layout, ref_layout))
 
     def gradients(labels: Any) -> GradientPair:
-        ref_loss, ref_grads, order = parameter_grads(reference, x_ref, labels, train=train)
-        cand_loss, cand_grads, _ = parameter_grads(
+        ref = probed_parameter_grads(reference, x_ref, labels, train=train)
+        run = probed_parameter_grads(
             model, x, labels, train=train, compiler_options=compiler_options
         )
-        cand_grads = grads_to_layout(model, cand_grads, ref_layout)
-        return GradientPair(reference, ref_grads, cand_grads, order, ref_loss, cand_loss)
+        return GradientPair(
+            reference,
+            ref.grads,
+            grads_to_layout(model, run.grads, ref_layout),
+            ref.order,
+            ref.loss,
+            run.loss,
+            **pinned_rerun(
+                model,
+                x,
+                labels,
+                train,
+                compiler_options,
+                ref.decisions,
+                run,
+                layers_layout(reference),
+                ref_layout,
+            ),
+        )
 
     return build_report(
         against,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from layoutlab.compare.gradients import parameter_grads
+from layoutlab.compare.gradients import probed_parameter_grads
 from layoutlab.compare.layer_recording import layer_outputs, model_layout, set_mode
 from layoutlab.compare.layer_report import LayerTolerance
 from layoutlab.compare.layerwise import describe, option_settings, run_settings
@@ -18,6 +18,7 @@ from layoutlab.compare.references import (
     build_report,
     default_layer_tolerance,
     model_policy,
+    pinned_rerun,
 )
 from layoutlab.layout import Layout, channels_first, to_layout
 
@@ -60,11 +61,8 @@ def against_torch(
     Gradients are compared in ``model``'s parameter layout. ``compiler_options``: XLA
     options of the model's compiles.
     """
-    from layoutlab.compare.torch_layerwise import (
-        TORCH_PRECISION,
-        torch_grads,
-        torch_layer_outputs,
-    )
+    from layoutlab.compare.torch_decisions import torch_decisions, torch_float64_grads
+    from layoutlab.compare.torch_layerwise import TORCH_PRECISION, torch_layer_outputs
     from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
 
     if mirror is None and name is None:
@@ -84,8 +82,11 @@ def against_torch(
     ref = torch_layer_outputs(mirror, x_ref, train=train)
 
     def gradients(labels: Any) -> GradientPair:
-        ref_loss, named = torch_grads(mirror, x_ref, labels, train=train)
-        cand_loss, cand_grads, order = parameter_grads(
+        # The reference is the mirror in float64: its gradients and its ReLU/max-pool
+        # decisions are the exact ones, against which the candidate's flips are counted.
+        ref_decisions, mirror64, _ = torch_decisions(mirror, x_ref, train)
+        ref_loss, named = torch_float64_grads(mirror64, x_ref, labels, train=train)
+        run = probed_parameter_grads(
             model, x, labels, train=train, compiler_options=compiler_options
         )
         # Torch gradients go through the weight importer, which puts each one in the
@@ -93,7 +94,12 @@ def against_torch(
         holder = set_mode(model, train)
         load_torch_state_dict(holder, {**to_torch_state_dict(holder), **named})
         ref_grads = nnx.state(holder, nnx.Param)
-        return GradientPair(model, ref_grads, cand_grads, order, ref_loss, cand_loss)
+        diagnosis = pinned_rerun(
+            model, x, labels, train, compiler_options, ref_decisions, run, ref_layout
+        )
+        if "decisions" not in diagnosis:
+            diagnosis["decisions"] = "matched; the reference's gradients and decisions in float64"
+        return GradientPair(model, ref_grads, run.grads, run.order, ref_loss, run.loss, **diagnosis)
 
     return build_report(
         "torch",

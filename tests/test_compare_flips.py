@@ -1,0 +1,167 @@
+"""Gradient comparisons name ReLU/max-pool decision flips: a row reached by a flip is judged
+on the rerun with the reference's decisions pinned and says ``flips: N at site``; an error
+the flips do not explain fails. The mechanism itself (a real flip in a jitted ResNet-18,
+float64's decisions pinned) is tested in test_grad_numerics_torchvision.py."""
+
+import argparse
+import json
+
+import jax
+import numpy as np
+import pytest
+from compare_helpers import fast_model, random_input
+from flax import nnx
+
+from layoutlab.compare import command
+from layoutlab.compare.decisions import FlipSite, decision_flips, probe_decisions
+from layoutlab.compare.gradients import compare_grad_trees, probed_parameter_grads
+from layoutlab.compare.layer_report import LayerwiseReport
+from layoutlab.compare.references import default_layer_tolerance
+
+TOL = default_layer_tolerance(np.float32)
+# The audit's compiled ResNet-18 input gradient was 5.8e-2 x its largest value off.
+AUDIT_ERROR = 5.8e-2
+
+
+@pytest.fixture(scope="module")
+def run():
+    model = fast_model("small_cnn")
+    x = random_input("small_cnn", "NHWC", 4)
+    labels = np.arange(4, dtype=np.int32) % 5
+    return model, x, labels, probed_parameter_grads(model, x, labels, train=True)
+
+
+def _with_error(grads: nnx.State, path: str) -> nnx.State:
+    """``grads`` with ``AUDIT_ERROR`` x the row's largest value added to one element."""
+    flat = dict(nnx.to_flat_state(grads))
+    key = next(k for k in flat if ".".join(map(str, k)) == path)
+    value = np.array(flat[key].get_value())
+    value.flat[0] += AUDIT_ERROR * np.max(np.abs(value))
+    out = jax.tree.map(lambda v: v, grads)
+    nnx.to_flat_state(out)  # same structure
+    flat_out = dict(nnx.to_flat_state(out))
+    flat_out[key].set_value(value)
+    return nnx.from_flat_state(flat_out)
+
+
+def _site_after(done, layer):
+    return done.index(layer) + 1
+
+
+def _report(run, candidate, pinned, flips) -> LayerwiseReport:
+    model, _, _, ref = run
+    return compare_grad_trees(
+        model, ref.grads, candidate, TOL, order=ref.order, pinned=pinned, flips=flips,
+        done=ref.done,
+    )  # fmt: skip
+
+
+def test_run_records_every_relu_and_max_pool_decision(run):
+    _, _, _, ref = run
+    kinds = [(d.site, d.kind) for d in ref.decisions]
+    assert kinds == [
+        ("features.0.2", "relu"), ("features.1.2", "relu"), ("features.2", "max_pool"),
+        ("features.3.2", "relu"), ("classifier.1", "relu"),
+    ]  # fmt: skip
+    flips, pins = decision_flips(ref.decisions, ref.decisions)
+    assert flips == [] and list(pins) == [site for site, _ in kinds]
+    mask = np.asarray(ref.decisions[0].value)
+    assert mask.dtype == bool and 0 < mask.mean() < 1  # a real mask, not all or nothing
+
+
+def test_error_explained_by_flips_is_named_not_failed(run):
+    model, _, _, ref = run
+    flips = [FlipSite("features.1.2", "relu", 3, _site_after(ref.done, "features.1.2"))]
+    wrong = _with_error(ref.grads, "features.layers.0.layers.0.kernel")
+    report = _report(run, wrong, ref.grads, flips)
+    row = report["features.0.0.kernel"]
+    assert not row.report.passed  # the per-layer tolerance catches the audit's error ...
+    assert row.passed and row.explained_by_flips  # ... and the rerun explains it
+    assert row.flips == "flips: 3 at features.1.2"
+    text = str(report)
+    assert "flips: 3 at features.1.2" in text and "FAIL" not in text
+    assert "differing from the reference: 3 at features.1.2 (relu)" in text
+    # Rows of layers that ran after the flip are not reached by it.
+    assert report["classifier.0.kernel"].flips == ""
+    again = LayerwiseReport.from_dict(json.loads(report.to_json()))
+    assert again["features.0.0.kernel"].flips == row.flips and again.passed
+
+
+def test_error_the_flips_do_not_explain_fails(run):
+    model, _, _, ref = run
+    flips = [FlipSite("features.1.2", "relu", 3, _site_after(ref.done, "features.1.2"))]
+    wrong = _with_error(ref.grads, "features.layers.0.layers.0.kernel")
+    # Still off with the decisions pinned: not the flips' doing.
+    report = _report(run, wrong, wrong, flips)
+    assert not report.passed
+    assert "FAIL (1 with decisions pinned; flips: 3 at features.1.2)" in str(report)
+    # An error in a layer after every flip fails as a plain failure.
+    late = _with_error(ref.grads, "classifier.layers.3.kernel")
+    report = _report(run, late, late, flips)
+    assert not report["classifier.3.kernel"].passed
+    assert report["classifier.3.kernel"].flips == ""
+
+
+def test_pins_make_the_program_follow_the_given_decisions(run):
+    model, x, labels, ref = run
+    flipped = [d._replace(value=np.array(d.value)) for d in ref.decisions]
+    mask = flipped[0].value
+    mask.flat[np.flatnonzero(mask)[0]] = False
+    layout = model.layout
+    _, pins = decision_flips(flipped, ref.decisions, layout, layout)
+    pinned = probed_parameter_grads(model, x, labels, train=True, pins=pins)
+    flips, _ = decision_flips(flipped, pinned.decisions, layout, layout)
+    # The recorded decisions are the program's own (before pinning), so they differ from
+    # the modified ones at exactly that element (and, where the zeroed value was a window's
+    # maximum, at the max pool behind it) ...
+    assert (flips[0].site, flips[0].count) == ("features.0.2", 1)
+    assert {f.site for f in flips} <= {"features.0.2", "features.2"}
+    # ... while the gradients follow the pinned mask: they moved.
+    moved = _report(run, pinned.grads, None, ())
+    assert moved.rows and any(r.rel_l2 > 0 for r in moved.rows)
+    with probe_decisions(model) as log:
+        pass
+    assert log.decisions == []
+
+
+def _cli(*argv):
+    parser = argparse.ArgumentParser(prog="layoutlab")
+    command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["compare", *argv])
+    return args.func(args)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(tmp_path, capsys):
+    """The audit's ResNet-18 (torchvision definition, random BatchNorm, seed 5) and its
+    input, through ``layoutlab compare --against torch --grads --mode train``: on the
+    measuring machine one ReLU element of layer1.1 flips and moves the rows before it by up
+    to 1e-2; every row out of tolerance as run must be named by the flips that reach it
+    and be within tolerance on the reference's decisions."""
+    torch = pytest.importorskip("torch")
+    import grad_audit as ga
+
+    tm, x, _ = ga.problem("resnet18", seed=5, batch=4, size=64)
+    weights, inputs, out = tmp_path / "w.pth", tmp_path / "x.npy", tmp_path / "r.json"
+    torch.save({k: v.float() for k, v in tm.state_dict().items()}, weights)
+    np.save(inputs, x.transpose(0, 2, 3, 1).astype(np.float32))
+    code = _cli("--model", "resnet18", "--against", "torch", "--grads", "--mode", "train",
+                "--torch-weights", str(weights), "--input", str(inputs),
+                "--json", str(out))  # fmt: skip
+    grads = json.loads(out.read_text())["grads"]
+    assert grads["decision_flips"] is not None  # decisions were compared
+    out_of_tolerance = [r for r in grads["rows"] if not r["report"]["passed"]]
+    for row in out_of_tolerance:
+        assert row["flips"].startswith("flips: ") and row["pinned"]["passed"], row["path"]
+    assert code == 0 and grads["passed"]
+    if grads["decision_flips"]:
+        assert "differing from the reference: " in capsys.readouterr().out
+
+
+def test_cli_input_of_the_wrong_shape_exits_2(tmp_path, capsys):
+    bad = tmp_path / "x.npy"
+    np.save(bad, np.zeros((2, 8, 8, 3), np.float32))  # small_cnn takes 1 channel
+    code = _cli("--model", "small_cnn", "--tiny", "--against", "layout", "--input", str(bad))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --input")
