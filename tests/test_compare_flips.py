@@ -148,7 +148,7 @@ def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(tmp_path, ca
     np.save(inputs, x.transpose(0, 2, 3, 1).astype(np.float32))
     code = _cli("--model", "resnet18", "--against", "torch", "--grads", "--mode", "train",
                 "--torch-weights", str(weights), "--input", str(inputs),
-                "--json", str(out))  # fmt: skip
+                "--json-file", str(out))  # fmt: skip
     grads = json.loads(out.read_text())["grads"]
     assert grads["decision_flips"] is not None  # decisions were compared
     out_of_tolerance = [r for r in grads["rows"] if not r["report"]["passed"]]
