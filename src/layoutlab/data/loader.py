@@ -89,7 +89,6 @@ def epoch_batches(
         raise ValueError(f"start_step must lie in [0, {steps}] for this epoch, got {start_step}.")
     images, labels = dataset.split(split)
     order = epoch_order(images.shape[0], seed=seed, epoch=epoch, shuffle=shuffle)
-
     def indices(s):
         idx = order[s * batch_size : (s + 1) * batch_size]
         if rows is None or idx.size < batch_size:  # a last partial batch goes to everyone

@@ -115,7 +115,9 @@ class Prefetcher(Iterator):
             stop.set()
 
 
-def prefetch_to_device(iterable: Iterable, size: int = 2, sharding=None, put=None) -> Prefetcher:
+def prefetch_to_device(
+    iterable: Iterable, size: int = 2, sharding=None, put=None
+) -> Prefetcher:
     """Iterate ``iterable`` in a background thread, ``jax.device_put`` each batch ahead.
 
     ``size`` batches are kept in flight. ``sharding`` (e.g. a ``NamedSharding`` splitting the

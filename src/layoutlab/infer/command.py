@@ -53,13 +53,12 @@ def register(subparsers) -> None:
         description="Evaluate a run's checkpoint on the test split with the training loop's "
         "own eval step (the run's final test metrics are reproduced exactly); prints loss, "
         "accuracy, top-5 accuracy (more than 5 classes), the confusion matrix and per-class "
-        "accuracy, and writes the confusion matrix as a PNG.",
+        "accuracy; with --out DIR it also writes the confusion matrix there as a PNG (nothing "
+        "is written into the run's workdir unless --out names it).",
     )
     p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument(
-        "--out", metavar="DIR", help="where confusion_step<STEP>.png goes (default: --workdir)"
-    )
+    p.add_argument("--out", metavar="DIR", help="also write confusion_step<STEP>.png into DIR")
 
     p = _parser(
         subparsers,
@@ -106,13 +105,20 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from layoutlab.infer.evaluate import evaluate_workdir, format_report, plot_confusion
 
     result = evaluate_workdir(args.workdir, args.checkpoint, data=args.data)
-    out = Path(args.out) if args.out else Path(args.workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_confusion(result, out / f"confusion_step{result['step']}.png")
     print(format_report(result))
-    print(f"confusion matrix plot: {png}")
+    if args.out:
+        out = Path(args.out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            png = plot_confusion(result, out / f"confusion_step{result['step']}.png")
+        except OSError as e:
+            raise ValueError(f"Cannot write into --out {out}: {e.strerror or e}.") from None
+        print(f"confusion matrix plot: {png}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as e:
+            raise ValueError(f"Cannot write --json {args.json}: {e.strerror or e}.") from None
         print(f"results: {args.json}")
     return 0
 

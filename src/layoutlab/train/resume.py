@@ -25,6 +25,7 @@ __all__ = [
     "MAY_CHANGE",
     "ResumeError",
     "check_resume",
+    "nothing_to_resume",
     "restore_or_start",
     "saved_run_config",
 ]
@@ -91,6 +92,21 @@ def saved_run_config(
     return None
 
 
+def nothing_to_resume(workdir: Path) -> ResumeError:
+    """The error for a workdir without config.json or checkpoint: a wrong path, or a run
+    killed before it wrote either."""
+    began = workdir.is_dir() and any(workdir.iterdir())
+    return ResumeError(
+        f"Nothing to resume in {workdir}: it has no {CONFIG_FILE} and no checkpoint"
+        + (
+            " (its run was stopped before it began training); start it again without "
+            "--resume (resume=False)."
+            if began
+            else "; check the path, or start a new run there without --resume (resume=False)."
+        )
+    )
+
+
 def _canonical(name: str, value):
     """What ``value`` of field ``name`` means, so that spellings of one setting compare equal
     (``nhwc`` and ``NHWC``, ``p=f32,c=f32,o=f32`` and ``fp32``)."""
@@ -137,16 +153,7 @@ def check_resume(
     explicitly to another value than the run's is refused, not replaced."""
     found = saved_run_config(workdir, checkpoint_dir)
     if found is None:
-        began = workdir.is_dir() and any(workdir.iterdir())
-        raise ResumeError(
-            f"Nothing to resume in {workdir}: it has no {CONFIG_FILE} and no checkpoint"
-            + (
-                " (its run was stopped before it began training); start it again without "
-                "--resume (resume=False)."
-                if began
-                else "; check the path, or start a new run there without --resume (resume=False)."
-            )
-        )
+        raise nothing_to_resume(workdir)
     saved, source = found
     saved = with_legacy_defaults(saved)  # e.g. activation_storage, from before it existed
     have = config.to_dict()
