@@ -247,8 +247,8 @@ LIVE = """
 import sys
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
-config = TrainConfig(model_kwargs={"width": 4, "hidden": 16}, batch_size=8, num_steps=30,
-                     eval_every=30, checkpoint_every=1, keep_checkpoints=1, log_every=0,
+config = TrainConfig(model_kwargs={"width": 4, "hidden": 16}, batch_size=8, num_steps=20,
+                     eval_every=20, checkpoint_every=1, keep_checkpoints=1, log_every=0,
                      tensorboard=False)
 train_and_evaluate(config, sys.argv[1], quiet=True)
 """

@@ -72,8 +72,7 @@ def open_manager(directory: Path, writing: bool) -> ocp.CheckpointManager:
     except OSError:
         raise  # the caller names the path and the fix (train.workdir.filesystem_error)
     except Exception as e:  # orbax raises many types; one line, the cause named
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"Cannot open checkpoints in {directory}: {first}") from e
+        raise CheckpointError(f"Cannot open checkpoints in {directory}: {_first_line(e)}") from e
 
 
 @contextlib.contextmanager
@@ -96,15 +95,24 @@ def steps_pinned(directory: Path, exclusive: bool):
         os.close(fd)  # drops the lock
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _unreadable(step_dir: Path, e: BaseException) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {_first_line(e)}")
+
+
 def read_meta(manager, step: int, step_dir: Path) -> dict:
     """The step's ``meta`` item, its files verified first when it has a manifest."""
     if has_manifest(step_dir):
         verify_manifest(step_dir)
     try:
-        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        with quiet_orbax_failure():
+            meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         meta = dict(meta["meta"])
     except Exception as e:  # orbax raises many types; all mean the same here
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        raise _unreadable(step_dir, e) from e
     missing = [k for k in ("paths", "shapes", "dtypes") if k not in meta]
     if missing:
         raise CorruptCheckpointError(f"Checkpoint {step_dir}: its meta lacks {missing}.")
@@ -115,10 +123,11 @@ def check_stored(manager, step: int, step_dir: Path, meta: dict) -> None:
     """For a step without a manifest: the arrays orbax stored have the shapes and dtypes its
     meta records (restoring into other shapes could pad or cut them silently)."""
     try:
-        stored = jax.tree.leaves(manager.item_metadata(step)["state"]["leaves"])
+        with quiet_orbax_failure():
+            stored = jax.tree.leaves(manager.item_metadata(step)["state"]["leaves"])
         got = [(tuple(x.shape), np.dtype(x.dtype)) for x in stored]
     except Exception as e:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        raise _unreadable(step_dir, e) from e
     want = [
         (tuple(s), np.dtype(stored_dtype(d)))
         for s, d in zip(meta["shapes"], meta["dtypes"], strict=True)
@@ -155,4 +164,4 @@ def read_leaves(manager, step: int, step_dir: Path, abstract: list) -> list:
             )
         return restored["state"]["leaves"]
     except Exception as e:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
+        raise _unreadable(step_dir, e) from e
