@@ -78,10 +78,9 @@ def data_change(config: TrainConfig, recorded: dict | None, have: dict | None) -
 
 
 def with_data_fingerprint(config: TrainConfig, dataset: Dataset) -> TrainConfig:
-    """``config`` recording what its data was read from; a recorded fingerprint (a resumed
-    run's config.json) must match the data as read now."""
+    """``config`` recording what its data was read from now. A value it carried (a config.json
+    given to ``--config``) is replaced: the fingerprint describes a run's own data, and only a
+    resume compares it (``train.resume.check_resume``)."""
     import dataclasses
 
-    if (change := data_change(config, config.data_fingerprint, dataset.fingerprint)) is not None:
-        raise ValueError(change)
     return dataclasses.replace(config, data_fingerprint=dataset.fingerprint)
