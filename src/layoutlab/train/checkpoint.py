@@ -239,15 +239,15 @@ class Checkpointer:
         leaves, paths, shapes, dtypes = _describe(target)
         _check_compatible(step_dir, meta, paths, shapes, dtypes)
         if not verified:
-            check_stored(self._manager, step, step_dir, meta)
-        abstract = [_stored_spec(x) for x in leaves]
-        restored = read_leaves(self._manager, step, step_dir, abstract)
-        if not verified:
             if jax.process_count() > 1:  # no process holds every array to check it
                 raise CorruptCheckpointError(
                     f"Checkpoint {step_dir} is unfinished: it has no {MANIFEST} (the run was "
                     "killed while saving it)."
                 )
+            check_stored(self._manager, step, step_dir, meta)
+        abstract = [_stored_spec(x) for x in leaves]
+        restored = read_leaves(self._manager, step, step_dir, abstract)
+        if not verified:
             certify(step_dir, meta, restored)
             if self._main:
                 write_manifest(step_dir)
@@ -351,16 +351,14 @@ def read_checkpoint(
                         f"No checkpoint for step {step} in {directory}; have {steps}."
                     )
                 return _read_step(manager, directory, step)
-            for i, candidate in enumerate(reversed(steps)):
+            for candidate in reversed(steps[1:]):
                 try:
                     return _read_step(manager, directory, candidate)
                 except CorruptCheckpointError as e:
-                    if i == len(steps) - 1:
-                        raise
                     log(f"note: {e} Reading the step before it.")
+            return _read_step(manager, directory, steps[0])
         finally:
             manager.close()
-    raise AssertionError("unreachable")
 
 
 def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
@@ -369,13 +367,14 @@ def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
     directory = Path(directory).absolute()
     if not directory.is_dir():
         return None
-    manager = open_manager(directory, writing=False)
-    try:
-        for step in sorted(manager.all_steps(), reverse=True):
-            try:
-                return read_meta(manager, step, directory / str(step)), directory / str(step)
-            except CorruptCheckpointError:
-                continue
-    finally:
-        manager.close()
+    with steps_pinned(directory, exclusive=False):
+        manager = open_manager(directory, writing=False)
+        try:
+            for step in sorted(manager.all_steps(), reverse=True):
+                try:
+                    return read_meta(manager, step, directory / str(step)), directory / str(step)
+                except CorruptCheckpointError:
+                    continue
+        finally:
+            manager.close()
     return None
