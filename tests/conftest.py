@@ -52,3 +52,16 @@ def env(tmp_path_factory):
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
+
+
+@pytest.fixture(scope="session")
+def guarantees_run(tmp_path_factory):
+    """A finished 4-step CLI run of a tiny small_cnn on digits (checkpoints and evaluations
+    at steps 2 and 4), shared read-only by the modules that check a run's guarantees."""
+    from layoutlab import cli
+
+    workdir = tmp_path_factory.mktemp("guarantees") / "run"
+    argv = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2"]
+    argv += ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
+    assert cli.main(["train", *argv, "--workdir", str(workdir), "--quiet"]) == 0
+    return workdir

@@ -18,6 +18,7 @@ from layoutlab.compare.numpy_forward import numpy_forward
 from layoutlab.layout import channels_last
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
+from layoutlab.train.resume import ResumeError
 
 MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "vgg11_bn", "unet", "small_cnn3d"]
 
@@ -126,8 +127,12 @@ def test_resume_keeps_where_the_run_computed(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["activation_storage"] == (
         "channels_last"
     )
-    again = TrainConfig(num_steps=2, activation_storage="layout", **kw)
-    record = train_and_evaluate(again, tmp_path, resume=True, quiet=True)
+    # Asking for another storage on resume is refused, never silently replaced; "auto" (the
+    # default) asks for nothing and keeps the run's.
+    other = TrainConfig(num_steps=2, activation_storage="layout", **kw)
+    with pytest.raises(ResumeError, match="activation_storage='layout': a run keeps its"):
+        train_and_evaluate(other, tmp_path, resume=True, quiet=True)
+    record = train_and_evaluate(TrainConfig(num_steps=2, **kw), tmp_path, resume=True, quiet=True)
     assert record["step"] == 2
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["activation_storage"] == "channels_last"

@@ -6,7 +6,9 @@ checkpoint code SIGKILL its own process at that point of ``Checkpointer.save`` (
 reads nothing else and does nothing without the variable). The points cover each state the
 directory passes through: before orbax writes, after orbax committed but before the CRC
 manifest, after the manifest but before old steps are deleted, and between two deletions.
-The killed runs are subprocesses; the resumes run in this process.
+The killed runs are subprocesses; the resumes run in this process. Kills at steps 2 and 6
+fall between evaluations, so the resumed run's metrics rows, train metrics included, must
+equal the uninterrupted run's.
 """
 
 import json
@@ -23,11 +25,14 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 
 # Checkpoints at steps 2, 4, 6, 8; with keep_checkpoints=3 the first deletion is at step 8.
+# Evaluations at 4 and 8 only: a resume from step 2 or 6 starts between two evaluations, so
+# its first record's train metrics must average steps from before the kill too.
 BASE = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
     batch_size=32,
     num_steps=8,
-    eval_every=2,
+    eval_every=4,
+    checkpoint_every=2,
     seed=5,
 )
 
@@ -46,12 +51,14 @@ def reference(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reference")
     train_and_evaluate(BASE, workdir, quiet=True)
     leaves, meta = read_checkpoint(workdir / "checkpoints")
-    return leaves, _steps(workdir)
+    return leaves, _records(workdir)
 
 
-def _steps(workdir):
+def _records(workdir):
+    """``metrics.jsonl`` without its timings (images_per_sec, elapsed)."""
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["step"] for line in lines]
+    timing = ("images_per_sec", "elapsed")
+    return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in lines]
 
 
 def _kill_at(config, workdir, point, env):
@@ -111,13 +118,16 @@ def test_kill_during_save_then_resume_matches_uninterrupted(
 
     record = train_and_evaluate(config, workdir, resume=True, quiet=True)
     err = capsys.readouterr().err
-    want_leaves, want_steps = reference
+    want_leaves, want_records = reference
     got, meta = read_checkpoint(ckpt_dir)
     assert record["step"] == meta["step"] == 8
     assert got.keys() == want_leaves.keys()
     for path in want_leaves:  # params, batch stats, RNG, Adam moments, step: bit for bit
         np.testing.assert_array_equal(got[path], want_leaves[path], err_msg=path)
-    assert _steps(workdir) == want_steps
+    # Every record equal, train_loss and train_accuracy included: float64 sums of the same
+    # float32 values in the same order (the checkpoint carries the sums since the last eval).
+    assert _records(workdir) == want_records
+    assert [r["step"] for r in want_records] == [4, 8]
     assert not (ckpt_dir / "corrupt").exists()  # nothing usable was thrown away
     assert not (ckpt_dir / "deleting").exists()
     assert len(_usable_steps(ckpt_dir)) == min(keep, 4)

@@ -55,12 +55,10 @@ def _snapshot(workdir):
     }
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A finished 4-step CLI run (checkpoints at steps 2 and 4)."""
-    workdir = tmp_path_factory.mktemp("guarantees") / "run"
-    assert cli.main(["train", *RUN, "--workdir", str(workdir), "--quiet"]) == 0
-    return workdir
+@pytest.fixture
+def run_dir(guarantees_run):
+    """A finished 4-step CLI run of ``RUN`` (checkpoints at steps 2 and 4); read only."""
+    return guarantees_run
 
 
 @pytest.fixture
@@ -192,8 +190,11 @@ def test_resume_with_nothing_to_resume_is_an_error(tmp_path, capsys, kind):
         (["--set", "model_kwargs.width=2.5"], "model_kwargs.width of 'small_cnn' must be an int"),
         (["--set", "model_kwargs.dropout=NaN"], "model_kwargs.dropout must be finite"),
         (["--set", "model_kwargs.dropout=nan"], "must be a number (its default is 0.1)"),
-        (["--set", "model_kwargs.width=-3"], "cannot be built with model_kwargs {'width': -3"),
-        (["--set", "model_kwargs.hidden=0"], "cannot be built with model_kwargs {'hidden': 0"),
+        (["--set", "model_kwargs.width=-3"], "model_kwargs.width of 'small_cnn' must be >= 1"),
+        (["--set", "model_kwargs.hidden=0"], "model_kwargs.hidden of 'small_cnn' must be >= 1"),
+        # The ranges the model declares (models.ModelSpec.ranges): a rate of 1.5 is no rate.
+        (["--set", "model_kwargs.dropout=1.5"], "dropout of 'small_cnn' must be in [0, 1)"),
+        (["--set", "model_kwargs.dropout=-0.1"], "dropout of 'small_cnn' must be in [0, 1)"),
     ],
 )
 def test_bad_numbers_are_refused_before_anything_runs(tmp_path, capsys, flags, fragment):

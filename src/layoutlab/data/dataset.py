@@ -35,6 +35,9 @@ class Dataset:
     mean: tuple[float, ...]  # per channel, of pixels scaled to [0, 1], train split
     std: tuple[float, ...]
     class_names: tuple[str, ...] = ()
+    # What the data was read from, for data that can change on disk (folder data):
+    # {"files", "bytes", "sha256"} of its files, compared when a run resumes; else None.
+    fingerprint: dict | None = None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

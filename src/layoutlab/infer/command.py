@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -55,13 +56,12 @@ def register(subparsers) -> None:
         description="Evaluate a run's checkpoint on the test split with the training loop's "
         "own eval step (the run's final test metrics are reproduced exactly); prints loss, "
         "accuracy, top-5 accuracy (more than 5 classes), the confusion matrix and per-class "
-        "accuracy, and writes the confusion matrix as a PNG.",
+        "accuracy; with --out DIR it also writes the confusion matrix there as a PNG (nothing "
+        "is written into the run's workdir unless --out names it).",
     )
     p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
     add_json(p, "the results, instead of text,", file=True)
-    p.add_argument(
-        "--out", metavar="DIR", help="where confusion_step<STEP>.png goes (default: --workdir)"
-    )
+    p.add_argument("--out", metavar="DIR", help="also write confusion_step<STEP>.png into DIR")
 
     p = _parser(
         subparsers,
@@ -111,17 +111,23 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from layoutlab.infer.evaluate import evaluate_workdir, format_report, plot_confusion
 
     result = evaluate_workdir(args.workdir, args.checkpoint, data=args.data)
-    out = Path(args.out) if args.out else Path(args.workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_confusion(result, out / f"confusion_step{result['step']}.png")
-    if args.json == STDOUT:
-        print(json.dumps(result, indent=1))
-        print(f"confusion matrix plot: {png}", file=sys.stderr)
-        return 0
-    print(format_report(result))
-    print(f"confusion matrix plot: {png}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    to_stdout = args.json == STDOUT
+    print(json.dumps(result, indent=1) if to_stdout else format_report(result))
+    if args.out:
+        out = Path(args.out)
+        # Another data set's plot gets its own name: it must not replace the run's.
+        suffix = "_" + re.sub(r"[^A-Za-z0-9._-]+", "_", args.data).strip("_") if args.data else ""
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            png = plot_confusion(result, out / f"confusion_step{result['step']}{suffix}.png")
+        except OSError as e:
+            raise ValueError(f"Cannot write into --out {out}: {e.strerror or e}.") from None
+        print(f"confusion matrix plot: {png}", file=sys.stderr if to_stdout else sys.stdout)
+    if args.json and not to_stdout:
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as e:
+            raise ValueError(f"Cannot write --json-file {args.json}: {e.strerror or e}.") from None
         print(f"results: {args.json}")
     return 0
 

@@ -7,7 +7,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, run_block
-from layoutlab.models.registry import register
+from layoutlab.models.registry import POSITIVE, PROBABILITY, Range, register
 
 # (expansion t, channels c, repeats n, first stride s)
 _SETTINGS = (
@@ -91,4 +91,10 @@ register(
     description="MobileNetV2 (inverted residuals, depthwise convs); width_mult scales it",
     default_input=(32, 32, 3),
     tiny={"width_mult": 0.25, "last_channel": 64},
+    ranges={
+        "in_channels": POSITIVE,
+        "last_channel": POSITIVE,
+        "width_mult": Range(0.0, low_open=True),
+        "dropout": PROBABILITY,
+    },
 )(MobileNetV2)

@@ -17,6 +17,35 @@ from layoutlab.precision import get_policy
 
 
 @dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric builder argument may take: ``low <= v < high`` by default
+    (``low_open``/``high_closed`` change the ends; None leaves a side unbounded)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_closed: bool = False
+
+    def __contains__(self, value) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.high is not None:
+            return value <= self.high if self.high_closed else value < self.high
+        return True
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        left = "(" if self.low_open else "["
+        right = "]" if self.high_closed else ")"
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+
+POSITIVE = Range(1)  # widths, channel and unit counts
+PROBABILITY = Range(0.0, 1.0)  # dropout rates: 1 would drop everything
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
     builder: Callable[..., nnx.Module]
@@ -27,6 +56,8 @@ class ModelSpec:
     default_input: tuple[int, ...] = (32, 32, 3)
     # kwargs that make a tiny variant for fast tests and notebooks.
     tiny: dict = dataclasses.field(default_factory=dict)
+    # Numeric builder arguments and the Range each must lie in (checked before a run builds).
+    ranges: dict = dataclasses.field(default_factory=dict)
 
     def input_shape(self, batch: int, layout: Layout | str, spatial=None, channels=None):
         lay = resolve_layout(layout, self.num_spatial)

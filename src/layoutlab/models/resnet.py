@@ -10,7 +10,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, layer_factories, run_block
-from layoutlab.models.registry import register
+from layoutlab.models.registry import POSITIVE, register
 
 
 class BasicBlock(nnx.Module):
@@ -114,21 +114,25 @@ class ResNet(ImageModel):
 
 _CIFAR_TINY = {"width": 8, "stem": "cifar"}
 
+_RANGES = {"in_channels": POSITIVE, "width": POSITIVE}
 register(
     "resnet18",
     description="ResNet-18 (BasicBlock x [2,2,2,2]); stem='imagenet'|'cifar'",
     default_input=(32, 32, 3),
     tiny=_CIFAR_TINY,
+    ranges=_RANGES,
 )(functools.partial(ResNet, BasicBlock, (2, 2, 2, 2)))
 register(
     "resnet34",
     description="ResNet-34 (BasicBlock x [3,4,6,3]); stem='imagenet'|'cifar'",
     default_input=(32, 32, 3),
     tiny=_CIFAR_TINY,
+    ranges=_RANGES,
 )(functools.partial(ResNet, BasicBlock, (3, 4, 6, 3)))
 register(
     "resnet50",
     description="ResNet-50 (Bottleneck x [3,4,6,3], stride on the 3x3); stem='imagenet'|'cifar'",
     default_input=(32, 32, 3),
     tiny=_CIFAR_TINY,
+    ranges=_RANGES,
 )(functools.partial(ResNet, Bottleneck, (3, 4, 6, 3)))

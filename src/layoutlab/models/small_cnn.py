@@ -5,7 +5,7 @@ from __future__ import annotations
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
-from layoutlab.models.registry import register
+from layoutlab.models.registry import POSITIVE, PROBABILITY, register
 
 
 class SmallCNN(ImageModel):
@@ -50,4 +50,5 @@ register(
     description="small CNN (3 conv-bn-relu, max pool, flatten, 2 dense); the digits default",
     default_input=(8, 8, 1),
     tiny={"width": 4, "hidden": 16},
+    ranges={n: POSITIVE for n in ("in_channels", "width", "hidden")} | {"dropout": PROBABILITY},
 )(SmallCNN)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential
-from layoutlab.models.registry import register
+from layoutlab.models.registry import POSITIVE, PROBABILITY, register
 
 _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
@@ -64,4 +64,6 @@ register(
     description="VGG-11 with BatchNorm; adaptive pool to pool_size, classifier width hidden",
     default_input=(32, 32, 3),
     tiny={"width": 8, "hidden": 32, "pool_size": 2},
+    ranges={n: POSITIVE for n in ("in_channels", "width", "hidden", "pool_size")}
+    | {"dropout": PROBABILITY},
 )(VGG)

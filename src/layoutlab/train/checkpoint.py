@@ -9,8 +9,15 @@ Commit order, so that a kill at any instant leaves a usable checkpoint for any
 into place); (2) the manifest is written and checked; (3) only then are steps beyond
 ``max_to_keep`` deleted, each first renamed into ``deleting/`` so none is ever half there.
 orbax's own retention is off (it would delete old steps inside (1)). A step that orbax
-committed but that has no manifest (a kill between (1) and (2)) is verified by reading it:
-its stored arrays must have the recorded shapes and dtypes and restore; then it is used.
+committed but that has no manifest (a kill between (1) and (2)) is certified by its content:
+its arrays are read back and must match the CRC-32s its meta recorded at save time
+(``manifest.array_crc32s``; single-process saves record them). Without them, or when they
+differ, the step counts as unfinished: a resume moves it to ``corrupt/`` and uses the one
+before, a reader refuses it (or, asked for the newest step, reads the one before).
+
+Readers (``read_checkpoint``) hold a shared ``flock`` on ``<dir>/readers.lock`` while they
+list and read a step; the writer takes it exclusively to move steps away (pruning,
+quarantine), so a step being read is never removed under its reader.
 
 PRNG key arrays are stored as their raw ``key_data`` and wrapped again on restore.
 """
@@ -25,16 +32,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from layoutlab.train.checkpoint_io import (
+    READERS_LOCK,
+    certify,
+    check_stored,
+    open_manager,
+    read_leaves,
+    read_meta,
+    steps_pinned,
+    stored_dtype,
+)
 from layoutlab.train.distributed import barrier
 from layoutlab.train.manifest import (
     MANIFEST,
     CheckpointError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
+    array_crc32s,
     has_manifest,
     verify_manifest,
     write_manifest,
@@ -93,10 +110,6 @@ def _describe(state) -> tuple[list, list[str], list[list[int]], list[str]]:
     return leaves, paths, shapes, [str(x.dtype) for x in leaves]
 
 
-def _stored_dtype(name: str):
-    return jnp.uint32 if name.startswith("key<") else jnp.dtype(name)
-
-
 def _saved_paths(meta: dict) -> list[str]:
     paths = []
     for path in meta["paths"]:
@@ -127,72 +140,6 @@ def _check_compatible(step_dir: Path, meta: dict, paths, shapes, dtypes) -> None
     )
 
 
-def _options(writing: bool = True):
-    # Synchronous saves: save() returns once the checkpoint is committed, so the manifest
-    # can be written right after, and the next (buffer-donating) step cannot race it.
-    # max_to_keep=None: retention is ours (see the module docstring).
-    # Readers leave the directory alone (orbax's read_only mode logs warnings instead).
-    return ocp.CheckpointManagerOptions(
-        max_to_keep=None,
-        create=writing,
-        enable_async_checkpointing=False,
-        cleanup_tmp_directories=writing,
-    )
-
-
-def _open_manager(directory: Path, writing: bool) -> ocp.CheckpointManager:
-    # Handlers named up front: a fresh manager otherwise knows no handler for ``state`` and
-    # returns no metadata for a step it did not save itself.
-    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
-    return ocp.CheckpointManager(directory, options=_options(writing), item_handlers=handlers)
-
-
-def _read_meta(manager, step: int, step_dir: Path) -> dict:
-    """The step's ``meta`` item, its files verified first when it has a manifest."""
-    if has_manifest(step_dir):
-        verify_manifest(step_dir)
-    try:
-        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        meta = dict(meta["meta"])
-    except Exception as e:  # orbax raises many types; all mean the same here
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
-    missing = [k for k in ("paths", "shapes", "dtypes") if k not in meta]
-    if missing:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir}: its meta lacks {missing}.")
-    return meta
-
-
-def _check_stored(manager, step: int, step_dir: Path, meta: dict) -> None:
-    """For a step without a manifest: the arrays orbax stored have the shapes and dtypes its
-    meta records (restoring into other shapes could pad or cut them silently)."""
-    try:
-        stored = jax.tree.leaves(manager.item_metadata(step)["state"]["leaves"])
-        got = [(tuple(x.shape), np.dtype(x.dtype)) for x in stored]
-    except Exception as e:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
-    want = [
-        (tuple(s), np.dtype(_stored_dtype(d)))
-        for s, d in zip(meta["shapes"], meta["dtypes"], strict=True)
-    ]
-    if got != want:
-        raise CorruptCheckpointError(
-            f"Checkpoint {step_dir} is incomplete: it has no {MANIFEST} and its stored arrays "
-            "do not match its recorded shapes."
-        )
-
-
-def _read_leaves(manager, step: int, step_dir: Path, abstract: list) -> list:
-    try:
-        with quiet_orbax_failure():  # a damaged step without a manifest fails half way
-            restored = manager.restore(
-                step,
-                args=ocp.args.Composite(state=ocp.args.StandardRestore({"leaves": abstract})),
-            )
-        return restored["state"]["leaves"]
-    except Exception as e:
-        raise CorruptCheckpointError(f"Checkpoint {step_dir} cannot be read: {e}") from e
-
-
 class Checkpointer:
     """Keeps the last ``max_to_keep`` checkpoints of a ``TrainState`` under ``directory``."""
 
@@ -209,9 +156,10 @@ class Checkpointer:
         self.max_to_keep = max_to_keep
         self.log = log
         self._main = jax.process_index() == 0
-        self._manager = _open_manager(self.directory, writing=True)
+        self._manager = open_manager(self.directory, writing=True)
         if self._main:  # what a kill during deletion left
             shutil.rmtree(self.directory / TRASH, ignore_errors=True)
+            (self.directory / READERS_LOCK).touch()
         barrier("layoutlab-open-checkpoints")
 
     def steps(self) -> list[int]:
@@ -236,6 +184,8 @@ class Checkpointer:
             leaves = jax.device_get(leaves)
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
         meta.update(key_impls=impls, extra=extra or {})
+        if jax.process_count() == 1:  # what certifies the step if the manifest never comes
+            meta["array_crc32s"] = array_crc32s(leaves)
         _kill_point("before_save", step)
         with quiet_orbax_failure():
             self._manager.save(
@@ -266,15 +216,16 @@ class Checkpointer:
         if self._main:
             trash = self.directory / TRASH
             trash.mkdir(exist_ok=True)
-            for step in old:
-                os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
-                _kill_point("during_delete", newest)
+            with steps_pinned(self.directory, exclusive=True):
+                for step in old:
+                    os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
+                    _kill_point("during_delete", newest)
             shutil.rmtree(trash)
         barrier(f"layoutlab-prune-{newest}")
         self._manager.reload()
 
     def read_meta(self, step: int) -> dict:
-        return _read_meta(self._manager, step, self.step_dir(step))
+        return read_meta(self._manager, step, self.step_dir(step))
 
     def restore(self, step: int, target):
         """The state saved at ``step``, shaped, typed and sharded like ``target``.
@@ -288,16 +239,23 @@ class Checkpointer:
         leaves, paths, shapes, dtypes = _describe(target)
         _check_compatible(step_dir, meta, paths, shapes, dtypes)
         if not verified:
-            _check_stored(self._manager, step, step_dir, meta)
+            if jax.process_count() > 1:  # no process holds every array to check it
+                raise CorruptCheckpointError(
+                    f"Checkpoint {step_dir} is unfinished: it has no {MANIFEST} (the run was "
+                    "killed while saving it)."
+                )
+            check_stored(self._manager, step, step_dir, meta)
         abstract = [_stored_spec(x) for x in leaves]
-        restored = _read_leaves(self._manager, step, step_dir, abstract)
+        restored = read_leaves(self._manager, step, step_dir, abstract)
         if not verified:
+            certify(step_dir, meta, restored)
             if self._main:
                 write_manifest(step_dir)
             barrier(f"layoutlab-late-manifest-{step}")
             self.log(
                 f"note: checkpoint {step_dir} had no {MANIFEST} (the run was killed right after "
-                "saving it); it reads back whole, so it is used and its manifest written now."
+                "saving it); its arrays match the checksums recorded at save time, so it is "
+                "used and its manifest written now."
             )
         impls = meta.get("key_impls", {})
         values = [
@@ -315,7 +273,8 @@ class Checkpointer:
             n += 1
         if self._main:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(self.step_dir(step)), str(dest))
+            with steps_pinned(self.directory, exclusive=True):
+                shutil.move(str(self.step_dir(step)), str(dest))
         barrier(f"layoutlab-quarantine-{step}")  # nobody reloads before the move
         self._manager.reload()
         return dest
@@ -348,39 +307,58 @@ class Checkpointer:
         self.close()
 
 
-def read_checkpoint(directory: str | os.PathLike, step: int | None = None):
-    """``({path: np.ndarray}, meta)`` of a verified checkpoint, without the model that wrote it.
+def _read_step(manager, directory: Path, step: int):
+    step_dir = directory / str(step)
+    meta = read_meta(manager, step, step_dir)
+    verified = has_manifest(step_dir)
+    if not verified:
+        check_stored(manager, step, step_dir, meta)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = [
+        jax.ShapeDtypeStruct(tuple(shape), stored_dtype(dtype), sharding=device)
+        for shape, dtype in zip(meta["shapes"], meta["dtypes"], strict=True)
+    ]
+    leaves = [np.asarray(x) for x in read_leaves(manager, step, step_dir, abstract)]
+    if not verified:
+        certify(step_dir, meta, leaves)
+    return dict(zip(_saved_paths(meta), leaves, strict=True)), meta
 
-    ``step=None`` reads the newest one. Paths are ``TrainState`` key paths such as
-    ``".params['classifier']..."``; PRNG keys appear as their uint32 key data. Works on any
-    device count: arrays are read onto the first local device. A step without a manifest is
-    read only if its stored arrays match its recorded shapes.
+
+def read_checkpoint(
+    directory: str | os.PathLike, step: int | None = None, *, log: Callable[[str], None] = _stderr
+):
+    """``({path: np.ndarray}, meta)`` of a certified checkpoint, without the model that wrote
+    it; reads only (a live run's directory included: the step read cannot be pruned meanwhile).
+
+    ``step=None`` reads the newest step that is certified (its manifest checks, or without one
+    its arrays match their recorded checksums), saying on ``log`` which newer one it skipped
+    and why. Paths are ``TrainState`` key paths such as ``".params['classifier']..."``; PRNG
+    keys appear as their uint32 key data. Works on any device count: arrays are read onto the
+    first local device.
     """
     directory = Path(directory).absolute()
     if not directory.is_dir():
         raise FileNotFoundError(f"No checkpoint directory {directory}.")
-    manager = _open_manager(directory, writing=False)
-    try:
-        steps = sorted(manager.all_steps())
-        if not steps:
-            raise FileNotFoundError(f"No checkpoints in {directory}.")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise FileNotFoundError(f"No checkpoint for step {step} in {directory}; have {steps}.")
-        step_dir = directory / str(step)
-        meta = _read_meta(manager, step, step_dir)
-        if not has_manifest(step_dir):
-            _check_stored(manager, step, step_dir, meta)
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        abstract = [
-            jax.ShapeDtypeStruct(tuple(shape), _stored_dtype(dtype), sharding=device)
-            for shape, dtype in zip(meta["shapes"], meta["dtypes"], strict=True)
-        ]
-        leaves = _read_leaves(manager, step, step_dir, abstract)
-    finally:
-        manager.close()
-    paths = _saved_paths(meta)
-    return dict(zip(paths, (np.asarray(x) for x in leaves), strict=True)), meta
+    with steps_pinned(directory, exclusive=False):
+        manager = open_manager(directory, writing=False)
+        try:
+            steps = sorted(manager.all_steps())
+            if not steps:
+                raise FileNotFoundError(f"No checkpoints in {directory}.")
+            if step is not None:
+                if step not in steps:
+                    raise FileNotFoundError(
+                        f"No checkpoint for step {step} in {directory}; have {steps}."
+                    )
+                return _read_step(manager, directory, step)
+            for candidate in reversed(steps[1:]):
+                try:
+                    return _read_step(manager, directory, candidate)
+                except CorruptCheckpointError as e:
+                    log(f"note: {e} Reading the step before it.")
+            return _read_step(manager, directory, steps[0])
+        finally:
+            manager.close()
 
 
 def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
@@ -389,13 +367,14 @@ def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
     directory = Path(directory).absolute()
     if not directory.is_dir():
         return None
-    manager = _open_manager(directory, writing=False)
-    try:
-        for step in sorted(manager.all_steps(), reverse=True):
-            try:
-                return _read_meta(manager, step, directory / str(step)), directory / str(step)
-            except CorruptCheckpointError:
-                continue
-    finally:
-        manager.close()
+    with steps_pinned(directory, exclusive=False):
+        manager = open_manager(directory, writing=False)
+        try:
+            for step in sorted(manager.all_steps(), reverse=True):
+                try:
+                    return read_meta(manager, step, directory / str(step)), directory / str(step)
+                except CorruptCheckpointError:
+                    continue
+        finally:
+            manager.close()
     return None

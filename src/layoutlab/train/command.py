@@ -206,14 +206,11 @@ def _saved_config(workdir: Path) -> TrainConfig:
     """The run's config for ``--resume``: its ``config.json`` (where you may edit what may
     change), else its newest readable checkpoint's; an error if it has neither."""
     from layoutlab.train.loop import CHECKPOINT_DIR
-    from layoutlab.train.resume import saved_run_config
+    from layoutlab.train.resume import nothing_to_resume, saved_run_config
 
     found = saved_run_config(workdir, workdir / CHECKPOINT_DIR, prefer_config_json=True)
     if found is None:
-        raise ValueError(
-            f"Nothing to resume in {workdir}: it has no config.json and no checkpoint; "
-            "check --workdir, or start a new run there without --resume."
-        )
+        raise nothing_to_resume(workdir)
     saved, source = found
     try:
         return TrainConfig.from_dict(saved)
@@ -253,6 +250,12 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
         if not sep or not name:
             raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
         overrides.append(f"xla_options.{name}={value}")
+    if args.resume and any(item.partition("=")[0].strip() == "conv_plan" for item in args.set):
+        # None is also "not given" in a TrainConfig, so only here can the ask be told apart.
+        raise ValueError(
+            "--set conv_plan cannot be used with --resume: a run keeps the conv plan it was "
+            "trained with (its config.json); drop it, or start a new workdir."
+        )
     config = apply_overrides(config, overrides + list(args.set))
     if args.tiny:
         from layoutlab import models

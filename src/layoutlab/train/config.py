@@ -111,6 +111,10 @@ class TrainConfig:
     # "replicated": each device holds the whole train state; "fsdp": parameters and
     # optimizer state are split over the data axis too (about 1/N of them per device).
     param_sharding: str = "replicated"
+    # What the training data was read from, filled in when the run starts (folder data:
+    # {"files", "bytes", "sha256"} of its files; None for the built-in sets); a resume on
+    # other data is refused.
+    data_fingerprint: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -61,6 +61,7 @@ from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
+from layoutlab.train.run_data import with_data_fingerprint
 from layoutlab.train.sharding import (
     Shardings,
     assemble,
@@ -89,6 +90,7 @@ CHECKPOINT_DIR = "checkpoints"
 _INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 # Metrics are fetched from the device every this many micro-steps (each fetch syncs).
 _FETCH_EVERY = 10
+_METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
 
 
 def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
@@ -224,17 +226,22 @@ def train_and_evaluate(
     ``ValueError`` before anything is compiled; a filesystem error is raised as a
     ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
+    asked = config
     config = validate(config, jax.device_count())
     workdir = Path(workdir)
     dataset = load_run_data(config)
-    schedule = make_step_schedule(config, dataset)
-    _check_dataset(config, dataset)
+    config = with_data_fingerprint(config, dataset)
     try:
+        if resume:
+            # Before the model is built: a changed model is then named as such, not by its
+            # conv plan. Reads only; the lock below keeps a second trainer out.
+            make_workdir(workdir, create=False)
+            config = check_resume(config, workdir, workdir / CHECKPOINT_DIR, asked)
+        schedule = make_step_schedule(config, dataset)
+        _check_dataset(config, dataset)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
-            if resume:
-                config = check_resume(config, workdir, workdir / CHECKPOINT_DIR)
             agree_on_run(lambda: run_fingerprint(config, dataset, schedule, _abstract_model(
                 config, dataset)))  # fmt: skip
             ckpt = _open_checkpoints(workdir, config, resume)
@@ -306,10 +313,13 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     if report_coverage:
         _report_plan_coverage(config, dataset, shard, progress_log)
-    state, start = None, 0
+    state, start, meter = None, 0, RunningMean()
     if resume:
         abstract = _abstract(init, state_sharding)
-        state, start = restore_or_start(ckpt, abstract, schedule.accum_steps, progress_log)
+        state, start, extra = restore_or_start(
+            ckpt, abstract, schedule, workdir / METRICS_FILE, progress_log
+        )
+        meter = RunningMean.from_dict(extra.get(_METER_KEY))
     if state is None:
         # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
         # (threefry is slow to optimize); float results may differ from an eager init by
@@ -342,7 +352,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
     run = _Run(config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
                main, step_log)  # fmt: skip
     try:
-        state, record = _loop(run, state, start)
+        state, record = _loop(run, state, start, meter)
     finally:
         progress.close()
         step_log.close()
@@ -365,8 +375,12 @@ def _eval_record(run: _Run, state, step: int) -> dict:
     return record
 
 
-def _loop(run: _Run, state, start: int):
-    """Steps ``start + 1 .. total``; returns the final state and the last eval record."""
+def _loop(run: _Run, state, start: int, meter: RunningMean):
+    """Steps ``start + 1 .. total``; returns the final state and the last eval record.
+
+    ``meter`` holds the train metrics since the last evaluation; every checkpoint carries it
+    (``extra["train_meter"]``), so a resumed run's first record averages the same steps, in
+    the same order, as the uninterrupted run's."""
     config, schedule = run.config, run.schedule
     accum = schedule.accum_steps
     batches = train_batches(
@@ -378,7 +392,7 @@ def _loop(run: _Run, state, start: int):
         num_steps=(schedule.total_steps - start) * accum,
         rows=local_rows(run.shard.batch, config.batch_size),
     )
-    meter, pending = RunningMean(), []
+    pending = []
     step, micro, record = start, start * accum, None
     run_start = interval_start = time.perf_counter()
     interval_images = 0
@@ -428,7 +442,9 @@ def _loop(run: _Run, state, start: int):
                 meter.reset()
             if step % schedule.checkpoint_every == 0 or is_last:
                 saving = time.perf_counter()
-                run.ckpt.save(step, state, {"config": config.to_dict()})
+                fetch()  # the meter then covers every step up to this one
+                extra = {"config": config.to_dict(), _METER_KEY: meter.to_dict()}
+                run.ckpt.save(step, state, extra)
                 interval_start += time.perf_counter() - saving  # not training time
             if evaluating:
                 interval_start, interval_images = time.perf_counter(), 0

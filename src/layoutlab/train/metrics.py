@@ -85,5 +85,18 @@ class RunningMean:
             self.sums[k] = self.sums.get(k, 0.0) + float(v)
         self.count += 1
 
+    def to_dict(self) -> dict:
+        """JSON-ready; float64 sums round-trip through JSON exactly."""
+        return {"sums": dict(self.sums), "count": self.count}
+
+    @classmethod
+    def from_dict(cls, saved: dict | None) -> RunningMean:
+        """A meter continuing ``saved`` (``to_dict``); empty for None (older checkpoints)."""
+        meter = cls()
+        if isinstance(saved, dict):
+            meter.sums = {str(k): float(v) for k, v in saved.get("sums", {}).items()}
+            meter.count = int(saved.get("count", 0))
+        return meter
+
     def mean(self, key: str) -> float:
         return self.sums.get(key, math.nan) / self.count if self.count else math.nan

@@ -1,7 +1,8 @@
 """Checks of a config's model and its keyword arguments against the builder's signature.
 
 The builders carry no annotations, so a keyword argument's type is judged by its default
-(``width=32`` takes an integer). What the types cannot say (a negative width) the loop
+(``width=32`` takes an integer); its range comes from the model's registration
+(``ModelSpec.ranges``: ``dropout`` in [0, 1), widths >= 1). What neither can say the loop
 finds by building the model abstractly before anything compiles.
 """
 
@@ -59,6 +60,7 @@ def _kwarg_kind(default) -> tuple[tuple[type, ...], str] | None:
 
 def _check_model_kwargs(config: TrainConfig) -> None:
     defaults = {p.name: p.default for p in _builder_parameters(config.model)}
+    ranges = models.spec(config.model).ranges
     for name, value in config.model_kwargs.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"model_kwargs.{name} must be finite, got {value!r}.")
@@ -72,6 +74,12 @@ def _check_model_kwargs(config: TrainConfig) -> None:
                 f"model_kwargs.{name} of {config.model!r} must be {what} (its default is "
                 f"{defaults[name]!r}), got {value!r}; e.g. --set model_kwargs.{name}="
                 f"{json.dumps(defaults[name])}."
+            )
+        allowed = ranges.get(name)
+        if allowed is not None and not isinstance(value, bool) and value not in allowed:
+            raise ValueError(
+                f"model_kwargs.{name} of {config.model!r} must be {allowed}, got {value!r}; "
+                f"e.g. --set model_kwargs.{name}={json.dumps(defaults[name])}."
             )
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from layoutlab.train.checkpoint import Checkpointer, newest_meta
 from layoutlab.train.config import TrainConfig, field_names, with_legacy_defaults
-from layoutlab.train.metrics import CONFIG_FILE
+from layoutlab.train.metrics import CONFIG_FILE, read_records
+from layoutlab.train.run_data import data_change
 from layoutlab.train.state import TrainState
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MAY_CHANGE",
     "ResumeError",
     "check_resume",
+    "nothing_to_resume",
     "restore_or_start",
     "saved_run_config",
 ]
@@ -90,56 +92,143 @@ def saved_run_config(
     return None
 
 
-def check_resume(config: TrainConfig, workdir: Path, checkpoint_dir: Path) -> TrainConfig:
+def nothing_to_resume(workdir: Path) -> ResumeError:
+    """The error for a workdir without config.json or checkpoint: a wrong path, or a run
+    killed before it wrote either."""
+    began = workdir.is_dir() and any(workdir.iterdir())
+    return ResumeError(
+        f"Nothing to resume in {workdir}: it has no {CONFIG_FILE} and no checkpoint"
+        + (
+            " (its run was stopped before it began training); start it again without "
+            "--resume (resume=False)."
+            if began
+            else "; check the path, or start a new run there without --resume (resume=False)."
+        )
+    )
+
+
+def _canonical(name: str, value):
+    """What ``value`` of field ``name`` means, so that spellings of one setting compare equal
+    (``nhwc`` and ``NHWC``, ``p=f32,c=f32,o=f32`` and ``fp32``)."""
+    try:
+        if name == "layout":
+            from layoutlab.layout import parse_layout
+
+            return parse_layout(value)
+        if name == "precision":
+            from layoutlab.precision import get_policy
+
+            return get_policy(value)
+        if name == "model":
+            from layoutlab import models
+
+            return models.spec(value).name
+    except ValueError:
+        pass  # a saved value this version no longer reads: compared as written
+    return value
+
+
+def _refuse(workdir: Path, name: str, asked, saved, source: str) -> ResumeError:
+    return ResumeError(
+        f"Cannot resume {workdir} with {name}={asked!r}: the run was trained with "
+        f"{name}={saved!r} ({source}), and {name} may not change within a run. "
+        "Drop the setting that changes it, or start a new workdir."
+    )
+
+
+def _explicit(asked: TrainConfig | None, name: str) -> bool:
+    """Whether the caller set ``name`` itself (an ``"auto"``/None value asks for nothing)."""
+    if asked is None:
+        return False
+    return getattr(asked, name) not in (None, "auto")
+
+
+def check_resume(
+    config: TrainConfig, workdir: Path, checkpoint_dir: Path, asked: TrainConfig | None = None
+) -> TrainConfig:
     """``config`` (resolved) with the ``FROM_CHECKPOINT`` fields of the saved run; raises
-    ``ResumeError`` if there is no run to continue or a field outside ``MAY_CHANGE`` differs."""
+    ``ResumeError`` if there is no run to continue or a field outside ``MAY_CHANGE`` differs
+    in meaning (spellings of one value are equal, and the saved spelling is kept).
+    ``asked`` is the config as given, before resolution: a ``FROM_CHECKPOINT`` field it sets
+    explicitly to another value than the run's is refused, not replaced."""
     found = saved_run_config(workdir, checkpoint_dir)
     if found is None:
-        raise ResumeError(
-            f"Nothing to resume in {workdir}: it has no {CONFIG_FILE} and no checkpoint; "
-            "check the path, or start a new run there without --resume (resume=False)."
-        )
+        raise nothing_to_resume(workdir)
     saved, source = found
     saved = with_legacy_defaults(saved)  # e.g. activation_storage, from before it existed
-    asked = config.to_dict()
+    have = config.to_dict()
+    if change := data_change(config, saved.get("data_fingerprint"), config.data_fingerprint):
+        raise ResumeError(f"Cannot resume {workdir}: {change}")
+    kept = {}
     for name in field_names():
         if name in MAY_CHANGE or name in FROM_CHECKPOINT or name not in saved:
             continue
-        if asked[name] != saved[name]:
+        if name == "data_fingerprint":
+            continue  # compared above, with what changed named
+        if have[name] == saved[name]:
+            continue
+        if _canonical(name, have[name]) != _canonical(name, saved[name]):
+            raise _refuse(workdir, name, have[name], saved[name], source)
+        kept[name] = saved[name]
+    for name in FROM_CHECKPOINT:
+        if name not in saved:
+            continue
+        value = getattr(TrainConfig.from_dict({name: saved[name]}), name)
+        if _explicit(asked, name) and getattr(asked, name) != value:
             raise ResumeError(
-                f"Cannot resume {workdir} with {name}={asked[name]!r}: the run was trained with "
-                f"{name}={saved[name]!r} ({source}), and {name} may not change within a run. "
-                "Drop the setting that changes it, or start a new workdir."
+                f"Cannot resume {workdir} with {name}={getattr(asked, name)!r}: a run keeps "
+                f"its {name} ({value!r} in {source}). Drop that setting, or start a new "
+                "workdir."
             )
-    taken = {
-        name: getattr(TrainConfig.from_dict({name: saved[name]}), name)
-        for name in FROM_CHECKPOINT
-        if name in saved and name in asked
-    }
-    return dataclasses.replace(config, **taken) if taken else config
+        kept[name] = value
+    return dataclasses.replace(config, **kept) if kept else config
+
+
+def _history(metrics_path: Path, checkpoint_every: int) -> list[int]:
+    """Steps of recorded evaluations past the first checkpoint: the loop passes a save only
+    once it is finished, so such records mean a finished checkpoint existed."""
+    return [r["step"] for r in read_records(metrics_path) if r.get("step", 0) > checkpoint_every]
 
 
 def restore_or_start(
-    ckpt: Checkpointer, abstract, accum_steps: int, log
-) -> tuple[TrainState | None, int]:
-    """``(state, step)`` of the newest checkpoint that restores, or ``(None, 0)`` with a
-    notice on ``ckpt.log`` (shown even when quiet) when none does: a kill during the first
-    save. ``check_resume`` has compared the config already."""
+    ckpt: Checkpointer, abstract, schedule, metrics_path: Path, log
+) -> tuple[TrainState | None, int, dict]:
+    """``(state, step, the checkpoint's extra)`` of the newest checkpoint that restores, or
+    ``(None, 0, {})`` with a notice on ``ckpt.log`` (shown even when quiet) when none does
+    and the run has no history beyond its first save (a kill during that save). With no
+    usable checkpoint but a longer history the resume is refused: starting again from step
+    0 would replace that history, which only a run without --resume may do.
+    ``check_resume`` has compared the config already."""
     had = ckpt.steps()
     found = ckpt.restore_latest(abstract)
     if found is None:
         why = "none restores (moved to corrupt/)" if had else "none was finished"
+        history = _history(metrics_path, schedule.checkpoint_every)
+        if history:
+            raise ResumeError(
+                f"Cannot resume {ckpt.directory.parent}: it has no usable checkpoint ({why}) "
+                f"but {metrics_path.name} records the run up to step {max(history)}; to train "
+                "it again from step 0 (replacing that history) run without --resume, or "
+                "restore its checkpoints."
+            )
         ckpt.log(
             f"note: no usable checkpoint under {ckpt.directory} ({why}); starting from step 0 "
             "with the run's config."
         )
-        return None, 0
+        return None, 0, {}
     state, step = found
+    accum_steps = schedule.accum_steps
     if int(state.step) != step * accum_steps:
         raise ResumeError(
             f"Checkpoint {ckpt.step_dir(step)} is at micro-step {int(state.step)}, expected "
             f"{step * accum_steps} for accum_steps={accum_steps}; resume with the "
             "accum_steps of the run that wrote it."
         )
+    if step > schedule.total_steps:
+        raise ResumeError(
+            f"Cannot resume {ckpt.directory.parent} for {schedule.total_steps} steps: the run "
+            f"is at step {step} already; ask for more steps (--steps N with N >= {step}, or "
+            "more --epochs), or read it as it is with `layoutlab evaluate`."
+        )
     log(f"Resuming from {ckpt.step_dir(step)} (step {step}).")
-    return state, step
+    return state, step, ckpt.read_meta(step).get("extra", {})

@@ -14,7 +14,13 @@ if TYPE_CHECKING:
     from layoutlab.data import Dataset
     from layoutlab.train.config import TrainConfig
 
-__all__ = ["image_size_value", "load_run_data", "parse_image_size"]
+__all__ = [
+    "data_change",
+    "image_size_value",
+    "load_run_data",
+    "parse_image_size",
+    "with_data_fingerprint",
+]
 
 
 def image_size_value(value) -> list:
@@ -49,3 +55,32 @@ def load_run_data(config: TrainConfig) -> Dataset:
 
     size = None if config.image_size is None else tuple(config.image_size)
     return get_dataset(config.data, image_size=size)
+
+
+def data_change(config: TrainConfig, recorded: dict | None, have: dict | None) -> str | None:
+    """None when the data read now (fingerprint ``have``) is what ``recorded`` describes (or
+    nothing was recorded: built-in data, runs from before fingerprints), else one sentence
+    naming what changed and the fix."""
+    if recorded is None or recorded == have:
+        return None
+    if not isinstance(have, dict) or not isinstance(recorded, dict):
+        what = "it has no fingerprint now"
+    else:
+        what = []
+        for key, unit in (("files", "files"), ("bytes", "bytes")):
+            if have.get(key) != recorded.get(key):
+                what.append(f"{have.get(key)} {unit} now, {recorded.get(key)} when the run started")
+        what = "; ".join(what) or "as many files of the same sizes, but other contents or names"
+    return (
+        f"The training data {config.data!r} is not what the run was trained on ({what}). "
+        "Restore that data, or train on the new data in a new workdir."
+    )
+
+
+def with_data_fingerprint(config: TrainConfig, dataset: Dataset) -> TrainConfig:
+    """``config`` recording what its data was read from now. A value it carried (a config.json
+    given to ``--config``) is replaced: the fingerprint describes a run's own data, and only a
+    resume compares it (``train.resume.check_resume``)."""
+    import dataclasses
+
+    return dataclasses.replace(config, data_fingerprint=dataset.fingerprint)
