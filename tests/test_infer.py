@@ -116,6 +116,20 @@ def test_evaluate_on_another_data_set_of_the_same_shape(run_dir):
     assert np.trace(confusion) == round(result["test_accuracy"] * 16)
 
 
+def test_evaluate_cli_on_another_data_set_keeps_the_runs_plot(run_dir, tmp_path, capsys):
+    # --json prints the results as JSON; the other data set's plot is named after it, so
+    # it cannot replace the plot of the run's own test split in the same --out.
+    code, out, err = _cli(
+        capsys, "evaluate", "--workdir", run_dir, "--data", "synthetic:8x8x1:10:80", "--json",
+        "--out", tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    step = json.loads(out)["step"]
+    assert [p.name for p in tmp_path.glob("*.png")] == [
+        f"confusion_step{step}_synthetic_8x8x1_10_80.png"
+    ]
+
+
 # --- load_model -----------------------------------------------------------------------------
 
 

@@ -126,11 +126,14 @@ def test_only_process_0_writes_the_run_files(two_process_run):
 
 def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path):
     # The resume joins through JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID.
-    workdir = tmp_path / "killed"
-    killed = _launch(workdir, env_extra={KILL_HOOK_ENV: "before_save@6"})
+    # Checkpoints every 2 steps, evaluations every 3: the resume starts from step 4, between
+    # evaluations, so step 6's train metrics need step 4's, carried in the checkpoint.
+    workdir, every_2 = tmp_path / "killed", ("--set", "checkpoint_every=2")
+    killed = _launch(workdir, *every_2, env_extra={KILL_HOOK_ENV: "before_save@6"})
     assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
-    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["3"]
-    resumed = _launch(workdir, "--resume", launch_flags=_by_environment)
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == 4, saved
+    resumed = _launch(workdir, "--resume", *every_2, launch_flags=_by_environment)
     for code, _, err in resumed:
         assert code == 0, err[-2000:]
     want, _ = read_checkpoint(two_process_run[0] / "checkpoints")
@@ -138,6 +141,10 @@ def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path):
     assert meta["step"] == 6
     for path in want:
         np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    # metrics.jsonl as the uninterrupted run wrote it, train metrics included, bit for bit
+    keys = ("step", "epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy")
+    rows = [read_records(d / "metrics.jsonl") for d in (workdir, two_process_run[0])]
+    assert [[r[k] for k in keys] for r in rows[0]] == [[r[k] for k in keys] for r in rows[1]]
 
 
 def _one_line_error(result, *words):
