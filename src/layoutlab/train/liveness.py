@@ -45,9 +45,11 @@ def _client():
     return distributed.global_state.client
 
 
-def _print_once(message: str) -> bool:
+def _print_once(message: str, *, again: bool = False) -> bool:
+    """Prints the error unless one was printed already; ``again``: print it regardless (each
+    command run's own error, which in-process callers such as tests make many of)."""
     with _lock:
-        if _printed.is_set():
+        if _printed.is_set() and not again:
             return False
         _printed.set()
     print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
@@ -68,9 +70,9 @@ def report_failure(message: str) -> None:
 
 
 def stop_with(message: str) -> int:
-    """Prints ``error: message`` (once per process) and records the failure for the other
+    """Prints ``error: message`` and records the failure for the other
     processes of a distributed run; returns the exit code, 2."""
-    _print_once(message)
+    _print_once(message, again=True)
     report_failure(message)
     return 2
 
