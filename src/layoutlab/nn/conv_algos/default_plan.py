@@ -32,7 +32,10 @@ __all__ = ["Rule", "DEFAULT_RULES", "default_algorithm"]
 
 
 class Rule(NamedTuple):
-    """A shape class: kernel, strides, in-channel bounds and the largest spatial size."""
+    """A shape class: kernel, strides, in-channel bounds, spatial size bounds and the batch
+    sizes it was measured to win at (``min_batch`` to ``max_batch``, inclusive): the same
+    conv at batch 1 and at batch 128 is a different amount of work, and what wins at one
+    can lose at the other."""
 
     algorithm: str
     kernel: tuple[int, int]
@@ -41,12 +44,18 @@ class Rule(NamedTuple):
     max_in: int | None = None
     max_size: int | None = None
     min_size: int = 1
+    min_batch: int = 1
+    max_batch: int | None = None
 
     def matches(self, spec: ConvSpec) -> bool:
         g = spec.geometry
         if g.kernel_size != self.kernel or g.strides != self.strides or g.groups != 1:
             return False
         if g.dilation != (1, 1) or spec.in_features < self.min_in:
+            return False
+        if spec.batch < self.min_batch or (
+            self.max_batch is not None and spec.batch > self.max_batch
+        ):
             return False
         if self.max_in is not None and spec.in_features > self.max_in:
             return False
@@ -60,21 +69,27 @@ _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``.
 _IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32)
-# (cpu kind, objective, dtype) -> rules, first match wins.
+# (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
+# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256); AVX-512 was measured
+# at batch 128 only, so its rules start there (smaller batches run ``xla``: on AVX2 the same
+# Winograd rules lost up to 10x at batch 1 and 8).
 DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx2", "train", "float32"): (
-        Rule("winograd4_xla_dw", **_WINOGRAD_SMALL),
-        Rule("im2col", (1, 1), (2, 2), min_size=16),
+        Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
+        Rule("im2col", (1, 1), (2, 2), max_in=128, min_size=16),
     ),
-    ("avx2", "inference", "float32"): (Rule("winograd4_xla_dw", **_WINOGRAD_SMALL),),
+    ("avx2", "inference", "float32"): (
+        Rule("winograd4_xla_dw", **{**_WINOGRAD_SMALL, "min_size": 8}, min_batch=32),
+        Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
+    ),
     ("avx512", "train", "float32"): (
-        Rule("winograd4_full", **_WINOGRAD_SMALL),
-        Rule("im2col", (1, 1), (2, 2)),
-        Rule("im2col", **_IM2COL_STEM),
+        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
+        Rule("im2col", (1, 1), (2, 2), min_batch=128),
+        Rule("im2col", **_IM2COL_STEM, min_batch=128),
     ),
     ("avx512", "inference", "float32"): (
-        Rule("winograd4_full", **_WINOGRAD_SMALL),
-        Rule("im2col", **_IM2COL_STEM),
+        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
+        Rule("im2col", **_IM2COL_STEM, min_batch=128),
     ),
 }
 
