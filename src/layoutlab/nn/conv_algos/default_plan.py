@@ -1,22 +1,27 @@
 """The shipped conv table: what an ``"auto"`` conv runs when nothing was tuned for it.
 
-Each rule names a conv shape class and the algorithm the autotuner measured fastest on it
-(forward, input and weight gradient together for training; the forward for inference),
-per CPU kind and compute dtype. A shape no rule names runs ``xla``, and so does every conv
-on GPU: nothing is measured there yet. The measurements behind the rules, each against
-``xla`` in interleaved rounds, on ResNet-18 CIFAR shapes at batch 128, float32, NHWC,
+Each rule names a conv shape class, the batch sizes it holds for, and the algorithm the
+autotuner measured fastest on it (forward, input and weight gradient together for training;
+the forward for inference), per CPU kind and compute dtype. A shape or batch no rule names
+runs ``xla``, and so does every conv on GPU: nothing is measured there yet. The
+measurements behind the rules, each against ``xla`` in interleaved rounds, float32, NHWC,
 with ``cpu_fast_options``:
 
-- AVX2 (2-core AMD EPYC, 2026-11-22,
-  ``benchmarks/results/conv_autotune_resnet18_cifar_b128_train_cpu.md``): Winograd
-  forward and input gradient with XLA's weight gradient on 3x3 stride-1 convs at 16x16 and
-  below with 128+ channels (150 against 184, 122 against 179, 115 against 172 ms); im2col on
-  1x1 stride-2 convs at 16x16 and above (20 against 32, 14 against 17 ms).
+- AVX2 (2-core AMD EPYC): at batch 128 on an idle machine (2026-11-22,
+  ``benchmarks/results/conv_autotune_resnet18_cifar_b128_train_cpu.md``), Winograd forward
+  and input gradient with XLA's weight gradient on 3x3 stride-1 convs at 16x16 and below
+  with 128+ channels (150 against 184, 122 against 179, 115 against 172 ms); im2col on 1x1
+  stride-2 convs at 16x16 and above (20 against 32, 14 against 17 ms). Across batch 1-256
+  on a shared machine (2026-11-25, ``benchmarks/results/conv_rules_by_batch_avx2_cpu.md``):
+  the same Winograd ran 0.2-0.7x of ``xla`` at batch 1 and 0.3-1.4x at batch 8-64 in
+  training, so training keeps it from batch 128; in inference it won at batch 32 on 8x8
+  and larger inputs but lost on 4x4 below 128; im2col won or tied at every batch on
+  ResNet-18's 64- and 128-channel shapes, not clearly on ResNet-50's wider ones.
 - AVX-512 (2-core AMD EPYC with AVX-512 and bf16, 2026-11-24,
   ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
   (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
   convs do not; im2col on every 1x1 stride-2 conv and on the 3-channel stem at 32x32 and
-  above.
+  above. Measured at batch 128 only, so these rules start at batch 128.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
 only the im2col rules apply; they were measured in float32 only, so those dtypes get none.
