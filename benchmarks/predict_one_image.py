@@ -14,7 +14,7 @@ time), writes one PNG, then times in interleaved rounds (A B C ... A B C ...):
   (what predict ran before);
 - ``torch eager <format>``: the PyTorch mirror of the model (``bench.torch_runner``) on
   the same image, read and normalized with PIL and NumPy, ``torch.inference_mode``, in
-  ``contiguous`` and ``channels_last`` memory.
+  ``contiguous`` and ``channels_last`` memory, and contiguous on one thread.
 
 Each row: the median ms with its 95% interval, and the ratio to the faster PyTorch row as
 the median of per-round ratios with its interval (``bench.stats.paired_ratio``). Also the
@@ -24,6 +24,7 @@ first predict_files call's time (trace + compile) and the second's (cached).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import tempfile
 import time
@@ -118,8 +119,21 @@ def main(argv=None) -> None:
     std = np.asarray([s if s > 0 else 1.0 for s in run.dataset.std], np.float32)
     for name, fmt in (("contiguous", torch.contiguous_format), ("channels_last",
                                                                 torch.channels_last)):  # fmt: skip
-        mod = module.to(memory_format=fmt)
+        mod = copy.deepcopy(module).to(memory_format=fmt)  # .to() converts in place
         calls[f"torch eager {name}"] = _torch_call(mod, torch, fmt, png, mean, std)
+    # One thread: under contention PyTorch's two OpenMP threads wait for each other at every
+    # op's barrier, which a single thread never does (what a loaded machine costs each).
+    single = _torch_call(module, torch, torch.contiguous_format, png, mean, std)
+    threads = torch.get_num_threads()
+
+    def one_thread():
+        torch.set_num_threads(1)
+        try:
+            return single()
+        finally:
+            torch.set_num_threads(threads)
+
+    calls["torch eager contiguous, 1 thread"] = one_thread
     meter = OtherLoad()
     rounds = interleaved_rounds(calls, args.rounds, warmup=3)
     others = meter.cores()

@@ -100,10 +100,10 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=8)
 def _forward(defs, options: tuple) -> Callable:
     """The run's forward, jitted once per model and options: a second ``predict_files`` on
-    the same run reuses the compiled program instead of tracing and compiling again (about
-    2 s for ResNet-18 on 2 cores, 100x its batch-1 forward). ``options``: the run's
-    inference XLA options (on CPU those evaluation uses; without them a batch-1 ResNet-18
-    forward took about twice as long)."""
+    the same run reuses the compiled program instead of tracing and compiling again (1.5-3 s
+    for ResNet-18 on 2 cores, against 40-110 ms for the second call). ``options``: the run's
+    inference XLA options (on CPU those evaluation uses), which made a batch-1 ResNet-18
+    forward 3-5x faster (benchmarks/results/predict_one_image_resnet18_cifar_cpu.md)."""
     return jax.jit(make_forward(defs), compiler_options=dict(options) or None)
 
 
