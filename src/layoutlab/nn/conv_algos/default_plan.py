@@ -13,10 +13,11 @@ with ``cpu_fast_options``:
   with 128+ channels (150 against 184, 122 against 179, 115 against 172 ms); im2col on 1x1
   stride-2 convs at 16x16 and above (20 against 32, 14 against 17 ms). Across batch 1-256
   on a shared machine (2026-11-25, ``benchmarks/results/conv_rules_by_batch_avx2_cpu.md``):
-  the same Winograd ran 0.2-0.7x of ``xla`` at batch 1 and 0.3-1.4x at batch 8-64 in
-  training, so training keeps it from batch 128; in inference it won at batch 32 on 8x8
-  and larger inputs but lost on 4x4 below 128; im2col won or tied at every batch on
-  ResNet-18's 64- and 128-channel shapes, not clearly on ResNet-50's wider ones.
+  the same Winograd ran 0.1-0.7x of ``xla`` at batch 1 (7 of 10 shapes; ties on the rest)
+  and 0.3-1.4x at batch 8-64 in training, so training keeps it from batch 128; in
+  inference it won at batch 32 on 8x8 and larger inputs but lost on 4x4 below 128; im2col
+  won or tied at every batch on ResNet-18's 64- and 128-channel shapes, not clearly on
+  ResNet-50's wider ones.
 - AVX-512 (2-core AMD EPYC with AVX-512 and bf16, 2026-11-24,
   ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
   (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
