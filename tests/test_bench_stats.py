@@ -118,9 +118,42 @@ def test_other_load_counts_other_processes_not_this_one(monkeypatch):
     # them this process's own (its threads): other processes kept 1 core busy.
     readings = {"busy": iter([100.0, 103.0]), "own": iter([10.0, 11.0]), "wall": iter([0, 2])}
     monkeypatch.setattr(stats, "_busy_seconds", lambda: next(readings["busy"]))
+    monkeypatch.setattr(stats, "_sample_runnable", lambda: None)  # no run-queue samples
     monkeypatch.setattr(stats.time, "process_time", lambda: next(readings["own"]))
     monkeypatch.setattr(stats.time, "perf_counter", lambda: next(readings["wall"]))
     assert stats.OtherLoad().cores() == 1.0
+
+
+# /proc/stat of a 2-core machine: 10 s of wall time apart (100 ticks a second), with 3
+# tasks runnable at the second reading.
+_PROC_STAT = """cpu  {user} 0 {system} {idle} 0 0 0 0 0 0
+cpu0 0 0 0 0 0 0 0 0 0 0
+intr 0
+procs_running {running}
+procs_blocked 0
+"""
+
+
+def test_one_busy_core_is_flagged_even_when_it_gets_less_than_its_share():
+    from layoutlab.bench.stats import OTHERS_LIMIT_CORES, other_cores, parse_proc_stat
+
+    before = parse_proc_stat(_PROC_STAT.format(user=1000, system=0, idle=5000, running=1))
+    after = parse_proc_stat(_PROC_STAT.format(user=2800, system=100, idle=5100, running=3))
+    assert before == (1000.0, 1) and after == (2900.0, 3)
+    # Over 10 s both cores were busy 19 of 20 core-seconds; the benchmark's own threads
+    # took 15 of them, so the process burning a core beside it got 0.4 cores: under the
+    # 0.5 limit by CPU time. It was runnable all the time: each sample saw one runnable
+    # task that was not the benchmark's (3 runnable, 2 of them its threads).
+    busy_s, own_s = (after[0] - before[0]) / 100, 15.0
+    assert other_cores(busy_s, own_s, 10.0, []) == pytest.approx(0.4)
+    samples = [(3, 2)] * 50 + [(2, 1)] * 50
+    burning = other_cores(busy_s, own_s, 10.0, samples)
+    assert burning == pytest.approx(1.0)
+    assert burning > OTHERS_LIMIT_CORES
+    assert unstable_reason([0.1] * 8, burning) == "other processes used 1.0 cores"
+    # An idle machine: only the benchmark's own threads were ever runnable.
+    idle = other_cores(0.5 + own_s, own_s, 10.0, [(2, 2)] * 99 + [(3, 2)])
+    assert idle == pytest.approx(0.05) and unstable_reason([0.1] * 8, idle) is None
 
 
 def _pair(layoutlab_ms, torch_ms):
@@ -146,6 +179,44 @@ def test_ratios_carry_intervals_and_say_when_they_cannot_tell():
     assert same["ratio_ci_low"] <= 1.0 <= same["ratio_ci_high"]
     interval = paired_ratio(torch_ms, [t * 0.8 for t in torch_ms])
     assert interval.value == pytest.approx(1.25)
+
+
+def test_the_ratio_lies_inside_its_own_interval():
+    # Rounds where the ratio of the medians (1.0: both medians are 100 ms) and the median of
+    # the per-round ratios (about 1.25: layoutlab is faster in most rounds, slow in a few)
+    # disagree; the point printed must be the latter, the one the interval is about.
+    torch_ms = [100, 100, 100, 100, 100, 100, 100, 101, 99, 102, 98, 100]
+    layoutlab_ms = [80, 80, 81, 79, 80, 100, 100, 100, 120, 125, 130, 135]
+    row = _pair(layoutlab_ms, torch_ms)
+    assert np.median(torch_ms) / np.median(layoutlab_ms) == pytest.approx(1.0)
+    ratios = np.array(torch_ms) / np.array(layoutlab_ms)
+    assert row["ratio_vs_torch_best"] == pytest.approx(np.median(ratios))
+    assert row["ratio_ci_low"] <= row["ratio_vs_torch_best"] <= row["ratio_ci_high"]
+    rng = random.Random(3)
+    for _ in range(50):
+        t = [100 * rng.uniform(0.5, 1.5) for _ in range(rng.randint(6, 20))]
+        ll = [100 * rng.uniform(0.5, 1.5) for _ in t]
+        r = _pair(ll, t)
+        assert r["ratio_ci_low"] <= r["ratio_vs_torch_best"] <= r["ratio_ci_high"]
+
+
+def test_an_unstable_row_prints_its_ratio_as_not_trustworthy():
+    torch_ms = [100.0 + i % 3 for i in range(12)]
+    row = {**_pair([t * 0.8 for t in torch_ms], torch_ms), "layout": "NHWC",
+           "precision": "fp32", "step_ms_median": 80.0, "unstable": True,
+           "unstable_reason": "other processes used 1.0 cores"}  # fmt: skip
+    assert "(not trustworthy: unstable)" in markdown_table([row])
+    row["unstable"] = False  # stable itself, but the PyTorch row it is compared with is not
+    common = {"model": "m", "model_kwargs": "{}", "input_shape": "8x8x1", "mode": "train",
+              "batch_size": 8, "precision_class": "fp32", "status": "ok"}  # fmt: skip
+    torch_row = {**common, "framework": "torch", "images_per_sec": 80.0, "unstable": True,
+                 "round_ms": json.dumps(torch_ms), "memory_format": "contiguous",
+                 "precision": "fp32"}  # fmt: skip
+    ll = {**common, "framework": "layoutlab", "images_per_sec": 100.0,
+          "round_ms": json.dumps([t * 0.8 for t in torch_ms])}  # fmt: skip
+    assert add_torch_ratios([ll, torch_row])[0]["ratio_verdict"] == "not trustworthy (unstable)"
+    stable = {**row, "ratio_verdict": "faster"}
+    assert "not trustworthy" not in markdown_table([stable])
 
 
 def test_the_table_shows_intervals_and_unstable_rows():

@@ -154,6 +154,20 @@ def test_cache_keys_separate_dtype_layout_and_candidates(tmp_path):
     assert len(json.loads(path.read_text())["entries"]) == 4
 
 
+def test_the_work_size_is_part_of_the_key(tmp_path):
+    """A choice measured at one batch size is not reused at another: the batch, like the
+    spatial size and channels, is in the cache key."""
+    path = tmp_path / "c.json"
+    spec = _tiny_spec()
+    tuned = cat.autotune_conv(spec, algorithms=["xla", "im2col"], cache=path, repeats=1, warmup=0)
+    assert ":n2:" in tuned.spec_key and ":n2:" in tuned.cache_key
+    for other in (spec._replace(batch=1), spec._replace(batch=128)):
+        got = cat.autotune_conv(other, algorithms=["xla", "im2col"], cache=path, cached_only=True)
+        assert got is None, other.batch
+    again = cat.autotune_conv(spec, algorithms=["xla", "im2col"], cache=path, cached_only=True)
+    assert again is not None and again.from_cache and again.choice == tuned.choice
+
+
 def test_compiler_options_are_part_of_the_key(tmp_path):
     path = tmp_path / "c.json"
     # An empty YNN fusion list makes XLA:CPU run convs with its Eigen kernels instead.

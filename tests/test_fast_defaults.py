@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from layoutlab import cli, fast_defaults, models
+from layoutlab import cli, fast_defaults, models, nn
 from layoutlab.bench.tuning import budget
 from layoutlab.bench.tuning.plan_source import conv_plan_for_run
 from layoutlab.nn.conv_algos import conv2d
-from layoutlab.nn.conv_algos.default_plan import default_algorithm
+from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
 from layoutlab.nn.conv_config import conv_settings, set_kernel_storage
 from layoutlab.train.config import TrainConfig
@@ -159,6 +159,62 @@ def test_shipped_table_follows_its_measurements():
         default_algorithm(_spec(128, 16, 128, 128, dtype="bfloat16"), "train", "avx512")[0] == "xla"
     )
     assert default_algorithm(_spec(128, 16, 128, 128), "train", None)[0] == "xla"
+
+
+def test_shipped_table_rules_depend_on_the_batch():
+    """A conv shape measured at batch 128 is another amount of work at batch 1: a rule
+    only applies within the batch sizes it was measured to win at."""
+    # ResNet-18 CIFAR's 16x16x128 3x3 conv: Winograd at batch 128 (the measurement behind
+    # the rule), XLA's conv at batch 1 and 8 on both CPU kinds, in training and inference.
+    for kind, algorithm in (("avx2", "winograd4_xla_dw"), ("avx512", "winograd4_full")):
+        for objective in ("train", "inference"):
+            assert default_algorithm(_spec(128, 16, 128, 128), objective, kind)[0] == algorithm
+            for batch in (1, 8):
+                got = default_algorithm(_spec(batch, 16, 128, 128), objective, kind)
+                assert got[0] == "xla", (kind, objective, batch, got)
+    # On AVX2 the inference rule starts at batch 32 on 8x8 and larger inputs, 128 on 4x4.
+    assert default_algorithm(_spec(32, 8, 256, 256), "inference", "avx2")[0] != "xla"
+    assert default_algorithm(_spec(32, 4, 512, 512), "inference", "avx2")[0] == "xla"
+    assert default_algorithm(_spec(128, 4, 512, 512), "inference", "avx2")[0] != "xla"
+    # Every bounded rule of every table: the shape at its smallest batch gets the rule, the
+    # same shape one below it does not.
+    for (kind, objective, dtype), rules in DEFAULT_RULES.items():
+        for rule in rules:
+            size = max(rule.min_size, min(rule.max_size or 16, 16))
+            k = rule.kernel[0]
+            cin = max(rule.min_in, min(rule.max_in or 128, 128))
+            spec = _spec(rule.min_batch, size, cin, 64, k=k, stride=rule.strides[0], dtype=dtype)
+            assert rule.matches(spec), (kind, objective, rule)
+            if rule.min_batch > 1:
+                assert not rule.matches(spec._replace(batch=rule.min_batch - 1))
+            if rule.max_batch is not None:
+                assert not rule.matches(spec._replace(batch=rule.max_batch + 1))
+
+
+def test_default_conv_plan_follows_the_batch_it_is_traced_at():
+    """The plan a run gets from the table is per batch: the same model traced at batch 1
+    gets XLA's conv where at batch 128 it gets Winograd, and its entries name the batch."""
+    import jax
+
+    from layoutlab.nn.conv_config import default_conv_plan
+
+    class Two(nnx.Module):
+        def __init__(self):
+            self.conv = nn.Conv(128, 128, 3, algorithm="auto", rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.conv(x)
+
+    model = Two()
+    plans = {
+        n: default_conv_plan(
+            model, jax.ShapeDtypeStruct((n, 16, 16, 128), "float32"), "train", "avx2"
+        )  # fmt: skip
+        for n in (1, 128)
+    }
+    assert plans[128]["conv"].algorithm == "winograd4_xla_dw"
+    assert plans[1]["conv"].algorithm == "xla"
+    assert ":n1:" in plans[1]["conv"].spec_key and ":n128:" in plans[128]["conv"].spec_key
 
 
 def test_winograd4_full_matches_float64_numpy():

@@ -187,6 +187,14 @@ def test_predict_gives_the_labels_of_saved_upscaled_digits(run_dir, tmp_path, ca
         assert len(probs) == 3 and probs == sorted(probs, reverse=True) and sum(probs) <= 1
     code, out, _ = _cli(capsys, "predict", "--workdir", run_dir, rgb)
     assert code == 0 and out.startswith(f"{rgb}: {dataset.test_labels[n]} ")
+    # The same run opened again predicts one image without compiling its forward again.
+    from layoutlab.infer import open_run, predict_files
+    from layoutlab.xla import watch_compilation
+
+    with watch_compilation() as events:
+        again = predict_files(open_run(run_dir), [rgb], k=3)
+    assert events.backend_compiles == 0
+    assert again[0]["top_k"][0]["class"] == dataset.test_labels[n]
 
 
 def test_predict_normalizes_exactly_like_the_folder_loader(tmp_path):

@@ -126,8 +126,8 @@ def plot_ratios(rows, path) -> Path | None:
     fig = _figure(figsize=(max(6, 0.8 * len(rows) + 2), 4.5))
     ax = fig.subplots()
     colors = ["tab:green" if v >= 1 else "tab:red" for v in ratios]
-    # The paired-ratio interval as an error bar (it is about the median of per-round ratios,
-    # which need not contain the ratio of medians drawn; clipped there); unstable rows hatched.
+    # The paired-ratio interval as an error bar around the median per-round ratio drawn
+    # (clipped at the bar for rows without rounds); unstable rows hatched.
     low = [max(0.0, v - (r.get("ratio_ci_low") or v)) for v, r in zip(ratios, rows, strict=True)]
     high = [max(0.0, (r.get("ratio_ci_high") or v) - v) for v, r in zip(ratios, rows, strict=True)]
     hatch = ["//" if r.get("unstable") else "" for r in rows]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from layoutlab.bench.results import variant
+from layoutlab.bench.results import UNTRUSTED, variant
 
 __all__ = ["markdown_grid", "markdown_table"]
 
@@ -25,12 +25,15 @@ def _num(value, fmt: str) -> str:
 
 
 def _ratio(r) -> str:
-    """``1.12 [1.05, 1.19]``; ``(same)`` when the interval contains 1."""
+    """``1.12 [1.05, 1.19]``; ``(same)`` when the interval contains 1; ``(not trustworthy:
+    unstable)`` when this row or the PyTorch row it is compared with is unstable."""
     ratio = _num(r.get("ratio_vs_torch_best"), ".2f")
     if ratio and r.get("ratio_ci_low") is not None:
         ratio += f" [{r['ratio_ci_low']:.2f}, {r['ratio_ci_high']:.2f}]"
         if r.get("ratio_verdict") == "indistinguishable":
             ratio += " (same)"
+    if ratio and (r.get("unstable") or r.get("ratio_verdict") == UNTRUSTED):
+        ratio += " (not trustworthy: unstable)"
     return ratio
 
 

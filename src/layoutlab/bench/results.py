@@ -78,7 +78,8 @@ _SCHEMA: dict[str, type] = {
     "threads": int,
     "ratio_vs_torch_best": float,
     # The ratio's 95% interval from the per-round paired ratios (interleaved rounds), and
-    # "faster", "slower" or "indistinguishable" (the interval contains 1).
+    # "faster", "slower", "indistinguishable" (the interval contains 1) or UNTRUSTED (this
+    # row or the PyTorch row it is compared with is unstable).
     "ratio_ci_low": float,
     "ratio_ci_high": float,
     "ratio_verdict": str,
@@ -87,6 +88,7 @@ _SCHEMA: dict[str, type] = {
     "error": str,
 }
 FIELDS: tuple[str, ...] = tuple(_SCHEMA)
+UNTRUSTED = "not trustworthy (unstable)"
 _HALF_TORCH = {"amp_bf16", "amp_fp16"}
 
 
@@ -159,8 +161,11 @@ def _same_workload(a: dict, b: dict) -> bool:
 
 
 def add_torch_ratios(rows: list[dict]) -> list[dict]:
-    """Fill ``ratio_vs_torch_best`` on ok layoutlab rows: their images/s divided by the best
-    ok eager-PyTorch row for the same model, input, mode, batch and precision class."""
+    """Fill ``ratio_vs_torch_best`` on ok layoutlab rows against the fastest ok eager-PyTorch
+    row (by median) for the same model, input, mode, batch and precision class: the median
+    of the per-round paired ratios (PyTorch's step time over layoutlab's, both timed in the
+    same interleaved rounds) with that median's interval, so the point lies inside its own
+    interval; rows without per-round times get the ratio of images/s and no interval."""
     torch_rows = [r for r in rows if r.get("framework") == "torch" and r.get("status") == "ok"]
     out = []
     for row in rows:
@@ -172,6 +177,8 @@ def add_torch_ratios(rows: list[dict]) -> list[dict]:
                 row["ratio_vs_torch_best"] = row["images_per_sec"] / best["images_per_sec"]
                 row["torch_best"] = f"{best['memory_format']}/{best['precision']}"
                 row.update(_ratio_interval(best, row))
+                if row.get("unstable") or best.get("unstable"):
+                    row["ratio_verdict"] = UNTRUSTED
         out.append(row)
     return out
 
@@ -203,7 +210,8 @@ def _workload(row: dict) -> tuple:
 
 def _ratio_interval(slow: dict, fast: dict) -> dict:
     """The per-round paired ratio ``slow / fast`` of two rows timed in the same interleaved
-    rounds, as ``ratio_ci_low/high`` and a verdict; nothing when either lacks its rounds."""
+    rounds: its median as ``ratio_vs_torch_best``, its interval as ``ratio_ci_low/high`` and
+    a verdict; nothing when either lacks its rounds."""
     try:
         a, b = json.loads(slow["round_ms"]), json.loads(fast["round_ms"])
     except (KeyError, TypeError, ValueError):
@@ -212,7 +220,12 @@ def _ratio_interval(slow: dict, fast: dict) -> dict:
     if ci is None:
         return {"ratio_verdict": "too few rounds"}
     verdict = "indistinguishable" if ci.contains(1.0) else ("faster" if ci.low > 1 else "slower")
-    return {"ratio_ci_low": ci.low, "ratio_ci_high": ci.high, "ratio_verdict": verdict}
+    return {
+        "ratio_vs_torch_best": ci.value,
+        "ratio_ci_low": ci.low,
+        "ratio_ci_high": ci.high,
+        "ratio_verdict": verdict,
+    }
 
 
 def save_results(directory: str | Path, results: BenchResults) -> Path:

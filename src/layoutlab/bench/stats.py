@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -29,7 +30,9 @@ __all__ = [
     "dispersion",
     "load_average",
     "median_interval",
+    "other_cores",
     "paired_ratio",
+    "parse_proc_stat",
     "precise_enough",
     "unstable_reason",
 ]
@@ -99,8 +102,12 @@ def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | Non
     return median_interval(ratios)
 
 
-# Other processes using more than this many cores while a group ran make it unstable.
+# Other processes using or waiting for more than this many cores while a group ran make
+# it unstable.
 OTHERS_LIMIT_CORES = 0.5
+# How often ``OtherLoad`` counts the runnable tasks: often enough for a few hundred samples
+# in a minute's group, rarely enough that reading /proc costs well under 1% of a core.
+SAMPLE_S = 0.1
 
 
 def load_average() -> float | None:
@@ -110,41 +117,118 @@ def load_average() -> float | None:
         return None
 
 
-def _busy_seconds() -> float | None:
-    """CPU seconds all processes have spent busy since boot (Linux ``/proc/stat``)."""
+def parse_proc_stat(text: str) -> tuple[float, int | None]:
+    """``(busy_ticks, procs_running)`` from the text of Linux ``/proc/stat``: the ticks all
+    CPUs spent busy since boot (everything but idle and iowait) and the number of tasks
+    runnable right now (running or waiting for a core)."""
+    lines = text.splitlines()
+    ticks = [int(x) for x in lines[0].split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    running = None
+    for line in lines[1:]:
+        if line.startswith("procs_running "):
+            running = int(line.split()[1])
+    return float(sum(ticks[:8]) - idle), running
+
+
+def _proc_stat() -> tuple[float, int | None] | None:
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()[1:]
+            busy, running = parse_proc_stat(f.read())
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy / os.sysconf("SC_CLK_TCK"), running
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have spent busy since boot (Linux ``/proc/stat``)."""
+    stat = _proc_stat()
+    return None if stat is None else stat[0]
+
+
+def _own_running() -> int | None:
+    """This process's threads that are runnable now (state ``R`` in ``/proc/self/task``)."""
+    try:
+        tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    ticks = [int(x) for x in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    count = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                # The state follows the command name, which is in parentheses.
+                count += f.read().rpartition(")")[2].split()[0] == "R"
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+    return count
+
+
+def _sample_runnable() -> tuple[int, int] | None:
+    stat, own = _proc_stat(), _own_running()
+    if stat is None or stat[1] is None or own is None:
+        return None
+    return stat[1], own
+
+
+def other_cores(
+    busy_s: float, own_s: float, wall_s: float, runnable: Sequence[tuple[int, int]]
+) -> float | None:
+    """Cores other processes used or waited for over ``wall_s`` seconds: the larger of the
+    machine's busy CPU time minus this process's own (``busy_s - own_s``, over the wall
+    time) and the mean number of other runnable tasks (``runnable``: samples of
+    ``(procs_running, this process's running threads)``).
+
+    The CPU-time share alone misses contention: a process burning one core beside a
+    benchmark whose threads fill both cores of a 2-core machine gets only its fair share
+    (0.4-0.7 cores, depending on how many threads the benchmark runs), while it is runnable
+    all the time, so the runnable count sees the whole core it wants."""
+    if wall_s <= 0:
+        return None
+    used = max(0.0, (busy_s - own_s) / wall_s)
+    if not runnable:
+        return used
+    waiting = sum(max(0, total - own) for total, own in runnable) / len(runnable)
+    return max(used, waiting)
 
 
 class OtherLoad:
-    """How many cores other processes kept busy between ``start()`` and ``cores()``: the
-    machine's busy CPU time (``/proc/stat``) minus this process's own (all its threads),
-    over the wall time. The 1-minute load average cannot say this: it counts the measured
-    process's own threads, and lags by a minute."""
+    """How many cores other processes kept busy, or wanted, between ``start()`` and
+    ``cores()`` (``other_cores``): the machine's busy CPU time (``/proc/stat``) minus this
+    process's own (all its threads), and the other runnable tasks, counted every
+    ``SAMPLE_S`` seconds by a daemon thread. The 1-minute load average cannot say this: it
+    counts the measured process's own threads, and lags by a minute."""
 
-    def __init__(self):
+    def __init__(self, sample_s: float = SAMPLE_S):
         self._start = (_busy_seconds(), time.process_time(), time.perf_counter())
+        self._samples: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(sample_s,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, sample_s: float) -> None:
+        while not self._stop.wait(sample_s):
+            sample = _sample_runnable()
+            if sample is None:
+                return
+            self._samples.append(sample)
 
     def cores(self) -> float | None:
+        self._stop.set()
         busy, own, wall = self._start
         now = _busy_seconds()
         if busy is None or now is None:
             return None
-        elapsed = time.perf_counter() - wall
-        if elapsed <= 0:
-            return None
-        return max(0.0, ((now - busy) - (time.process_time() - own)) / elapsed)
+        return other_cores(
+            now - busy,
+            time.process_time() - own,
+            time.perf_counter() - wall,
+            list(self._samples),
+        )
 
 
 def unstable_reason(values: Sequence[float], others: float | None) -> str | None:
     """Why a row's times cannot be trusted, or None: too much spread, or other processes
-    busy on more than ``OTHERS_LIMIT_CORES`` cores while it was measured."""
+    using or waiting for more than ``OTHERS_LIMIT_CORES`` cores while it was measured."""
     spread = dispersion(values)
     if spread > UNSTABLE_DISPERSION:
         return f"IQR/median {spread:.0%} > {UNSTABLE_DISPERSION:.0%}"
