@@ -21,6 +21,7 @@ import pytest
 
 from layoutlab import cli, models
 from layoutlab.train import checkpoint as checkpoint_module
+from layoutlab.train import loop
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.loop import train_and_evaluate
@@ -310,3 +311,18 @@ def test_read_only_filesystem(tmp_path, capsys):
 def test_models_tiny_is_what_the_cli_flags_set():
     """TINY's flags are small_cnn's own tiny variant, so these runs stay small."""
     assert models.spec("small_cnn").tiny == {"width": 4, "hidden": 16}
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(copy, monkeypatch, capsys):
+    # The run is at its last step: the resume compiles nothing, writes nothing, and says how
+    # to continue it.
+    before = _snapshot(copy)
+
+    def must_not_compile(*args, **kwargs):
+        raise AssertionError("compiled a training step for a finished run")
+
+    monkeypatch.setattr(loop, "compile_train_step", must_not_compile)
+    code, _, err = _train(capsys, "--workdir", str(copy), "--resume")
+    assert code == 0, err
+    assert "is complete at step 4 of 4" in err and "--steps" in err, err
+    assert _snapshot(copy) == before

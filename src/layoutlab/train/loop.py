@@ -320,6 +320,15 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
             ckpt, abstract, schedule, workdir / METRICS_FILE, progress_log
         )
         meter = RunningMean.from_dict(extra.get(_METER_KEY))
+        records = read_records(workdir / METRICS_FILE) if start >= schedule.total_steps else []
+        if records and records[-1]["step"] == start:  # finished: nothing to compile or redo
+            if main:
+                print(
+                    f"note: {workdir} is complete at step {start} of {schedule.total_steps}; "
+                    "nothing to train (raise --steps or --epochs to continue it).",
+                    file=sys.stderr,
+                )
+            return records[-1]
     if state is None:
         # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
         # (threefry is slow to optimize); float results may differ from an eager init by
