@@ -8,6 +8,7 @@
 """
 
 import os
+import shutil
 import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
@@ -65,3 +66,11 @@ def guarantees_run(tmp_path_factory):
     argv += ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
     assert cli.main(["train", *argv, "--workdir", str(workdir), "--quiet"]) == 0
     return workdir
+
+
+@pytest.fixture
+def copy(guarantees_run, tmp_path):
+    """A writable copy of ``guarantees_run``, for tests that resume or damage a run."""
+    dest = tmp_path / "run"
+    shutil.copytree(guarantees_run, dest)
+    return dest

@@ -62,11 +62,6 @@ def run_dir(guarantees_run):
     return guarantees_run
 
 
-@pytest.fixture
-def copy(run_dir, tmp_path):
-    dest = tmp_path / "run"
-    shutil.copytree(run_dir, dest)
-    return dest
 
 
 # -- item 2: loss_scale "none" stays none -------------------------------------------------

@@ -106,7 +106,7 @@ def results_pages() -> list[str]:
             # and its headings moved up so that they start one level below it.
             levels = [len(m) for m in re.findall(r"^(#+) ", text, re.M)]
             shift = min(levels, default=2) - 2
-            text = re.sub(r"^#{%d}(#+ )" % shift, r"\1", text, flags=re.M) if shift else text
+            text = re.sub(rf"^#{{{shift}}}(#+ )", r"\1", text, flags=re.M) if shift else text
             text = f"# {src.stem.replace('_', ' ')}\n\n{text}"
         (dest / src.name).write_text(text)
         names.append(src.stem)
@@ -128,19 +128,26 @@ def write_all() -> None:
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
     (OUT / "config.md").write_text(config_reference())
-    results = results_pages()
-    (OUT / "results.md").write_text(
-        "# Benchmark results\n\nEvery results file under `benchmarks/results/`, as committed: "
-        "each names its machine, versions, command and spread.\n\n```{toctree}\n:maxdepth: 1\n\n"
-        + "\n".join(f"results/{n}" for n in results)
-        + "\n```\n"
+    _index_page(
+        "results",
+        "Benchmark results",
+        "Every results file under `benchmarks/results/`, as committed: each names its machine, "
+        "versions, command and spread.",
+        results_pages(),
     )
-    nbs = notebooks()
-    (OUT / "notebooks.md").write_text(
-        "# Notebooks\n\nThe notebooks under `notebooks/`, with the outputs of their last run; "
-        "the test suite runs each of them (nbmake).\n\n```{toctree}\n:maxdepth: 1\n\n"
-        + "\n".join(f"notebooks/{n}" for n in nbs)
-        + "\n```\n"
+    _index_page(
+        "notebooks",
+        "Notebooks",
+        "The notebooks under `notebooks/`, with the outputs of their last run; the test suite "
+        "runs each of them (nbmake).",
+        notebooks(),
+    )
+
+
+def _index_page(folder: str, title: str, text: str, pages: list[str]) -> None:
+    toctree = "\n".join(f"{folder}/{name}" for name in pages)
+    (OUT / f"{folder}.md").write_text(
+        f"# {title}\n\n{text}\n\n```{{toctree}}\n:maxdepth: 1\n\n{toctree}\n```\n"
     )
 
 
