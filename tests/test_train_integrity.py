@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
+from test_train_guarantees import _one_line_error
 
 from layoutlab import cli, models
 from layoutlab.infer.load import open_run
@@ -33,14 +34,6 @@ def _cli(capsys, *argv):
     code = cli.main([*argv])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def _one_line_error(err: str, *fragments: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def _digests(workdir, *names):
