@@ -1,0 +1,119 @@
+"""What ``layoutlab train`` does between parsing its flags and training, in the order JAX
+needs: run as a supervised child when distributed, then pick the backend and join the other
+processes before JAX starts, then decide layout, precision and the conv planner.
+
+The tuning that ``--autotune`` and ``auto`` convs ask for lives in ``bench/`` (above
+``train/`` in the repository map), so ``start`` takes it as two callables, which the
+``layoutlab`` command passes in (``bench.tuning.train_run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+__all__ = [
+    "DATA_PIXELS",
+    "batch_pixels",
+    "join_run",
+    "start",
+    "supervise_distributed",
+    "use_backend",
+]
+
+# Image sizes of the data sets whose size the spec fixes (no loader is imported to know).
+DATA_PIXELS = {"digits": 64, "mnist": 784, "fashion_mnist": 784, "cifar10": 1024, "cifar100": 1024}
+
+
+def supervise_distributed(args: argparse.Namespace, argv: list[str]) -> int | None:
+    """``train --distributed``: the exit status of the child that trains (JAX's aborts become
+    one line, see ``train.supervise``); None where this process is that child, or alone."""
+    if not args.distributed:
+        return None
+    from layoutlab.train.supervise import supervise, supervised
+
+    return None if supervised() else supervise(argv)
+
+
+def batch_pixels(args: argparse.Namespace) -> int | None:
+    """Input pixels of the largest batch ``train`` runs, when the flags say (else None)."""
+    from layoutlab.train.config import TrainConfig
+
+    if args.config or args.resume:
+        return None
+    d = TrainConfig()
+    name, _, rest = (args.data or d.data).strip().partition(":")
+    pixels = DATA_PIXELS.get(name.lower())
+    if name.lower() == "synthetic":
+        size = rest.partition(":")[0].lower().split("x")
+        pixels = int(size[0]) * int(size[1]) if len(size) >= 2 and rest else 32 * 32
+    if args.image_size:
+        from layoutlab.train.run_data import parse_image_size
+
+        h, w = parse_image_size(str(args.image_size))
+        pixels = h * w
+    return None if pixels is None else pixels * int(args.batch_size or d.batch_size)
+
+
+def join_run(args: argparse.Namespace) -> int | None:
+    """``train --distributed`` (or any of its launch flags): join before JAX starts."""
+    from layoutlab.train.distributed import DistributedError, initialize_distributed
+
+    launch = (args.coordinator, args.num_processes, args.process_id)
+    if not args.distributed:
+        if any(x is not None for x in launch):
+            print("error: --coordinator, --num-processes and --process-id need --distributed.",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        return None
+    try:
+        initialize_distributed(*launch, timeout_s=args.distributed_timeout)
+    except DistributedError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return None
+
+
+def use_backend(name: str) -> int | None:
+    """``train --backend``: the only platform JAX starts in this process (before any other)."""
+    import jax
+
+    try:
+        jax.devices()
+    except RuntimeError as e:
+        reason = " ".join(str(e).split(". (set JAX_PLATFORMS")[0].split())
+        hint = "install jax's CUDA build (pip install 'jax[cuda12]')" if name == "gpu" else ""
+        print(
+            f"error: --backend {name} is not available here ({reason}); "
+            f"{hint + ', or ' if hint else ''}leave --backend out to use jax's default.",
+            file=sys.stderr,
+        )
+        return 2
+    return None
+
+
+def start(
+    args: argparse.Namespace,
+    *,
+    autotune: Callable[[argparse.Namespace], None],
+    conv_planner: Callable[[argparse.Namespace], Callable],
+) -> int | None:
+    """Backend, the distributed join, then ``autotune(args)`` (``--autotune``: sets
+    ``args.layout`` and ``args.precision``) and ``args.conv_planner``; an exit status where
+    one of them failed, else None."""
+    if args.backend:  # before the distributed join, which picks collectives per platform
+        import jax
+
+        jax.config.update("jax_platforms", args.backend)
+    if (failed := join_run(args)) or (args.backend and (failed := use_backend(args.backend))):
+        return failed
+    try:
+        if args.autotune:
+            autotune(args)  # layout and precision first: the conv shapes follow
+        args.conv_planner = conv_planner(args)
+    except (ValueError, FileNotFoundError) as e:
+        from layoutlab.train.liveness import stop_with
+
+        return stop_with(str(e))  # the other processes of a distributed run stop too
+    return None

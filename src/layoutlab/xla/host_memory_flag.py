@@ -1,0 +1,87 @@
+"""``--keep-host-memory`` of the commands that run steps over and over, where a per-call temp
+buffer's page faults add up: the flag, and what the ``layoutlab`` command does with it
+before any command starts JAX (``keep_host_memory`` must come first)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["KEEP_HOST_MEMORY_COMMANDS", "add_keep_host_memory", "apply_keep_host_memory"]
+
+KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune")
+
+# Below this many input pixels per batch the temp buffer is small, and one malloc arena for
+# every thread measured slower: the built-in digits job (32 x 8 x 8 = 2,048 pixels per
+# batch) took 15.1-16.1 s with it against 13.1-14.6 s without (three interleaved runs
+# each). The ResNet-18 CIFAR step at batch 128 (131,072) gains about 0.5 s a step.
+HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
+
+
+def _subparser(subparsers, path: str) -> argparse.ArgumentParser:
+    """The parser of ``path`` (``"autotune convs"``: a subcommand's subcommand)."""
+    names = path.split()
+    parser = subparsers.choices[names[0]]
+    for name in names[1:]:
+        nested = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = nested.choices[name]
+    return parser
+
+
+def add_keep_host_memory(subparsers) -> None:
+    """The flag, on each of ``KEEP_HOST_MEMORY_COMMANDS`` among ``subparsers``."""
+    for name in KEEP_HOST_MEMORY_COMMANDS:
+        _subparser(subparsers, name).add_argument(
+            "--keep-host-memory",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="keep freed host memory in the process (on by default; glibc malloc "
+            "settings, see layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its "
+            "temp buffer on every call; process-wide, so PyTorch in the same process gets it "
+            "too. --no-keep-host-memory leaves glibc's defaults",
+        )
+
+
+def _batch_pixels(args: argparse.Namespace) -> int | None:
+    """Input pixels of the largest batch the command runs, when the flags say (else None)."""
+    if args.command == "train":
+        from layoutlab.train.launch import batch_pixels
+
+        return batch_pixels(args)
+    if args.command == "bench" and args.image_size:
+        return max(args.batch_sizes) * args.image_size**2
+    return None
+
+
+def _keep_host_memory(asked: bool) -> int | None:
+    """Keep host memory before anything starts JAX's backend (see keep_host_memory): the
+    default of the commands that run steps over and over. Only an explicit
+    ``--keep-host-memory`` that comes too late (JAX already started in this process, as
+    when ``main`` is called from Python) is an error; the default then changes nothing."""
+    from layoutlab.xla.host_memory import HostMemoryError, keep_host_memory
+
+    try:
+        state = keep_host_memory()
+    except HostMemoryError as e:
+        if not asked:
+            return None
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if asked and not state.kept:
+        print(f"note: --keep-host-memory changes nothing here: {state.how}", file=sys.stderr)
+    return None
+
+
+def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
+    """The flag of a parsed command line, applied (an exit status where it failed): on unless
+    not asked for and the batches are known to be small; commands without it, untouched."""
+    keep = getattr(args, "keep_host_memory", False)
+    if keep is None:  # the default: on, unless the batches are known to be small
+        try:
+            pixels = _batch_pixels(args)
+        except ValueError:  # a malformed flag: the command's own checks name it
+            pixels = None
+        keep = None if pixels is None or pixels >= HOST_MEMORY_MIN_PIXELS else False
+    if keep is not False and hasattr(args, "keep_host_memory"):
+        return _keep_host_memory(asked=keep is True)
+    return None
