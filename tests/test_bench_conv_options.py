@@ -254,11 +254,15 @@ def test_cpu_fast_flag_merges_with_explicit_options():
             "xla_cpu_enable_fast_math=false",
         ]  # fmt: skip
     )
+    from layoutlab.fast_defaults import compile_options_from_flags
     from layoutlab.xla import cpu_fast_options
 
     fast_math_off = {"xla_cpu_enable_fast_math": False}
-    assert command._xla_options(args) == fast_math_off  # the sweep adds the per-mode ones
-    assert command._xla_options(args, "train") == {**cpu_fast_options("train"), **fast_math_off}
+    assert compile_options_from_flags(args) == fast_math_off  # the sweep adds the per-mode ones
+    assert compile_options_from_flags(args, "train") == {
+        **cpu_fast_options("train"),
+        **fast_math_off,
+    }
     assert args.cpu_fast
 
 

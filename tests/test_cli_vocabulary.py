@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from layoutlab import cli
-from layoutlab.bench.command import _model_kwargs
+from layoutlab.models.command import model_kwargs
 from layoutlab.train.command import build_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -78,19 +78,23 @@ def test_model_arg_is_one_form(capsys):
     via_set, _ = _parse(
         capsys, "train", "--set", "model_kwargs.width=8", "--set", "model_kwargs.stem=cifar"
     )
-    assert build_config(args)[0].model_kwargs == build_config(via_set)[0].model_kwargs == {
-        "width": 8,
-        "stem": "cifar",
-    }
+    assert (
+        build_config(args)[0].model_kwargs
+        == build_config(via_set)[0].model_kwargs
+        == {
+            "width": 8,
+            "stem": "cifar",
+        }
+    )
     bench, _ = _parse(
         capsys, "bench", "--model", "small_cnn", "--out", "o", "--model-arg", "width=8"
     )
-    assert _model_kwargs(bench) == {"width": 8}
+    assert model_kwargs(bench) == {"width": 8}
     tune, _ = _parse(
         capsys, "autotune", "convs", "--model", "small_cnn", "--batch-size", "2",
         "--model-arg", "width=8",
     )  # fmt: skip
-    assert _model_kwargs(tune) == {"width": 8}
+    assert model_kwargs(tune) == {"width": 8}
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from layoutlab.arguments import parse_assignments
 from layoutlab.xla import available_backends
-from layoutlab.xla.command import parse_assignments, register
+from layoutlab.xla.command import register
 
 TINY = ["--model", "small_cnn", "--tiny", "--batch-size", "2"]
 

@@ -17,13 +17,19 @@ __all__ = [
     "MODES",
     "OneLineParser",
     "STDOUT",
+    "UsageError",
     "add_activation_storage",
+    "add_conv_options",
     "add_conv_tune",
     "add_deprecated_flag",
     "add_json",
+    "add_model_options",
     "deprecated",
+    "parse_assignments",
     "parse_mode",
     "parse_model_args",
+    "print_error",
+    "print_progress",
 ]
 
 MODES = ("train", "infer")
@@ -39,6 +45,20 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {' '.join(message.split())} (see '{self.prog} --help')\n")
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used."""
+
+
+def print_error(message: str) -> None:
+    """The one ``error:`` line of a command's bad input, on stderr."""
+    print(f"error: {message}", file=sys.stderr)
+
+
+def print_progress(message: str) -> None:
+    """A progress line of a long command, on stderr (standard output is for its result)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def deprecated(old: str, new: str) -> None:
@@ -76,6 +96,83 @@ def add_activation_storage(
         "(one transpose of the input), like PyTorch's channels_last memory format; layout "
         "runs them in NCHW",
     )
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (required), ``--stem``, ``--tiny``, ``--model-arg``, ``--num-classes`` and
+    ``--backend`` of the commands that build one registry model (``bench``, ``autotune``);
+    ``models.command.model_kwargs`` turns them into the model's keyword arguments."""
+    parser.add_argument(
+        "--model", required=True, help="registry name, e.g. resnet18 (see `models`)"
+    )
+    parser.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
+    parser.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
+    parser.add_argument(
+        "--model-arg",
+        action="append",
+        metavar="NAME=VALUE",
+        help="model option, e.g. width=8 (repeatable; JSON values)",
+    )
+    parser.add_argument(
+        "--num-classes", type=int, help="default: 1000 for an ImageNet stem, else 10"
+    )
+    parser.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
+
+
+def add_conv_options(parser: argparse.ArgumentParser, activation_storages: tuple[str, ...]) -> None:
+    """``--kernel-storage``, ``--activation-storage`` (one of ``activation_storages``,
+    ``nn.conv_names.ACTIVATION_STORAGES``), ``--xla-option`` and ``--cpu-fast`` of the
+    commands that time layoutlab's steps (``bench``, ``autotune convs``);
+    ``fast_defaults.compile_options_from_flags`` turns the last two into XLA options."""
+    parser.add_argument(
+        "--kernel-storage",
+        default="auto",
+        choices=("auto", "layout", "channels_last"),
+        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
+        "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
+        "per conv per call on CPU",
+    )
+    add_activation_storage(parser, activation_storages)
+    parser.add_argument(
+        "--xla-option",
+        action="append",
+        metavar="NAME=VALUE",
+        help="XLA compile option for layoutlab's steps, e.g. "
+        "xla_cpu_enable_fast_math=false (repeatable; overrides --cpu-fast)",
+    )
+    parser.add_argument(
+        "--cpu-fast",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
+        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
+        "elementwise fusions); on by default, --no-cpu-fast turns it off",
+    )
+
+
+def _value(text: str) -> bool | int | float | str:
+    """``"true"`` -> True, ``"3"`` -> 3, ``"0.5"`` -> 0.5, anything else stays a string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_assignments(items: list[str] | None, what: str) -> dict:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``; a malformed item is a ``UsageError``."""
+    out = {}
+    for item in items or []:
+        name, eq, value = item.partition("=")
+        name = name.strip().lstrip("-")
+        if not eq or not name:
+            raise UsageError(f"{what} expects name=value, got {item!r}")
+        out[name] = _value(value)
+    return out
 
 
 def parse_mode(text: str) -> str:

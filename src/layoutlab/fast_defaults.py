@@ -26,6 +26,7 @@ __all__ = [
     "CPU_FAST_OPTIONS",
     "accepted_cpu_options",
     "cpu_fast_options",
+    "compile_options_from_flags",
     "cpu_kind",
     "default_activation_storage",
     "default_backend",
@@ -144,3 +145,13 @@ def table_cpu_kind(platform: str) -> str | None:
     """The ``cpu_kind()`` that keys the shipped conv table on ``platform``; None off CPU,
     where the table has no rules."""
     return cpu_kind() if platform == "cpu" else None
+
+
+def compile_options_from_flags(args, mode: str | None = None) -> dict:
+    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
+    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
+    from layoutlab.arguments import parse_assignments
+
+    backend = getattr(args, "backend", None)
+    base = fast_compile_options(mode, backend) if args.cpu_fast and mode is not None else {}
+    return {**base, **parse_assignments(args.xla_option, "--xla-option")}

@@ -1,13 +1,20 @@
 """``layoutlab bench``: the benchmark sweep (``layoutlab autotune`` is in
-``bench.tuning.command`` and shares the option helpers here)."""
+``bench.tuning.command``; the options both take are ``layoutlab.arguments``' helpers)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-from layoutlab.arguments import add_activation_storage, add_conv_tune, parse_model_args
+from layoutlab.arguments import (
+    add_conv_options,
+    add_conv_tune,
+    add_model_options,
+    print_error,
+    print_progress,
+)
+from layoutlab.fast_defaults import compile_options_from_flags
+from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
 
 __all__ = ["register"]
@@ -24,14 +31,6 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
 
 
-def _err(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _repeats(text: str):
     if text.strip().lower() == "auto":
         return "auto"
@@ -39,68 +38,6 @@ def _repeats(text: str):
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
-
-
-def _model_kwargs(args) -> dict:
-    from layoutlab import models
-
-    kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
-    if args.stem is not None:
-        kwargs["stem"] = args.stem
-    kwargs.update(parse_model_args(args.model_arg))
-    return kwargs
-
-
-def _xla_options(args, mode: str | None = None) -> dict:
-    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
-    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
-    from layoutlab.fast_defaults import fast_compile_options
-    from layoutlab.xla.command import parse_assignments
-
-    backend = getattr(args, "backend", None)
-    base = fast_compile_options(mode, backend) if args.cpu_fast and mode is not None else {}
-    return {**base, **parse_assignments(args.xla_option, "--xla-option")}
-
-
-def _add_conv_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--kernel-storage",
-        default="auto",
-        choices=("auto", "layout", "channels_last"),
-        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
-        "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
-        "per conv per call on CPU",
-    )
-    add_activation_storage(p, ACTIVATION_STORAGES)
-    p.add_argument(
-        "--xla-option",
-        action="append",
-        metavar="NAME=VALUE",
-        help="XLA compile option for layoutlab's steps, e.g. "
-        "xla_cpu_enable_fast_math=false (repeatable; overrides --cpu-fast)",
-    )
-    p.add_argument(
-        "--cpu-fast",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
-        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
-        "elementwise fusions); on by default, --no-cpu-fast turns it off",
-    )
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="registry name, e.g. resnet18 (see `models`)")
-    p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
-    p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
-    p.add_argument(
-        "--model-arg",
-        action="append",
-        metavar="NAME=VALUE",
-        help="model option, e.g. width=8 (repeatable; JSON values)",
-    )
-    p.add_argument("--num-classes", type=int, help="default: 1000 for an ImageNet stem, else 10")
-    p.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -119,7 +56,7 @@ def run_bench(args: argparse.Namespace) -> int:
             precisions=_csv(args.precisions),
             batch_sizes=args.batch_sizes,
             modes=_csv(args.modes),
-            model_kwargs=_model_kwargs(args),
+            model_kwargs=model_kwargs(args),
             image_size=args.image_size,
             num_classes=args.num_classes,
             backend=args.backend,
@@ -135,15 +72,15 @@ def run_bench(args: argparse.Namespace) -> int:
             conv_algorithms=_csv(args.conv_algos),
             kernel_storage=args.kernel_storage,
             activation_storage=args.activation_storage,
-            xla_options=_xla_options(args),
+            xla_options=compile_options_from_flags(args),
             cpu_fast=args.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
             conv_tune=args.conv_tune,
             baseline_plain=args.baseline_plain,
         )
-        results = run_sweep(config, log=_log)
+        results = run_sweep(config, log=print_progress)
     except ValueError as err:
-        _err(str(err))
+        print_error(str(err))
         return 2
     out = save_results(args.out, results)
     plots = [] if args.no_plots else plot_all(results.rows, out)
@@ -171,7 +108,7 @@ def register(subparsers) -> None:
             "ratio_vs_torch_best is layoutlab's speed over the best PyTorch eager one."
         ),
     )
-    _add_model_args(p)
+    add_model_options(p)
     p.add_argument("--image-size", type=int, help="spatial size (default: model's; 224 ImageNet)")
     p.add_argument("--layouts", default="NHWC,NCHW")
     p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
@@ -195,7 +132,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"
     )
-    _add_conv_args(p)
+    add_conv_options(p, ACTIVATION_STORAGES)
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
     p.add_argument(
         "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"

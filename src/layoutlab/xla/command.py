@@ -19,41 +19,13 @@ from layoutlab.arguments import (
     add_activation_storage,
     add_deprecated_flag,
     add_json,
+    parse_assignments,
     parse_mode,
     parse_model_args,
 )
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
-__all__ = ["parse_assignments", "register", "run"]
-
-
-class UsageError(ValueError):
-    """A command-line value that cannot be used."""
-
-
-def _value(text: str) -> bool | int | float | str:
-    """``"true"`` -> True, ``"3"`` -> 3, ``"0.5"`` -> 0.5, anything else stays a string."""
-    low = text.strip().lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_assignments(items: list[str] | None, what: str) -> dict:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``; a malformed item is a ``UsageError``."""
-    out = {}
-    for item in items or []:
-        name, eq, value = item.partition("=")
-        name = name.strip().lstrip("-")
-        if not eq or not name:
-            raise UsageError(f"{what} expects name=value, got {item!r}")
-        out[name] = _value(value)
-    return out
+__all__ = ["register", "run"]
 
 
 def _model_kwargs(args: argparse.Namespace) -> dict:

@@ -12,15 +12,19 @@ import argparse
 import json
 import sys
 
-from layoutlab.arguments import MODES, add_json, deprecated, parse_mode
-from layoutlab.bench.command import (
-    _add_conv_args,
-    _add_model_args,
-    _err,
-    _log,
-    _model_kwargs,
-    _xla_options,
+from layoutlab.arguments import (
+    MODES,
+    add_conv_options,
+    add_json,
+    add_model_options,
+    deprecated,
+    parse_mode,
+    print_error,
+    print_progress,
 )
+from layoutlab.fast_defaults import compile_options_from_flags
+from layoutlab.models.command import model_kwargs
+from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
 __all__ = ["legacy_argv", "register"]
 
@@ -63,14 +67,14 @@ def run_layout(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             force=args.force,
             mode=args.mode,
-            model_kwargs=_model_kwargs(args),
+            model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,
             repeats=args.repeats,
             warmup=args.warmup,
-            log=_log,
+            log=print_progress,
         )
     except (ValueError, RuntimeError) as err:
-        _err(str(err))
+        print_error(str(err))
         return 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=1))
@@ -96,8 +100,8 @@ def run_convs(args: argparse.Namespace) -> int:
             objective="train" if args.mode == "train" else "inference",
             kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
             activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
-            compiler_options=_xla_options(args, args.mode),
-            model_kwargs=_model_kwargs(args),
+            compiler_options=compile_options_from_flags(args, args.mode),
+            model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,
             repeats=args.repeats,
@@ -106,7 +110,7 @@ def run_convs(args: argparse.Namespace) -> int:
         )
         written = tuning.plan.save(args.out) if args.out else None
     except (ValueError, RuntimeError, OSError) as err:
-        _err(str(err))
+        print_error(str(err))
         return 2
     if args.json:
         results = [r.to_dict() for r in tuning.results]
@@ -127,7 +131,7 @@ def _run_conv_autotune(args: argparse.Namespace) -> int:
 
 
 def _add_layout_args(a: argparse.ArgumentParser) -> None:
-    _add_model_args(a)
+    add_model_options(a)
     a.add_argument("--batch-size", type=int, required=True)
     a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
@@ -143,7 +147,7 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
 
 
 def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
-    _add_model_args(c)
+    add_model_options(c)
     c.add_argument("--batch-size", type=int, required=True)
     c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
     c.add_argument("--layout", default="NHWC")
@@ -151,7 +155,7 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
     c.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
                    help="train: forward and backward of each conv; infer: forward")  # fmt: skip
     c.add_argument("--objective", type=_objective, dest="mode", help=argparse.SUPPRESS)
-    _add_conv_args(c)
+    add_conv_options(c, ACTIVATION_STORAGES)
     c.add_argument("--repeats", type=int, default=8,
                    help="interleaved rounds per shape (>= 6 to decide)")  # fmt: skip
     c.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
