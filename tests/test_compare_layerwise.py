@@ -10,7 +10,7 @@ from compare_helpers import fast_model, random_input
 from flax import nnx
 
 from layoutlab import nn
-from layoutlab.compare.gradients import compare_gradients
+from layoutlab.compare.gradient_comparison import compare_gradients
 from layoutlab.compare.layer_recording import layer_outputs
 from layoutlab.compare.layer_report import LayerTolerance, LayerwiseReport
 from layoutlab.compare.layerwise import compare_layerwise

@@ -74,3 +74,43 @@ def test_standard_library_leaves_import_nothing_else():
                 continue
             for root in roots:
                 assert root in sys.stdlib_module_names or root == "__future__", (name, root)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def _imported_modules(path: Path):
+    """``(node, module, names)`` for each ``layoutlab`` import in ``path``, lazy ones and
+    ``TYPE_CHECKING`` ones included; ``from layoutlab.models import resnet`` imports the
+    module ``layoutlab.models.resnet``, ``from layoutlab.models import create`` the package."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
+            yield node, node.module, [a.name for a in node.names]
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:
+                    yield node, f"{node.module}.{alias.name}", []
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    yield node, alias.name, []
+
+
+def test_no_import_cycles():
+    """No module reaches itself through imports, even lazy or type-checking ones: a cycle is
+    two modules that cannot be read, tested or moved apart (a shared piece goes to a third)."""
+    import graphlib
+
+    graph = {
+        name: {module for _, module, _ in _imported_modules(path)} - {name}
+        for name, path in MODULES.items()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+

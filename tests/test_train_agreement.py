@@ -95,8 +95,9 @@ def test_duplicate_process_id_is_one_line_on_both(tmp_path):
 def _fingerprint(*overrides, data="synthetic:8x8x1:10:64"):
     from flax import nnx
 
-    from layoutlab.train.config import TrainConfig, apply_overrides, load_run_data, validate
+    from layoutlab.train.config import TrainConfig, apply_overrides, validate
     from layoutlab.train.loop import build_model, make_step_schedule
+    from layoutlab.train.run_data import load_run_data
 
     config = validate(apply_overrides(TrainConfig(data=data), list(overrides)), 1)
     dataset = load_run_data(config)

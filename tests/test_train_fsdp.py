@@ -11,8 +11,9 @@ import pytest
 from layoutlab import models
 from layoutlab.train import TrainConfig, train_and_evaluate
 from layoutlab.train.checkpoint import read_checkpoint
-from layoutlab.train.config import load_run_data, validate
+from layoutlab.train.config import validate
 from layoutlab.train.loop import _make_init
+from layoutlab.train.run_data import load_run_data
 from layoutlab.train.sharding import make_shardings, state_shardings
 from layoutlab.train.step_schedule import make_step_schedule
 

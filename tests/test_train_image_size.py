@@ -12,8 +12,9 @@ from layoutlab import cli
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import evaluate_workdir
 from layoutlab.train import TrainConfig
-from layoutlab.train.config import apply_overrides, load_run_data, validate
+from layoutlab.train.config import apply_overrides, validate
 from layoutlab.train.metrics import read_records
+from layoutlab.train.run_data import load_run_data
 
 # Two classes told apart by brightness, at three sizes: without image_size the folder
 # loader refuses them (one size per data set).

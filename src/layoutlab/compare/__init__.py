@@ -25,7 +25,7 @@ _EXPORTS = {
     "LayerRow": "layer_report",
     "LayerTolerance": "layer_report",
     "LayerwiseReport": "layer_report",
-    "compare_gradients": "gradients",
+    "compare_gradients": "gradient_comparison",
     "compare_layerwise": "layerwise",
     "highest_precision": "layer_recording",
     "layer_outputs": "layer_recording",

@@ -17,7 +17,6 @@ from flax import nnx
 
 from layoutlab.compare.decisions import Decision, FlipSite, probe_decisions
 from layoutlab.compare.layer_recording import (
-    MATMUL_PRECISION,
     LayerOutput,
     canonical_path,
     highest_precision,
@@ -30,9 +29,7 @@ from layoutlab.compare.layer_report import (
     LayerTolerance,
     LayerwiseReport,
     compare_records,
-    to_reference_layout,
 )
-from layoutlab.compare.layerwise import describe
 from layoutlab.layout import Layout
 from layoutlab.nn.convert import convert_layout
 
@@ -43,7 +40,6 @@ __all__ = [
     "ProbedGrads",
     "grads_to_layout",
     "compare_grad_trees",
-    "compare_gradients",
 ]
 
 
@@ -233,59 +229,3 @@ def flips_note(flips: Sequence[FlipSite], limit: int = 3) -> str:
     if len(ordered) > limit:
         note += f" (+{len(ordered) - limit} more sites)"
     return note
-
-
-def compare_gradients(
-    reference: nnx.Module,
-    candidate: nnx.Module,
-    x: Any,
-    labels: Any,
-    tolerance: LayerTolerance,
-    *,
-    train: bool = True,
-    reference_name: str | None = None,
-    candidate_name: str | None = None,
-) -> LayerwiseReport:
-    """Gradients of every parameter of two configurations w.r.t. the same loss, the
-    candidate's conv kernels moved to the reference's layout, in backprop order.
-
-    A bug in one layer's forward changes every gradient (the activations after it change),
-    so look for it in ``compare_layerwise``; a bug in one layer's backward leaves the layers
-    after it intact, and the first failing row here names it."""
-    from layoutlab.compare.flip_diagnosis import layers_layout, pinned_rerun
-
-    ref_layout, cand_layout = model_layout(reference), model_layout(candidate)
-    ref = probed_parameter_grads(reference, x, labels, train=train)
-    x_cand = to_reference_layout(np.asarray(x), ref_layout, cand_layout)
-    run = probed_parameter_grads(candidate, x_cand, labels, train=train)
-    diagnosis = pinned_rerun(
-        candidate,
-        x_cand,
-        labels,
-        train,
-        None,
-        ref.decisions,
-        run,
-        layers_layout(reference),
-        ref_layout,
-    )
-    ref_loss, cand_loss = ref.loss, run.loss
-    return compare_grad_trees(
-        reference,
-        ref.grads,
-        grads_to_layout(candidate, run.grads, ref_layout),
-        tolerance,
-        order=ref.order,
-        pinned=diagnosis.get("pinned"),
-        flips=diagnosis.get("flips", ()),
-        done=diagnosis.get("done"),
-        reference_name=reference_name or describe(reference),
-        candidate_name=candidate_name or describe(candidate),
-        settings={
-            "mode": "train" if train else "eval",
-            "loss": "mean softmax cross-entropy, fixed labels",
-            "reference_loss": ref_loss,
-            "candidate_loss": cand_loss,
-            "jax_matmul_precision": MATMUL_PRECISION,
-        },
-    )

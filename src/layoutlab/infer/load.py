@@ -20,9 +20,10 @@ from flax import nnx
 
 from layoutlab.data import Dataset
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
-from layoutlab.train.config import TrainConfig, load_run_data, validate, with_legacy_defaults
+from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR, build_model
 from layoutlab.train.metrics import CONFIG_FILE
+from layoutlab.train.run_data import load_run_data
 from layoutlab.train.state import ModelDefs, TrainState, split_model
 
 __all__ = ["NoRunError", "Run", "checkpoint_state", "class_names", "load_model", "open_run"]

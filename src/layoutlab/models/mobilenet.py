@@ -7,7 +7,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, run_block
-from layoutlab.models.registry import POSITIVE, PROBABILITY, Range, register
+from layoutlab.models.registration import POSITIVE, PROBABILITY, Range, register
 
 # (expansion t, channels c, repeats n, first stride s)
 _SETTINGS = (

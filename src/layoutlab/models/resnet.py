@@ -10,7 +10,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, layer_factories, run_block
-from layoutlab.models.registry import POSITIVE, register
+from layoutlab.models.registration import POSITIVE, register
 
 
 class BasicBlock(nnx.Module):

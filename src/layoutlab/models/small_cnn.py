@@ -5,7 +5,7 @@ from __future__ import annotations
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
-from layoutlab.models.registry import POSITIVE, PROBABILITY, register
+from layoutlab.models.registration import POSITIVE, PROBABILITY, register
 
 
 class SmallCNN(ImageModel):

@@ -8,7 +8,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
-from layoutlab.models.registry import register
+from layoutlab.models.registration import register
 
 
 def double_conv(conv, norm, cin, cout):

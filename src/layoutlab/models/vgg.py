@@ -5,7 +5,7 @@ from __future__ import annotations
 from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential
-from layoutlab.models.registry import POSITIVE, PROBABILITY, register
+from layoutlab.models.registration import POSITIVE, PROBABILITY, register
 
 _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 

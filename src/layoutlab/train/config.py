@@ -16,14 +16,13 @@ from typing import Any
 
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
-from layoutlab.train.run_data import image_size_value, load_run_data, parse_image_size
+from layoutlab.train.image_size import image_size_value, parse_image_size
 
 __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "TrainConfig",
     "apply_overrides",
-    "load_run_data",
     "resolve",
     "validate",
     "with_legacy_defaults",
@@ -441,7 +440,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     _check_names(config)
     from layoutlab.train.model_checks import check_model
 
-    check_model(config)
+    check_model(config.model, config.model_kwargs, remat=config.remat)
     _check_conv(config)
     config = resolve(config, num_devices)
     _check_devices(config, num_devices)

@@ -49,7 +49,7 @@ def batch_pixels(args: argparse.Namespace) -> int | None:
         size = rest.partition(":")[0].lower().split("x")
         pixels = int(size[0]) * int(size[1]) if len(size) >= 2 and rest else 32 * 32
     if args.image_size:
-        from layoutlab.train.run_data import parse_image_size
+        from layoutlab.train.image_size import parse_image_size
 
         h, w = parse_image_size(str(args.image_size))
         pixels = h * w

@@ -44,7 +44,7 @@ from layoutlab.nn.conv_config import (
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import batch_spec, compile_train_step
-from layoutlab.train.config import TrainConfig, load_run_data, validate
+from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
 from layoutlab.train.fast_config import compile_options, with_default_plan
 from layoutlab.train.metrics import (
@@ -61,7 +61,7 @@ from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
-from layoutlab.train.run_data import with_data_fingerprint
+from layoutlab.train.run_data import load_run_data, with_data_fingerprint
 from layoutlab.train.sharding import (
     Shardings,
     assemble,

@@ -12,12 +12,8 @@ import functools
 import inspect
 import json
 import math
-from typing import TYPE_CHECKING
 
 from layoutlab import models
-
-if TYPE_CHECKING:
-    from layoutlab.train.config import TrainConfig
 
 __all__ = ["builder_options", "check_model"]
 
@@ -58,10 +54,10 @@ def _kwarg_kind(default) -> tuple[tuple[type, ...], str] | None:
     return None
 
 
-def _check_model_kwargs(config: TrainConfig) -> None:
-    defaults = {p.name: p.default for p in _builder_parameters(config.model)}
-    ranges = models.spec(config.model).ranges
-    for name, value in config.model_kwargs.items():
+def _check_model_kwargs(model: str, model_kwargs: dict) -> None:
+    defaults = {p.name: p.default for p in _builder_parameters(model)}
+    ranges = models.spec(model).ranges
+    for name, value in model_kwargs.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"model_kwargs.{name} must be finite, got {value!r}.")
         kind = _kwarg_kind(defaults[name])
@@ -71,48 +67,50 @@ def _check_model_kwargs(config: TrainConfig) -> None:
         wrong_bool = isinstance(value, bool) and bool not in types_
         if wrong_bool or not isinstance(value, types_):
             raise ValueError(
-                f"model_kwargs.{name} of {config.model!r} must be {what} (its default is "
+                f"model_kwargs.{name} of {model!r} must be {what} (its default is "
                 f"{defaults[name]!r}), got {value!r}; e.g. --set model_kwargs.{name}="
                 f"{json.dumps(defaults[name])}."
             )
         allowed = ranges.get(name)
         if allowed is not None and not isinstance(value, bool) and value not in allowed:
             raise ValueError(
-                f"model_kwargs.{name} of {config.model!r} must be {allowed}, got {value!r}; "
+                f"model_kwargs.{name} of {model!r} must be {allowed}, got {value!r}; "
                 f"e.g. --set model_kwargs.{name}={json.dumps(defaults[name])}."
             )
 
 
-def check_model(config: TrainConfig) -> None:
-    spec = models.spec(config.model)  # raises for an unknown name, listing the known ones
+def check_model(model: str, model_kwargs: dict, *, remat: bool) -> None:
+    """Raises ``ValueError`` naming the fix where a run's ``model``, its ``model_kwargs`` or
+    ``remat`` cannot build (checked before anything compiles)."""
+    spec = models.spec(model)  # raises for an unknown name, listing the known ones
     if spec.task != "classification":
         raise ValueError(
-            f"model={config.model!r} is a {spec.task} model, but every data set here is image "
+            f"model={model!r} is a {spec.task} model, but every data set here is image "
             "classification; pick a classification model (e.g. small_cnn, resnet18)."
         )
     if spec.num_spatial != 2:
         raise ValueError(
-            f"model={config.model!r} takes {spec.num_spatial}D inputs, but the data sets hold "
+            f"model={model!r} takes {spec.num_spatial}D inputs, but the data sets hold "
             "2D images; pick a 2D model."
         )
-    accepted = builder_options(config.model)
-    reserved = sorted(set(config.model_kwargs) & set(_RESERVED_KWARGS))
+    accepted = builder_options(model)
+    reserved = sorted(set(model_kwargs) & set(_RESERVED_KWARGS))
     if reserved:
         raise ValueError(
             f"model_kwargs may not set {reserved}: the trainer sets them (use the layout, "
             "precision and remat fields)."
         )
-    unknown = sorted(set(config.model_kwargs) - set(accepted))
+    unknown = sorted(set(model_kwargs) - set(accepted))
     if unknown:
         options = [a for a in accepted if a not in _RESERVED_KWARGS]
         raise ValueError(
-            f"model_kwargs {unknown} are not options of {config.model!r}; it accepts: "
+            f"model_kwargs {unknown} are not options of {model!r}; it accepts: "
             f"{', '.join(options)}."
         )
-    _check_model_kwargs(config)
-    if config.remat and "remat" not in accepted:
+    _check_model_kwargs(model, model_kwargs)
+    if remat and "remat" not in accepted:
         with_remat = [n for n in models.names() if "remat" in builder_options(n)]
         raise ValueError(
-            f"remat=True is not supported by {config.model!r}; models with remat: "
+            f"remat=True is not supported by {model!r}; models with remat: "
             f"{', '.join(with_remat)}. Set remat=false."
         )

@@ -21,8 +21,8 @@ def autotune_train(args: argparse.Namespace) -> None:
     from layoutlab.bench.tuning import autotune_config
     from layoutlab.train.agreement import decided_by_process_0
     from layoutlab.train.command import build_config
-    from layoutlab.train.config import load_run_data
     from layoutlab.train.distributed import main_process
+    from layoutlab.train.run_data import load_run_data
 
     config, _ = build_config(args)  # on every process: it may agree on the workdir's name
 
