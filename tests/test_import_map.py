@@ -114,3 +114,31 @@ def test_no_import_cycles():
     except graphlib.CycleError as e:
         raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
 
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name two modules share is public in the module that owns it: no ``from
+    layoutlab.x import _y``, and no ``module._y`` on an imported ``layoutlab`` module."""
+    found = []
+    for name, path in sorted(MODULES.items()):
+        modules = {}  # local name -> the layoutlab module bound to it
+        for node, module, names in _imported_modules(path):
+            found += [f"{name}:{node.lineno} imports {module}.{n}" for n in names if _private(n)]
+            for alias in node.names:
+                bound = (
+                    alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+                )
+                if bound == module and (alias.asname or isinstance(node, ast.ImportFrom)):
+                    modules[alias.asname or alias.name] = module
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and modules.get(node.value.id, name) != name
+                and _private(node.attr)
+            ):
+                found.append(f"{name}:{node.lineno} uses {modules[node.value.id]}.{node.attr}")
+    assert not found, "\n".join(found)

@@ -10,7 +10,7 @@ from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, ru
 from layoutlab.models.registration import POSITIVE, PROBABILITY, Range, register
 
 # (expansion t, channels c, repeats n, first stride s)
-_SETTINGS = (
+INVERTED_RESIDUAL_SETTINGS = (
     (1, 16, 1, 1),
     (6, 24, 2, 2),
     (6, 32, 3, 2),
@@ -67,7 +67,7 @@ class MobileNetV2(ImageModel):
         cin = make_divisible(32 * width_mult)
         self.last_channel = make_divisible(last_channel * max(1.0, width_mult))
         layers = [conv_bn_act(conv, norm, in_channels, cin, 3, stride=2, act=nn.ReLU6)]
-        for t, c, n, s in _SETTINGS:
+        for t, c, n, s in INVERTED_RESIDUAL_SETTINGS:
             cout = make_divisible(c * width_mult)
             for i in range(n):
                 layers.append(InvertedResidual(conv, norm, cin, cout, s if i == 0 else 1, t))

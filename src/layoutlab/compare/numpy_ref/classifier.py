@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from layoutlab.compare.numpy_ref.layouts import (
-    _channel_vector,
-    _f64,
-    _layout,
-    _to_cf,
+    channel_vector,
+    f64,
+    read_layout,
+    to_channels_first,
 )
 
 __all__ = ["dense", "flatten", "relu", "softmax_cross_entropy"]
@@ -19,39 +19,39 @@ __all__ = ["dense", "flatten", "relu", "softmax_cross_entropy"]
 
 def dense(x: Any, kernel: Any, bias: Any = None) -> np.ndarray:
     """``x @ kernel + bias`` with ``kernel`` of shape ``(in, out)``."""
-    x, k = _f64(x), _f64(kernel)
+    x, k = f64(x), f64(kernel)
     if k.ndim != 2 or x.shape[-1] != k.shape[0]:
         raise ValueError(
             f"dense: kernel must be (in, out) with in = {x.shape[-1]}, got shape {k.shape}."
         )
     y = x @ k
     if bias is not None:
-        y = y + _channel_vector(bias, k.shape[1], 0.0, "dense bias")
+        y = y + channel_vector(bias, k.shape[1], 0.0, "dense bias")
     return y
 
 
 def flatten(x: Any, layout: Any, order: str = "CHW") -> np.ndarray:
     """``(N, features)``. ``order="CHW"`` flattens channels-first, as PyTorch flattens an NCHW
     tensor, whatever ``layout`` is; ``"HWC"`` flattens channels-last (any rank)."""
-    x = _f64(x)
-    lay = _layout(layout, x, "flatten")
+    x = f64(x)
+    lay = read_layout(layout, x, "flatten")
     order = order.upper()
     if order not in ("CHW", "HWC"):
         raise ValueError(f"flatten: order must be 'CHW' or 'HWC', got {order!r}.")
-    xc = _to_cf(x, lay)
+    xc = to_channels_first(x, lay)
     if order == "HWC":
         xc = np.moveaxis(xc, 1, -1)
     return xc.reshape((xc.shape[0], -1))
 
 
 def relu(x: Any) -> np.ndarray:
-    return np.maximum(_f64(x), 0.0)
+    return np.maximum(f64(x), 0.0)
 
 
 def softmax_cross_entropy(logits: Any, labels: Any) -> np.ndarray:
     """Per-example cross entropy (no reduction). ``labels`` are integer class indices of
     shape ``logits.shape[:-1]`` or probabilities of ``logits``'s shape."""
-    z = _f64(logits)
+    z = f64(logits)
     labels = np.asarray(labels)
     shifted = z - z.max(axis=-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 
 from layoutlab.compare.numpy_ref.layouts import (
-    _add_bias,
-    _f64,
-    _from_cf,
-    _layout,
-    _to_cf,
-    _tuple,
+    add_bias,
+    f64,
+    from_channels_first,
+    int_tuple,
+    read_layout,
+    to_channels_first,
 )
-from layoutlab.compare.numpy_ref.windows import Padding, _pad, _pads, _windows
+from layoutlab.compare.numpy_ref.windows import Padding, pad_spatial, sliding_windows, window_pads
 
 __all__ = ["conv", "conv_transpose"]
 
@@ -39,15 +39,15 @@ def conv(
     """N-d convolution (cross-correlation, like XLA and PyTorch) with groups; depthwise is
     ``groups == in_channels``. ``padding``: ``"SAME"`` (TF/XLA rule), ``"VALID"``, an int, or
     one int or ``(lo, hi)`` pair per spatial dim."""
-    x = _f64(x)
-    lay = _layout(layout, x, "conv")
+    x = f64(x)
+    lay = read_layout(layout, x, "conv")
     ns = lay.num_spatial
-    k = _f64(kernel)
+    k = f64(kernel)
     if k.ndim != ns + 2:
         raise ValueError(f"conv: {lay.name} needs a rank-{ns + 2} kernel, got shape {k.shape}.")
     if lay.channels_last:
         k = np.moveaxis(k, (-1, -2), (0, 1))  # (*K, I, O) -> (O, I, *K)
-    xc = _to_cf(x, lay)
+    xc = to_channels_first(x, lay)
     n, c = xc.shape[:2]
     o, i_per_group = k.shape[:2]
     if groups < 1 or c % groups or o % groups:
@@ -60,18 +60,18 @@ def conv(
             f"channels in {groups} group(s) ({c // groups} per group)."
         )
     ksize = k.shape[2:]
-    strides_t = _tuple(strides, ns, "strides")
-    dil = _tuple(dilation, ns, "dilation")
-    pads = _pads(padding, xc.shape[2:], ksize, strides_t, dil)
-    patches = _windows(_pad(xc, pads, 0.0), ksize, strides_t, dil)
+    strides_t = int_tuple(strides, ns, "strides")
+    dil = int_tuple(dilation, ns, "dilation")
+    pads = window_pads(padding, xc.shape[2:], ksize, strides_t, dil)
+    patches = sliding_windows(pad_spatial(xc, pads, 0.0), ksize, strides_t, dil)
     patches = patches.reshape((n, groups, c // groups) + patches.shape[2:])
     kg = k.reshape((groups, o // groups) + k.shape[1:])
     ks, os_ = _SPATIAL[:ns], _OUT[:ns]
     y = np.einsum(f"ngc{ks}{os_},goc{ks}->ngo{os_}", patches, kg, optimize=True)
     y = y.reshape((n, o) + y.shape[3:])
     if bias is not None:
-        y = _add_bias(y, bias, "conv bias")
-    return _from_cf(y, lay)
+        y = add_bias(y, bias, "conv bias")
+    return from_channels_first(y, lay)
 
 
 def conv_transpose(
@@ -90,17 +90,17 @@ def conv_transpose(
     (``IOHW``) for channels-first layouts and ``(*K, in, out // groups)`` (``HWIO``) for
     channels-last ones, ``in`` being the input channels. Output size per dim:
     ``(n - 1) * s - 2 * p + d * (k - 1) + output_padding + 1``."""
-    x = _f64(x)
-    lay = _layout(layout, x, "conv_transpose")
+    x = f64(x)
+    lay = read_layout(layout, x, "conv_transpose")
     ns = lay.num_spatial
-    k = _f64(kernel)
+    k = f64(kernel)
     if k.ndim != ns + 2:
         raise ValueError(
             f"conv_transpose: {lay.name} needs a rank-{ns + 2} kernel, got shape {k.shape}."
         )
     if lay.channels_last:
         k = np.moveaxis(k, (-2, -1), (0, 1))  # (*K, I, O/g) -> (I, O/g, *K)
-    xc = _to_cf(x, lay)
+    xc = to_channels_first(x, lay)
     n, c = xc.shape[:2]
     if groups < 1 or c % groups:
         raise ValueError(f"conv_transpose: groups={groups} must divide in channels ({c}).")
@@ -110,10 +110,10 @@ def conv_transpose(
         )
     o_per_group = k.shape[1]
     ksize = k.shape[2:]
-    s = _tuple(strides, ns, "strides")
-    p = _tuple(padding, ns, "padding")
-    op = _tuple(output_padding, ns, "output_padding")
-    d = _tuple(dilation, ns, "dilation")
+    s = int_tuple(strides, ns, "strides")
+    p = int_tuple(padding, ns, "padding")
+    op = int_tuple(output_padding, ns, "output_padding")
+    d = int_tuple(dilation, ns, "dilation")
     for opi, si, di in zip(op, s, d, strict=True):
         if opi >= max(si, di) or opi < 0:
             raise ValueError(
@@ -143,5 +143,5 @@ def conv_transpose(
     y = buf[(slice(None), slice(None), slice(None), *crop)]
     y = y.reshape((n, groups * o_per_group, *out))
     if bias is not None:
-        y = _add_bias(y, bias, "bias")
-    return _from_cf(y, lay)
+        y = add_bias(y, bias, "bias")
+    return from_channels_first(y, lay)

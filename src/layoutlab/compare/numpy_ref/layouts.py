@@ -10,16 +10,28 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+__all__ = [
+    "RefLayout",
+    "add_bias",
+    "channel_vector",
+    "f64",
+    "from_channels_first",
+    "int_tuple",
+    "per_channel",
+    "read_layout",
+    "to_channels_first",
+]
+
 _LAYOUTS = ("NWC", "NCW", "NHWC", "NCHW", "NDHWC", "NCDHW")
 
 
-class _Layout(NamedTuple):
+class RefLayout(NamedTuple):
     name: str
     channels_last: bool
     num_spatial: int
 
 
-def _layout(layout: Any, x: np.ndarray, where: str) -> _Layout:
+def read_layout(layout: Any, x: np.ndarray, where: str) -> RefLayout:
     name = str(getattr(layout, "value", layout)).upper()
     if name not in _LAYOUTS:
         raise ValueError(f"{where}: unknown layout {layout!r}; valid layouts are {_LAYOUTS}.")
@@ -27,22 +39,22 @@ def _layout(layout: Any, x: np.ndarray, where: str) -> _Layout:
         raise ValueError(
             f"{where}: layout {name} needs a rank-{len(name)} input, got shape {x.shape}."
         )
-    return _Layout(name, name.endswith("C"), len(name) - 2)
+    return RefLayout(name, name.endswith("C"), len(name) - 2)
 
 
-def _f64(x: Any) -> np.ndarray:
+def f64(x: Any) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def _to_cf(x: np.ndarray, lay: _Layout) -> np.ndarray:
+def to_channels_first(x: np.ndarray, lay: RefLayout) -> np.ndarray:
     return np.moveaxis(x, -1, 1) if lay.channels_last else x
 
 
-def _from_cf(x: np.ndarray, lay: _Layout) -> np.ndarray:
+def from_channels_first(x: np.ndarray, lay: RefLayout) -> np.ndarray:
     return np.moveaxis(x, 1, -1) if lay.channels_last else x
 
 
-def _tuple(value: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
+def int_tuple(value: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     if isinstance(value, int | np.integer):
         return (int(value),) * n
     value = tuple(int(v) for v in value)
@@ -51,20 +63,20 @@ def _tuple(value: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     return value
 
 
-def _channel_vector(v: Any, c: int, default: float, what: str) -> np.ndarray:
+def channel_vector(v: Any, c: int, default: float, what: str) -> np.ndarray:
     if v is None:
         return np.full((c,), default)
-    v = _f64(v)
+    v = f64(v)
     if v.shape != (c,):
         raise ValueError(f"{what} must have shape ({c},), got {v.shape}.")
     return v
 
 
-def _per_channel(v: np.ndarray, ndim: int) -> np.ndarray:
+def per_channel(v: np.ndarray, ndim: int) -> np.ndarray:
     """Shape a (C,) vector to broadcast over a channels-first (N, C, spatial...) array."""
     return v.reshape((1, -1) + (1,) * (ndim - 2))
 
 
-def _add_bias(y: np.ndarray, bias: Any, what: str) -> np.ndarray:
+def add_bias(y: np.ndarray, bias: Any, what: str) -> np.ndarray:
     """Channels-first ``y`` plus a per-channel ``bias`` of shape (C,)."""
-    return y + _per_channel(_channel_vector(bias, y.shape[1], 0.0, what), y.ndim)
+    return y + per_channel(channel_vector(bias, y.shape[1], 0.0, what), y.ndim)

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from layoutlab.compare.numpy_ref.layouts import (
-    _f64,
-    _from_cf,
-    _Layout,
-    _layout,
-    _to_cf,
-    _tuple,
+    RefLayout,
+    f64,
+    from_channels_first,
+    int_tuple,
+    read_layout,
+    to_channels_first,
 )
-from layoutlab.compare.numpy_ref.windows import Padding, _pad, _pads, _windows
+from layoutlab.compare.numpy_ref.windows import Padding, pad_spatial, sliding_windows, window_pads
 
 __all__ = ["max_pool", "avg_pool", "adaptive_avg_pool", "global_avg_pool"]
 
@@ -30,15 +30,15 @@ def _pool_windows(
     layout: Any,
     pad_value: float,
     where: str,
-) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]], _Layout]:
-    x = _f64(x)
-    lay = _layout(layout, x, where)
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]], RefLayout]:
+    x = f64(x)
+    lay = read_layout(layout, x, where)
     ns = lay.num_spatial
-    win = _tuple(window, ns, "window")
-    s = win if strides is None else _tuple(strides, ns, "strides")
-    xc = _to_cf(x, lay)
-    pads = _pads(padding, xc.shape[2:], win, s, (1,) * ns)
-    patches = _windows(_pad(xc, pads, pad_value), win, s, (1,) * ns)
+    win = int_tuple(window, ns, "window")
+    s = win if strides is None else int_tuple(strides, ns, "strides")
+    xc = to_channels_first(x, lay)
+    pads = window_pads(padding, xc.shape[2:], win, s, (1,) * ns)
+    patches = sliding_windows(pad_spatial(xc, pads, pad_value), win, s, (1,) * ns)
     return patches, xc, pads, lay
 
 
@@ -54,7 +54,7 @@ def max_pool(
     (PyTorch); ``padding`` as in ``conv``."""
     patches, _, _, lay = _pool_windows(x, window, strides, padding, layout, -np.inf, "max_pool")
     ns = lay.num_spatial
-    return _from_cf(patches.max(axis=tuple(range(2, 2 + ns))), lay)
+    return from_channels_first(patches.max(axis=tuple(range(2, 2 + ns))), lay)
 
 
 def avg_pool(
@@ -74,11 +74,11 @@ def avg_pool(
     total = patches.sum(axis=axes)
     win = patches.shape[2 : 2 + ns]
     if count_include_pad:
-        return _from_cf(total / math.prod(win), lay)
+        return from_channels_first(total / math.prod(win), lay)
     ones = np.ones((1, 1) + xc.shape[2:])
-    strides_t = win if strides is None else _tuple(strides, ns, "strides")
-    counts = _windows(_pad(ones, pads, 0.0), win, strides_t, (1,) * ns).sum(axis=axes)
-    return _from_cf(total / counts, lay)
+    strides_t = win if strides is None else int_tuple(strides, ns, "strides")
+    counts = sliding_windows(pad_spatial(ones, pads, 0.0), win, strides_t, (1,) * ns).sum(axis=axes)
+    return from_channels_first(total / counts, lay)
 
 
 def _adaptive_bounds(n: int, o: int) -> list[tuple[int, int]]:
@@ -88,9 +88,9 @@ def _adaptive_bounds(n: int, o: int) -> list[tuple[int, int]]:
 def adaptive_avg_pool(x: Any, output_size: int | Sequence[int | None], layout: Any) -> np.ndarray:
     """PyTorch ``adaptive_avg_pool``: output cell ``i`` averages input
     ``[floor(i * n / o), ceil((i + 1) * n / o))``; ``None`` keeps that dim's size."""
-    x = _f64(x)
-    lay = _layout(layout, x, "adaptive_avg_pool")
-    xc = _to_cf(x, lay)
+    x = f64(x)
+    lay = read_layout(layout, x, "adaptive_avg_pool")
+    xc = to_channels_first(x, lay)
     sizes = xc.shape[2:]
     if isinstance(output_size, int | np.integer):
         out = (int(output_size),) * lay.num_spatial
@@ -105,11 +105,11 @@ def adaptive_avg_pool(x: Any, output_size: int | Sequence[int | None], layout: A
         y[(slice(None), slice(None), *cell)] = xc[(slice(None), slice(None), *region)].mean(
             axis=tuple(range(2, 2 + lay.num_spatial))
         )
-    return _from_cf(y, lay)
+    return from_channels_first(y, lay)
 
 
 def global_avg_pool(x: Any, layout: Any) -> np.ndarray:
     """Mean over all spatial dims: ``(N, C)``."""
-    x = _f64(x)
-    lay = _layout(layout, x, "global_avg_pool")
-    return _to_cf(x, lay).mean(axis=tuple(range(2, x.ndim)))
+    x = f64(x)
+    lay = read_layout(layout, x, "global_avg_pool")
+    return to_channels_first(x, lay).mean(axis=tuple(range(2, x.ndim)))

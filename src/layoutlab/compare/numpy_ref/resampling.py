@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from layoutlab.compare.numpy_ref.layouts import (
-    _f64,
-    _from_cf,
-    _layout,
-    _to_cf,
+    f64,
+    from_channels_first,
+    read_layout,
+    to_channels_first,
 )
 
 __all__ = ["upsample_nearest", "upsample_bilinear"]
@@ -31,15 +31,15 @@ def _scales(scale: float | Sequence[float], ns: int) -> tuple[float, ...]:
 def upsample_nearest(x: Any, scale: float | Sequence[float], layout: Any) -> np.ndarray:
     """PyTorch ``F.interpolate(mode="nearest", scale_factor=scale)``: output size
     ``floor(n * scale)``, source index ``min(floor(i / scale), n - 1)``."""
-    x = _f64(x)
-    lay = _layout(layout, x, "upsample_nearest")
-    xc = _to_cf(x, lay)
+    x = f64(x)
+    lay = read_layout(layout, x, "upsample_nearest")
+    xc = to_channels_first(x, lay)
     for axis, sc in enumerate(_scales(scale, lay.num_spatial), start=2):
         n = xc.shape[axis]
         out = math.floor(n * sc)
         src = np.minimum(np.floor(np.arange(out) * (1.0 / sc)).astype(int), n - 1)
         xc = np.take(xc, src, axis=axis)
-    return _from_cf(xc, lay)
+    return from_channels_first(xc, lay)
 
 
 def _linear_axis(x: np.ndarray, axis: int, scale: float, align_corners: bool) -> np.ndarray:
@@ -64,9 +64,9 @@ def upsample_bilinear(
 ) -> np.ndarray:
     """PyTorch ``F.interpolate`` linear interpolation (``linear``/``bilinear``/``trilinear``
     for 1D/2D/3D), applied one spatial axis at a time since it is separable."""
-    x = _f64(x)
-    lay = _layout(layout, x, "upsample_bilinear")
-    xc = _to_cf(x, lay)
+    x = f64(x)
+    lay = read_layout(layout, x, "upsample_bilinear")
+    xc = to_channels_first(x, lay)
     for axis, sc in enumerate(_scales(scale, lay.num_spatial), start=2):
         xc = _linear_axis(xc, axis, sc, align_corners)
-    return _from_cf(xc, lay)
+    return from_channels_first(xc, lay)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["Padding", "same_padding"]
+__all__ = ["Padding", "pad_spatial", "same_padding", "sliding_windows", "window_pads"]
 
 
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
@@ -22,7 +22,7 @@ def same_padding(size: int, kernel: int, stride: int = 1, dilation: int = 1) -> 
     return total // 2, total - total // 2
 
 
-def _pads(
+def window_pads(
     padding: Padding,
     sizes: Sequence[int],
     kernel: Sequence[int],
@@ -63,7 +63,7 @@ def _out_size(size: int, extent: int, stride: int, where: str) -> int:
     return out
 
 
-def _windows(
+def sliding_windows(
     xp: np.ndarray, kernel: Sequence[int], strides: Sequence[int], dilation: Sequence[int]
 ) -> np.ndarray:
     """im2col: (N, C, *spatial) padded -> (N, C, *kernel, *out) window values."""
@@ -80,5 +80,5 @@ def _windows(
     return patches
 
 
-def _pad(x: np.ndarray, pads: Sequence[tuple[int, int]], value: float) -> np.ndarray:
+def pad_spatial(x: np.ndarray, pads: Sequence[tuple[int, int]], value: float) -> np.ndarray:
     return np.pad(x, [(0, 0), (0, 0), *pads], constant_values=value)

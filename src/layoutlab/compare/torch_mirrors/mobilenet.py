@@ -8,7 +8,7 @@ from torch import nn
 from layoutlab.compare.torch_mirrors.blocks import Conv2dNormActivation
 
 # The model's own stage table: the mirror has exactly the model's stages.
-from layoutlab.models.mobilenet import _SETTINGS, make_divisible
+from layoutlab.models.mobilenet import INVERTED_RESIDUAL_SETTINGS, make_divisible
 
 
 class InvertedResidual(nn.Module):
@@ -54,7 +54,7 @@ class MobileNetV2(nn.Module):
         features: list[nn.Module] = [
             Conv2dNormActivation(in_channels, cin, stride=2, activation_layer=nn.ReLU6)
         ]
-        for t, c, n, s in _SETTINGS:
+        for t, c, n, s in INVERTED_RESIDUAL_SETTINGS:
             cout = make_divisible(c * width_mult)
             for i in range(n):
                 features.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
