@@ -2,6 +2,7 @@
 goes from a package to one at or below it in this order (docs/development.md, "Repository map")."""
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
@@ -26,9 +27,13 @@ def _unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _imports(path: Path):
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == "layoutlab":
                 # ``from layoutlab import models`` names packages; a plain name is __init__'s.
@@ -88,7 +93,7 @@ def _imported_modules(path: Path):
     """``(node, module, names)`` for each ``layoutlab`` import in ``path``, lazy ones and
     ``TYPE_CHECKING`` ones included; ``from layoutlab.models import resnet`` imports the
     module ``layoutlab.models.resnet``, ``from layoutlab.models import create`` the package."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
             yield node, node.module, [a.name for a in node.names]
             for alias in node.names:
@@ -133,7 +138,7 @@ def test_no_module_uses_another_modules_private_names():
                 )
                 if bound == module and (alias.asname or isinstance(node, ast.ImportFrom)):
                     modules[alias.asname or alias.name] = module
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.value, ast.Name)
