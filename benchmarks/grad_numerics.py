@@ -4,8 +4,9 @@ ReLU/max-pool decisions pinned to float64's (tests/grad_audit.py does the measur
 
     PYTHONPATH=src python3 benchmarks/grad_numerics.py resnet18:train:5 vgg11_bn:train:0 ...
 
-Each argument is ``model[@wWIDTH]:mode:seed[:run,run...]`` (runs: the keys of ``RUNS``;
-``resnet50@w16`` is the tests' ResNet-50); prints one markdown row per configuration.
+Each argument is ``model[@wWIDTH][@bBATCH][@sSIZE]:mode:seed[:run,run...]`` (runs: the keys
+of ``RUNS``; ``resnet50@w16`` is the tests' ResNet-50; batch 4 and the size in ``SIZES``
+unless given); prints one markdown row per configuration.
 """
 
 from __future__ import annotations
@@ -56,11 +57,19 @@ def main(argv):
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arg in argv:
         label, mode, seed, *which = arg.split(":")
-        name, _, width = label.partition("@w")
+        name, *options = label.split("@")
         train = mode == "train"
         size, kw = SIZES[name]
-        kw = {**kw, "width": int(width)} if width else kw
-        tm, x, ct = ga.problem(name, int(seed), 4, size, **kw)
+        batch = 4
+        for option in options:  # w: width, b: batch, s: input size
+            value = int(option[1:])
+            if option[0] == "w":
+                kw = {**kw, "width": value}
+            elif option[0] == "b":
+                batch = value
+            else:
+                size = value
+        tm, x, ct = ga.problem(name, int(seed), batch, size, **kw)
         ref = ga.reference(tm, x, ct, train)
         for run, how in RUNS.items():
             if which and run not in which[0].split(","):
