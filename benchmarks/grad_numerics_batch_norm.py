@@ -3,7 +3,8 @@
 against float64, both with every ReLU/max-pool decision pinned to float64's, compared at
 every BatchNorm (the error of its normalized input ``xhat`` in the forward, of the
 gradient at its output and at its input in the backward); then one BatchNorm's backward
-alone, layoutlab's VJP and PyTorch's, fed exact inputs or the float32 run's.
+alone, layoutlab's VJP and PyTorch's, fed exact inputs, the PyTorch float32 run's or
+layoutlab's own jitted forward's.
 
     PYTHONPATH=src python3 benchmarks/grad_numerics_batch_norm.py [model [seed [width]]]
 """
@@ -83,6 +84,19 @@ def layoutlab_backward(x, dy, weight, bias):
     return np.asarray(dx, np.float64).transpose(0, 3, 1, 2), np.asarray(dscale, np.float64)
 
 
+def layoutlab_input(name, tm, x, bn: str, **kw):
+    """The input of BatchNorm ``bn`` (a ResNet's: the output of the conv of the same
+    number) in layoutlab's own jitted train-mode forward, NCHW float64; None elsewhere."""
+    from layoutlab.compare.layer_recording import layer_outputs
+
+    conv = bn.rsplit(".", 1)
+    conv = f"{conv[0]}.conv{conv[1][2:]}" if conv[-1].startswith("bn") else None
+    model = ga.layoutlab_model(name, tm, "NCHW", True, True, x, **kw)
+    _, records = layer_outputs(model, ga.to_model_input(x, model), train=True)
+    found = [r.value for r in records if r.path == conv]
+    return np.asarray(found[0], np.float64) if found else None
+
+
 def main(argv):
     torch.set_num_threads(1)
     name = argv[0] if argv else "resnet50"
@@ -104,15 +118,22 @@ def main(argv):
     x64, dy64 = exact[last][0], exact[last][2]
     x32, dy32 = run32[last][0], run32[last][2]
     dx_ref, dscale_ref = torch_backward(x64, dy64, weight, bias, torch.float64)
+    xll = layoutlab_input(name, tm, x, last, **kw)
+    print(f"\n{last}'s input off float64: PyTorch float32 {ga.normwise(x32, x64):.1e}", end="")
+    if xll is not None:
+        print(f", layoutlab (jitted, shipped plan) {ga.normwise(xll, x64):.1e}", end="")
+    print()
     print(f"\n{last}'s backward alone, dx / dscale against float64 arithmetic on exact inputs:")
     print("| inputs | PyTorch float32 | layoutlab VJP | float64 arithmetic |")
     print("|---|---|---|---|")
     cases = {
         "exact x and dy (rounded to float32)": (x64, dy64),
-        "float32 run's x and dy": (x32, dy32),
-        "float32 run's x, exact dy": (x32, dy64),
-        "exact x, float32 run's dy": (x64, dy32),
+        "PyTorch float32 run's x and dy": (x32, dy32),
+        "PyTorch float32 run's x, exact dy": (x32, dy64),
+        "exact x, PyTorch float32 run's dy": (x64, dy32),
     }
+    if xll is not None:
+        cases["layoutlab run's x, exact dy"] = (xll, dy64)
     for label, (xin, dy) in cases.items():
         cells = []
         for got in (
