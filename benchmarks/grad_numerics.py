@@ -4,8 +4,9 @@ ReLU/max-pool decisions pinned to float64's (tests/grad_audit.py does the measur
 
     PYTHONPATH=src python3 benchmarks/grad_numerics.py resnet18:train:5 vgg11_bn:train:0 ...
 
-Each argument is ``model:mode:seed[:run,run...]`` (runs: the keys of ``RUNS``); prints one
-markdown row per configuration.
+Each argument is ``model[@wWIDTH][@bBATCH][@sSIZE]:mode:seed[:run,run...]`` (runs: the keys
+of ``RUNS``; ``resnet50@w16`` is the tests' ResNet-50; batch 4 and the size in ``SIZES``
+unless given); prints one markdown row per configuration.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SIZES = {  # model: (input size, builder options)
 
 # jit xla-convs: models.create's model as is; jit plan: with the shipped table's conv plan
 # (what train and compare run); cpu-fast: compiled with cpu_fast_options(mode); O0: with
-# xla_backend_optimization_level=0; eager: jax.grad without jit.
+# xla_backend_optimization_level=0; eager: jax.grad without jit; torch f32: PyTorch's own
+# float32 run of the same model (ga.torch_float32), an implementation sharing no code.
 RUNS = {
     "jit xla-convs": dict(plan=False, program={}),
     "jit plan": dict(plan=True, program={}),
@@ -38,6 +40,7 @@ RUNS = {
         plan=True, program={"compiler_options": {"xla_backend_optimization_level": 0}}
     ),
     "eager": dict(plan=False, program={"jit": False}),
+    "torch f32": None,
 }
 
 
@@ -53,25 +56,42 @@ def main(argv):
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arg in argv:
-        name, mode, seed, *which = arg.split(":")
+        label, mode, seed, *which = arg.split(":")
+        name, *options = label.split("@")
         train = mode == "train"
         size, kw = SIZES[name]
-        tm, x, ct = ga.problem(name, int(seed), 4, size, **kw)
+        batch = 4
+        for option in options:  # w: width, b: batch, s: input size
+            value = int(option[1:])
+            if option[0] == "w":
+                kw = {**kw, "width": value}
+            elif option[0] == "b":
+                batch = value
+            else:
+                size = value
+        tm, x, ct = ga.problem(name, int(seed), batch, size, **kw)
         ref = ga.reference(tm, x, ct, train)
         for run, how in RUNS.items():
             if which and run not in which[0].split(","):
+                continue
+            if how is None:
+                r = ga.torch_float32(tm, x, ct, ref, train)
+                print(row(label, mode, seed, run, r), flush=True)
                 continue
             program = how["program"]
             if program == "fast":
                 program = {"compiler_options": cpu_fast_options("train" if train else "infer")}
             model = ga.layoutlab_model(name, tm, "NHWC", train, how["plan"], x, **kw)
             r = ga.audit(model, x, ct, ref, **program)
-            flips = ", ".join(f"{s}: {n}" for s, n in r.flips) or "none"
-            print(
-                f"| {name} | {mode} | {seed} | {run} | {fmt(r.forward)} | {fmt(r.dx)} "
-                f"| {fmt(r.dparams)} | {flips} | {fmt(r.pinned_dx)} | {fmt(r.pinned_dparams)} |",
-                flush=True,
-            )
+            print(row(label, mode, seed, run, r), flush=True)
+
+
+def row(name, mode, seed, run, r) -> str:
+    flips = ", ".join(f"{s}: {n}" for s, n in r.flips) or "none"
+    return (
+        f"| {name} | {mode} | {seed} | {run} | {fmt(r.forward)} | {fmt(r.dx)} "
+        f"| {fmt(r.dparams)} | {flips} | {fmt(r.pinned_dx)} | {fmt(r.pinned_dparams)} |"
+    )
 
 
 if __name__ == "__main__":

@@ -4,11 +4,16 @@ gradients (``d(sum(logits * ct))`` w.r.t. the input and every parameter), normwi
 ``max|a - e| / max|e|``, and every ReLU/ReLU6/max-pool decision of the compiled gradient
 program compared with float64's, with a rerun on float64's decisions.
 
+``torch_float32`` measures an independent float32 implementation (PyTorch's) the same way,
+the yardstick for what float32 can reach on a given problem.
+
 ``benchmarks/grad_numerics.py`` measures the results file with the same code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from typing import Any, NamedTuple
 
 import jax
@@ -17,6 +22,8 @@ import numpy as np
 import torch
 import torchvision_defs
 from flax import nnx
+from torch import nn
+from torch.nn import functional as F
 
 from layoutlab import models
 from layoutlab.compare.decisions import Decision, decision_flips, probe_decisions
@@ -190,3 +197,92 @@ def audit_pinned(model, x, ct, ref: Reference, decisions: list[Decision], **prog
     named = to_torch_state_dict(nnx.merge(graphdef, dparams, rest, copy=True))
     worst = worst_param(named, ref.dparams)
     return Audit(normwise(logits, ref.logits), normwise(dx, ref.dx), worst, [], None, None)
+
+
+def _torch_windows(module, v):
+    """``(n, c, window size, positions)``: each max-pool window of ``v``, row-major."""
+    k, s, p = (
+        a if isinstance(a, tuple) else (a, a)
+        for a in (module.kernel_size, module.stride, module.padding)
+    )
+    padded = F.pad(v, (p[1], p[1], p[0], p[0]), value=-float("inf"))
+    return F.unfold(padded, k, stride=s).reshape(*v.shape[:2], k[0] * k[1], -1)
+
+
+def _torch_decision(module, v, out) -> np.ndarray:
+    """The decision ``module`` takes on ``v`` (``Decision.value``'s convention)."""
+    with torch.no_grad():
+        if isinstance(module, nn.MaxPool2d):
+            return torch.argmax(_torch_windows(module, v), 2).reshape(out.shape).numpy()
+        if isinstance(module, nn.ReLU6):
+            return ((v > 0) & (v < 6)).numpy()
+        return (v > 0).numpy()
+
+
+def _pin_torch(module, v, out, decision: Decision):
+    """``module``'s output with its gradient routed by ``decision`` (float64's) instead of
+    its own comparison: ReLU/ReLU6 pass ``v`` where the mask is True, max pool takes the
+    window element ``decision`` chose."""
+    value = torch.from_numpy(np.asarray(decision.value))
+    if isinstance(module, nn.MaxPool2d):
+        choice = value.to(torch.int64).reshape(*v.shape[:2], 1, -1)
+        return torch.gather(_torch_windows(module, v), 2, choice).reshape(out.shape)
+    off = torch.zeros((), dtype=v.dtype)
+    if isinstance(module, nn.ReLU6):
+        off = torch.where(v >= 6, torch.full((), 6.0, dtype=v.dtype), off).detach()
+    return torch.where(value, v, off)
+
+
+@contextlib.contextmanager
+def torch_decided(model, pins: list[Decision] | None):
+    """Within the block, ``model``'s ReLU/ReLU6/max-pool modules take ``pins``' decisions in
+    call order (float64's, in NCHW), or their own when ``pins`` is None; yields the list of
+    decisions taken."""
+    sites = [m for m in model.modules() if isinstance(m, (nn.ReLU, nn.ReLU6, nn.MaxPool2d))]
+    taken: list[np.ndarray] = []
+
+    def hook(module, args, out):
+        if pins is None:
+            taken.append(_torch_decision(module, args[0], out))
+            return None
+        decision = pins[len(taken)]
+        taken.append(decision.value)
+        assert np.shape(decision.value) == tuple(out.shape), decision.site
+        return _pin_torch(module, args[0], out, decision)
+
+    handles = [m.register_forward_hook(hook) for m in sites]
+    try:
+        yield taken
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def torch_float32(
+    tm, x: np.ndarray, ct: np.ndarray, ref: Reference, train: bool, *, pin: bool = True
+) -> Audit:
+    """``audit``'s errors for PyTorch's own float32 run of ``tm`` (an implementation that
+    shares no code with layoutlab): as it runs, its decision flips against float64, and
+    (``pin``) rerun with every ReLU/ReLU6/max-pool decision pinned to float64's."""
+    model = copy.deepcopy(tm).float()
+    model.train(train)
+
+    def run(pins):
+        model.zero_grad(set_to_none=True)
+        xt = torch.from_numpy(np.asarray(x, np.float32)).requires_grad_(True)
+        with torch_decided(model, pins) as taken:
+            out = model(xt)
+        (out * torch.from_numpy(np.asarray(ct, np.float32))).sum().backward()
+        dparams = {k: p.grad.numpy() for k, p in model.named_parameters()}
+        errors = (
+            normwise(out.detach().numpy(), ref.logits),
+            normwise(xt.grad.numpy(), ref.dx),
+            worst_param(dparams, ref.dparams),
+        )
+        return errors, taken
+
+    (forward, dx, dparams), taken = run(None)
+    pairs = zip(ref.decisions, taken, strict=True)
+    counts = [(d.site, int(np.count_nonzero(d.value != t))) for d, t in pairs]
+    pinned = run(ref.decisions)[0][1:] if pin else (None, None)
+    return Audit(forward, dx, dparams, [(s, n) for s, n in counts if n], *pinned)

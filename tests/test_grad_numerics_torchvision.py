@@ -11,7 +11,10 @@ float64's (a ReLU decision flip); that element's gradient is then all or nothing
 train-mode BatchNorm spreads it over its channel: one flip in ResNet-18's ``layer1.1``
 puts the input gradient 4e-2 off (benchmarks/results/grad_numerics_torchvision_cpu.md).
 So the bound is checked on the run as compiled when no decision differs from float64's,
-and on a rerun of the same program with float64's decisions pinned when some do.
+and on a rerun of the same program with float64's decisions pinned when some do. What is
+left on float64's decisions is float32 rounding: 1e-4 bounds it except for ResNet-50 in
+train mode, whose float32 forward error the gradients inherit; that case is held to
+PyTorch's own float32 error instead (``TORCH_FACTOR``).
 """
 
 import numpy as np
@@ -40,13 +43,13 @@ def _one_torch_thread():
     torch.set_num_threads(saved)
 
 
-def _check(result: ga.Audit) -> None:
+def _check(result: ga.Audit, dx_tol: float = GRAD_TOL, dparams_tol: float = GRAD_TOL) -> None:
     assert result.forward < FORWARD_TOL, result
     if result.flips:
         # The error as compiled is the flips' doing: on float64's decisions it is rounding.
-        assert result.pinned_dx < GRAD_TOL and result.pinned_dparams < GRAD_TOL, result
+        assert result.pinned_dx < dx_tol and result.pinned_dparams < dparams_tol, result
     else:
-        assert result.dx < GRAD_TOL and result.dparams < GRAD_TOL, result
+        assert result.dx < dx_tol and result.dparams < dparams_tol, result
 
 
 # ResNet-18 at 64x64, batch 4, seed 5: the audit's shape, and a seed whose jitted program
@@ -108,11 +111,17 @@ def references():
 _OTHERS = {
     "vgg11_bn": dict(mode=True, size=32, kw={"width": 16, "hidden": 64, "pool_size": 1}),
     "mobilenet_v2": dict(mode=False, size=64, kw={"width_mult": 0.5, "last_channel": 128}),
-    # Eval mode: in train mode ResNet-50's last stage normalizes 4x2x2 values per channel
-    # at this size, and that BatchNorm alone leaves ~2e-4 on float64's decisions
-    # (benchmarks/results/grad_numerics_torchvision_cpu.md).
-    "resnet50": dict(mode=False, size=64, kw={"width": 16}),
+    "resnet50": dict(mode=True, size=64, kw={"width": 16}),
 }
+
+# ResNet-50 in train mode is held to PyTorch's own float32 error instead of 1e-4: its float32
+# forward is ~5e-5 off float64 after 50 layers (PyTorch's too), a train-mode BatchNorm's
+# backward reads its normalized input, and so the gradients inherit that forward error
+# even on float64's decisions: PyTorch float32 leaves 5.6e-5 (dx) and 1.3e-4 (dparams) at
+# this size, layoutlab 4.8e-5 and 1.4e-4 (benchmarks/results/grad_numerics_torchvision_cpu.md).
+# Factor 2: two float32 implementations round differently; layoutlab measured 0.86x..1.22x
+# PyTorch's. A defect is far larger (the unbiased variance over 16 values: 3%).
+TORCH_FACTOR = 2.0
 
 
 @pytest.mark.parametrize(
@@ -131,4 +140,13 @@ def test_torchvision_models_jitted_gradients_match_float64(name, layout, referen
         references[name] = tm, x, ct, ga.reference(tm, x, ct, case["mode"])
     tm, x, ct, ref = references[name]
     model = ga.layoutlab_model(name, tm, layout, case["mode"], True, x, **case["kw"])
-    _check(ga.audit(model, x, ct, ref))
+    tols = {}
+    if name == "resnet50":
+        own = ga.torch_float32(tm, x, ct, ref, case["mode"])
+        # The yardstick must be rounding itself: an unpinned flip (1e-2) would void the bound.
+        assert max(own.pinned_dx, own.pinned_dparams) < 10 * GRAD_TOL, own
+        tols = {
+            "dx_tol": max(GRAD_TOL, TORCH_FACTOR * own.pinned_dx),
+            "dparams_tol": max(GRAD_TOL, TORCH_FACTOR * own.pinned_dparams),
+        }
+    _check(ga.audit(model, x, ct, ref), **tols)
