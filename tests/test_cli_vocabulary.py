@@ -43,8 +43,8 @@ ALIASES = [
         "mode",
     ),
     (
-        ["autotune", "layout", *TUNE, "--input-shape", "8x8x1", "--mode", "inference"],
-        ["autotune", "layout", *TUNE, "--input-shape", "8x8x1", "--mode", "infer"],
+        ["autotune", "layout", *TUNE, "--image-size", "8", "--mode", "inference"],
+        ["autotune", "layout", *TUNE, "--image-size", "8", "--mode", "infer"],
         "mode",
     ),
 ]

@@ -174,7 +174,8 @@ def _batch_pixels(args: argparse.Namespace) -> int | None:
             pixels = h * w
         return None if pixels is None else pixels * int(args.batch_size or d.batch_size)
     if args.command == "bench" and args.image_size:
-        return max(args.batch_sizes) * args.image_size**2
+        h, w = (args.image_size * 2)[:2]  # N: N x N
+        return max(args.batch_sizes) * h * w
     return None
 
 

@@ -7,7 +7,12 @@ import argparse
 import os
 import sys
 
-from layoutlab.arguments import add_activation_storage, add_conv_tune, parse_model_args
+from layoutlab.arguments import (
+    add_activation_storage,
+    add_conv_tune,
+    parse_image_size,
+    parse_model_args,
+)
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
 
 __all__ = ["register"]
@@ -172,7 +177,12 @@ def register(subparsers) -> None:
         ),
     )
     _add_model_args(p)
-    p.add_argument("--image-size", type=int, help="spatial size (default: model's; 224 ImageNet)")
+    p.add_argument(
+        "--image-size",
+        type=parse_image_size,
+        metavar="N|HxW|H,W",
+        help="spatial size; N: every spatial axis (default: the model's; 224 ImageNet)",
+    )
     p.add_argument("--layouts", default="NHWC,NCHW")
     p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
     p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")
