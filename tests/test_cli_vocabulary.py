@@ -112,6 +112,7 @@ def test_docs_commands_use_only_the_new_spellings():
     text = "\n".join(page.read_text() for page in PAGES)
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
     inline = " ".join(re.findall(r"`(layoutlab [^`]*)`", text))
-    for old in ("--flag ", "--cache-dir", "--objective", "--mode eval", "--mode inference"):
+    for old in ("--flag ", "--cache-dir", "--objective", "--mode eval", "--mode inference",
+                "--input-shape"):  # fmt: skip
         assert old not in blocks, old
         assert old not in inline, old
