@@ -35,7 +35,45 @@ def has_gpu() -> bool:
         return False
 
 
+# The longest modules (and notebooks), longest first, from `--durations` of the suite on 2
+# cores. xdist hands whole modules to its two workers in collection order (pyproject:
+# `--dist loadscope --no-loadscope-reorder`), so each module's fixtures are built on one
+# worker only, and with the long ones first the two workers finish together instead of one
+# running a long module alone at the end. The rest keep their collection order; a stale
+# entry only costs balance.
+LONGEST_FIRST = (
+    "test_readme.py",
+    "test_grad_numerics_torchvision.py",
+    "test_models.py",
+    "test_fast_defaults.py",
+    "test_infer.py",
+    "test_train_cli.py",
+    "test_train_multihost.py",
+    "test_train_crash_resume.py",
+    "test_docs.py",
+    "test_train_conv_options.py",
+    "test_bench_conv_options.py",
+    "test_remat.py",
+    "test_mixed_precision_training.py",
+    "test_train_step_log.py",
+    "test_train_agreement.py",
+    "test_train_fsdp.py",
+    "06_train_digits.ipynb",
+    "04_benchmark.ipynb",
+    "05_numerics.ipynb",
+    "01_layouts.ipynb",
+    "test_compare_flips.py",
+    "test_activation_storage.py",
+)
+
+
+def _module_rank(item) -> int:
+    name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_module_rank)  # stable: a module's tests keep their order
     skip_gpu = pytest.mark.skip(reason="needs a GPU; none present")
     gpu = has_gpu()
     for item in items:

@@ -10,7 +10,7 @@ import pytest
 from test_cli_fast_start import _command_paths
 
 from layoutlab import cli
-from layoutlab.arguments import STDOUT
+from layoutlab.arguments import STDOUT, parse_image_size
 
 # concept: (the flag, the commands that must take it)
 CONCEPTS = {
@@ -31,9 +31,18 @@ CONCEPTS = {
     "XLA compile option": ("--xla-option", ["train", "inspect", "bench", "autotune convs"]),
     "forward only or a training step": ("--mode", ["inspect", "compare", "autotune convs"]),
     "autotune cache file": ("--cache", ["autotune layout", "autotune convs"]),
+    "input image size": (
+        "--image-size",
+        ["train", "data", "inspect", "compare", "bench", "autotune layout", "autotune convs"],
+    ),
 }
 # Old spellings of a concept above: hidden if present at all.
-RETIRED = {"--spec": "--data", "--batch": "--batch-size", "--objective": "--mode"}
+RETIRED = {
+    "--spec": "--data",
+    "--batch": "--batch-size",
+    "--objective": "--mode",
+    "--input-shape": "--image-size",
+}
 
 
 def _parsers():
@@ -92,6 +101,39 @@ def test_retired_spellings_still_parse_with_a_warning(capsys):
     data = PARSERS["data"].parse_args(["--spec", "digits"])
     export = PARSERS["export"].parse_args(["--workdir", "w", "--out", "m", "--batch", "4"])
     inspect = PARSERS["inspect"].parse_args(["--model", "small_cnn", "--json", "r.json"])
+    tune = ["--model", "small_cnn", "--batch-size", "2", "--input-shape", "8x6x1"]
+    layout = PARSERS["autotune layout"].parse_args(tune)
     assert (data.data, export.batch, inspect.json) == ("digits", "4", "r.json")
+    assert layout.input_shape == "8x6x1"
     warnings = capsys.readouterr().err.splitlines()
-    assert len(warnings) == 3 and all(w.startswith("warning: ") for w in warnings), warnings
+    assert len(warnings) == 4 and all(w.startswith("warning: ") for w in warnings), warnings
+
+
+def test_image_size_is_one_parser_everywhere():
+    """N, HxW and H,W in every command that takes --image-size; bad sizes are the same
+    argparse error (one line through OneLineParser, see test_cli_errors)."""
+    assert parse_image_size("64") == (64,)
+    assert parse_image_size("64x48") == parse_image_size("64,48") == (64, 48)
+    takers = {c for c, p in PARSERS.items() if "--image-size" in _options(p)}
+    assert takers - {"conv-autotune"} == set(CONCEPTS["input image size"][1])  # its old name
+    for command in sorted(takers):
+        parse = _options(PARSERS[command])["--image-size"].type
+        assert parse("64x48") == parse("64,48") != parse("64"), command
+        for bad in ("0", "64x", "64x48x3", "a"):
+            with pytest.raises(argparse.ArgumentTypeError, match="expected N, HxW or H,W"):
+                parse(bad)
+
+
+def test_autotune_image_size_and_channels_replace_input_shape(capsys):
+    from layoutlab.bench.tuning.command import _input_shape
+
+    def shape(*argv):
+        argv = ["--model", "small_cnn", "--batch-size", "2", *argv]
+        return _input_shape(PARSERS["autotune layout"].parse_args(argv))
+
+    assert shape("--image-size", "8x6", "--channels", "1") == (8, 6, 1)
+    assert shape("--image-size", "8") == (8, 8, 1)  # the model's channels
+    assert shape() == (8, 8, 1)  # the model's default input
+    assert shape("--input-shape", "8x6x1") == "8x6x1"  # as given, with a warning
+    with pytest.raises(ValueError, match="old spelling of --image-size with --channels"):
+        shape("--input-shape", "8x6x1", "--image-size", "8")

@@ -43,8 +43,8 @@ ALIASES = [
         "mode",
     ),
     (
-        ["autotune", "layout", *TUNE, "--input-shape", "8x8x1", "--mode", "inference"],
-        ["autotune", "layout", *TUNE, "--input-shape", "8x8x1", "--mode", "infer"],
+        ["autotune", "layout", *TUNE, "--image-size", "8", "--mode", "inference"],
+        ["autotune", "layout", *TUNE, "--image-size", "8", "--mode", "infer"],
         "mode",
     ),
 ]
@@ -116,6 +116,7 @@ def test_docs_commands_use_only_the_new_spellings():
     text = "\n".join(page.read_text() for page in PAGES)
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
     inline = " ".join(re.findall(r"`(layoutlab [^`]*)`", text))
-    for old in ("--flag ", "--cache-dir", "--objective", "--mode eval", "--mode inference"):
+    for old in ("--flag ", "--cache-dir", "--objective", "--mode eval", "--mode inference",
+                "--input-shape"):  # fmt: skip
         assert old not in blocks, old
         assert old not in inline, old

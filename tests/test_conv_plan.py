@@ -149,7 +149,9 @@ def test_old_autotune_spellings_still_work_and_warn(tmp_path, capsys):
     assert str(tmp_path / "autotune.json") in out
     assert "warning: `layoutlab autotune --model ...` is deprecated" in err
     assert "warning: `autotune --cache-dir DIR` is deprecated" in err
-    new = ["autotune", "layout", *argv[1:-2], "--cache", str(tmp_path / "autotune.json")]
+    assert "warning: --input-shape is deprecated" in err and "--image-size HxW --channels" in err
+    new = ["autotune", "layout", *argv[1:6], "--image-size", "8", "--channels", "1",
+           *argv[8:-2], "--cache", str(tmp_path / "autotune.json")]  # fmt: skip
     assert cli.main(new) == 0
     out, err = capsys.readouterr()
     assert out.startswith("NHWC fp32 (default fastest; cache; ") and "warning" not in err

@@ -58,6 +58,12 @@ def test_digits_default_split_and_stats():
     assert sorted(map(tuple, key(restored))) == sorted(map(tuple, key(raw)))
     again = get_dataset("digits", seed=3)
     np.testing.assert_array_equal(again.test_labels, ds.test_labels)
+    # Read from sklearn's CSV without importing sklearn: its load_digits, row for row.
+    from layoutlab.data.digits import _digits_table
+
+    table, bunch = _digits_table(), sk_digits()
+    np.testing.assert_array_equal(table[:, :-1].reshape(-1, 8, 8), bunch.images)
+    np.testing.assert_array_equal(table[:, -1], bunch.target)
     other = get_dataset("digits", seed=4)
     assert not np.array_equal(other.test_labels, ds.test_labels)
 

@@ -64,12 +64,22 @@ def test_readme_has_python_blocks():
     assert len(BLOCKS) >= 10, [name for name, _ in BLOCKS]
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One persistent compilation cache for every block: blocks that build or train the same
+    model (the README's quickstart and the using-a-run guide train the same run) read the
+    programs back instead of compiling them again. The same executables, the same numbers."""
+    return tmp_path_factory.mktemp("readme_jax_cache")
+
+
 @pytest.mark.parametrize("code", [c for _, c in BLOCKS], ids=[n for n, _ in BLOCKS])
-def test_readme_block_runs(code, tmp_path):
+def test_readme_block_runs(code, tmp_path, compile_cache):
     env = dict(os.environ)
     # The reader's environment, not the suite's: no fake devices or strict promotion flags.
     env.pop("XLA_FLAGS", None)
     env["MPLBACKEND"] = "Agg"
+    env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

@@ -6,7 +6,6 @@ autotuning (every candidate compiled forward and backward) to seconds on 2 busy 
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -264,8 +263,9 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def _train_in_a_fresh_process(args, cache):
-    env = {**os.environ, "LAYOUTLAB_AUTOTUNE_CACHE": str(cache)}
+def _train_in_a_fresh_process(args, cache, env):
+    # The module's shared compilation cache: the resume reads back the programs of the run.
+    env = {**env, "LAYOUTLAB_AUTOTUNE_CACHE": str(cache)}
     tests = str(Path(__file__).parent)
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, tests, "train", *TINY_ARGS, *args],
@@ -278,10 +278,10 @@ def _train_in_a_fresh_process(args, cache):
     return proc
 
 
-def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path):
+def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path, env):
     cache, workdir = tmp_path / "autotune.json", tmp_path / "run"
     tune = ["--conv-algo", "auto", "--conv-tune", "always"]
-    first = _train_in_a_fresh_process([*tune, "--workdir", str(workdir)], cache)
+    first = _train_in_a_fresh_process([*tune, "--workdir", str(workdir)], cache, env)
     assert "conv plan: autotuned (1 shapes (0 cached)" in first.stdout
     recorded = json.loads((workdir / "config.json").read_text())["conv_plan"]
     (chosen,) = conv_algos.ConvPlan.from_dict(recorded).algorithms().values()
@@ -294,7 +294,7 @@ def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path):
     cache.write_text(json.dumps(data))
 
     resumed = _train_in_a_fresh_process(
-        [*tune, "--workdir", str(workdir), "--resume", "--steps", "2"], cache
+        [*tune, "--workdir", str(workdir), "--resume", "--steps", "2"], cache, env
     )
     assert "conv plan:" not in resumed.stdout  # the run's own plan: neither tuned nor read
     leaves, meta = read_checkpoint(workdir / "checkpoints")
@@ -302,7 +302,7 @@ def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path):
     assert json.loads((workdir / "config.json").read_text())["conv_plan"] == recorded
 
     # The changed cache is read by a new run: the resumed one would have changed algorithm.
-    fresh = _train_in_a_fresh_process([*tune, "--workdir", str(tmp_path / "new")], cache)
+    fresh = _train_in_a_fresh_process([*tune, "--workdir", str(tmp_path / "new")], cache, env)
     assert "conv plan: autotune cache (1 shapes (1 cached)" in fresh.stdout
     new_plan = json.loads((tmp_path / "new" / "config.json").read_text())["conv_plan"]
     assert conv_algos.ConvPlan.from_dict(new_plan).algorithms() == {"conv": other}

@@ -1,15 +1,16 @@
 """Command-line spellings every ``layoutlab`` command shares, and the old ones they replace.
 
 One vocabulary: ``--mode train|infer``, ``--xla-option NAME=VALUE``, ``--model-arg
-NAME=VALUE``, ``--cache FILE`` (the autotune cache). An old spelling keeps working for one
-release and prints one ``warning:`` line on stderr naming the new one. Standard library only,
-so every command module can use it without importing JAX.
+NAME=VALUE``, ``--cache FILE`` (the autotune cache), ``--image-size N|HxW|H,W``. An old
+spelling keeps working for one release and prints one ``warning:`` line on stderr naming the
+new one. Standard library only, so every command module can use it without importing JAX.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "add_model_options",
     "deprecated",
     "parse_assignments",
+    "parse_image_size",
     "parse_mode",
     "parse_model_args",
     "print_error",
@@ -184,6 +186,21 @@ def parse_mode(text: str) -> str:
     if value not in MODES:
         raise argparse.ArgumentTypeError(f"choose train or infer, got {text!r}")
     return value
+
+
+def parse_image_size(text: str) -> tuple[int, ...]:
+    """``--image-size`` in every command: ``N`` -> ``(N,)`` (every spatial axis N: a square
+    image, a cube for a 3D model), ``HxW`` or ``H,W`` -> ``(H, W)``; sizes are positive."""
+    parts = re.split(r"\s*[x,]\s*", text.strip().lower())
+    try:
+        sizes = tuple(int(p) for p in parts)
+    except ValueError:
+        sizes = ()
+    if len(sizes) not in (1, 2) or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected N, HxW or H,W of positive sizes (e.g. 32, 64x48 or 64,48), got {text!r}"
+        )
+    return sizes
 
 
 def parse_model_args(items: list[str] | None) -> dict:

@@ -15,6 +15,7 @@ from layoutlab.arguments import (
     STDOUT,
     add_activation_storage,
     add_json,
+    parse_image_size,
     parse_mode,
     parse_model_args,
 )
@@ -64,9 +65,10 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--image-size",
-        type=int,
+        type=parse_image_size,
+        metavar="N|HxW|H,W",
         default=None,
-        help="input height and width (default: the model's default input)",
+        help="input height and width (one number: square; default: the model's default input)",
     )
     parser.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
     parser.add_argument("--tiny", action="store_true", help="the model's tiny test variant")
@@ -142,8 +144,6 @@ def _tolerance(args):
 def _check_args(args, policy) -> None:
     if args.batch_size < 1:
         raise _BadInput(f"--batch-size must be >= 1, got {args.batch_size}.")
-    if args.image_size is not None and args.image_size < 1:
-        raise _BadInput(f"--image-size must be >= 1, got {args.image_size}.")
     if args.num_classes < 1:
         raise _BadInput(f"--num-classes must be >= 1, got {args.num_classes}.")
     if args.against == "fp32" and policy.compute_dtype.itemsize == 4 and policy.fp32_ops:
@@ -190,7 +190,7 @@ def _build(args):
     layout = models.resolve_layout(args.layout, spec.num_spatial)
     spatial = list(spec.default_input[:-1])
     if args.image_size is not None:
-        spatial[-2:] = [args.image_size, args.image_size]
+        spatial[-2:] = (args.image_size * 2)[:2]  # N: N x N
     shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
     x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
     if given is not None:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from layoutlab.arguments import add_deprecated_flag, add_json
+from layoutlab.arguments import add_deprecated_flag, add_json, parse_image_size
 
 __all__ = ["register", "run"]
 
@@ -27,7 +27,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--test-fraction", type=float, default=0.2, help="test share for unsplit sources"
     )
-    parser.add_argument("--image-size", default=None, help="HxW to resize folder images to")
+    parser.add_argument(
+        "--image-size",
+        type=parse_image_size,
+        metavar="N|HxW|H,W",
+        help="resize folder images to HxW (one number: square)",
+    )
     add_json(parser, "the summary")
     parser.set_defaults(func=run)
 
@@ -51,10 +56,10 @@ def _format(summary: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from layoutlab.data.errors import DataError
-    from layoutlab.data.spec import get_dataset, parse_image_shape
+    from layoutlab.data.spec import get_dataset
 
     try:
-        size = parse_image_shape(args.image_size, rank=2) if args.image_size else None
+        size = (args.image_size * 2)[:2] if args.image_size else None  # N: N x N
         dataset = get_dataset(
             args.data, seed=args.seed, test_fraction=args.test_fraction, image_size=size
         )

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
@@ -12,13 +16,26 @@ __all__ = ["load_digits"]
 _DIGITS_MAX = 16.0
 
 
+def _digits_table() -> np.ndarray:
+    """``(1797, 65)``: each row 64 pixels, then the label, as ``sklearn.datasets.load_digits``
+    reads them. Read straight from the CSV sklearn ships, without importing sklearn: importing
+    it (scipy with it) costs more CPU time than the rest of a short training run's start."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    path = Path((spec and spec.submodule_search_locations or [""])[0], "datasets", "data")
+    if not (path / "digits.csv.gz").is_file():  # another layout of sklearn: ask it
+        from sklearn.datasets import load_digits as _sk_load_digits
+
+        data, target = _sk_load_digits(return_X_y=True)
+        return np.concatenate([data, target[:, None]], axis=1)
+    with gzip.open(path / "digits.csv.gz", "rt") as f:
+        return np.loadtxt(f, delimiter=",")
+
+
 def load_digits(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     """The digits data set, split into train/test by ``seed``."""
-    from sklearn.datasets import load_digits as _sk_load_digits
-
-    bunch = _sk_load_digits()
-    images = np.asarray(bunch.images, np.float32)[..., None]  # (N, 8, 8, 1)
-    labels = np.asarray(bunch.target, np.int32)
+    table = _digits_table()
+    images = np.asarray(table[:, :-1], np.float32).reshape(-1, 8, 8, 1)  # (N, 8, 8, 1)
+    labels = np.asarray(table[:, -1], np.int32)
     train, test = split_by_seed(images, labels, test_fraction=test_fraction, seed=seed)
     return make_dataset(
         "digits",

@@ -23,11 +23,12 @@ from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import check_name
 from layoutlab.nn.conv_names import KERNEL_STORAGES
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
+from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
 
 # torchvision initialises convs with kaiming_normal(mode="fan_out", relu).
-default_kernel_init = jax.nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+default_kernel_init = flat_kaiming_normal_fan_out
 
 
 def _bias_init(key, shape, dtype, fan_in):
@@ -174,8 +175,6 @@ class Conv(LayoutModule):
         return y.astype(dtype)
 
 
-
-
 def check_kernel_storage(storage: str) -> str:
     if storage not in KERNEL_STORAGES:
         raise ValueError(
@@ -240,7 +239,7 @@ class ConvTranspose(LayoutModule):
         # PyTorch computes fan_in of a transposed conv from weight.size(1) = out_features.
         fan_in = out_features * math.prod(self.kernel_size)
         bound = 1.0 / math.sqrt(fan_in)
-        init = kernel_init or (lambda k, s, d: jax.random.uniform(k, s, d, -bound, bound))
+        init = kernel_init or (lambda k, s, d: flat_uniform(k, s, d, -bound, bound))
         kernel = init(rngs.params(), hwio, dtype)
         self.kernel = nnx.Param(self._from_hwio(kernel))
         self.bias = (

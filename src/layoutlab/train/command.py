@@ -8,7 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from layoutlab.arguments import OneLineParser, add_activation_storage, add_conv_tune
+from layoutlab.arguments import (
+    OneLineParser,
+    add_activation_storage,
+    add_conv_tune,
+    parse_image_size,
+)
 from layoutlab.nn.conv_names import (
     ACTIVATION_STORAGES,
     AUTO,
@@ -68,7 +73,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--image-size",
-        metavar="H[,W]",
+        metavar="N|HxW|H,W",
+        type=lambda text: ",".join(map(str, parse_image_size(text))),
         help="folder data: resize every image to HxW (one number: square); default: the "
         "images' own size",
     )

@@ -4,7 +4,9 @@ that reads it builds ``layoutlab train --help``."""
 
 from __future__ import annotations
 
-import re
+from argparse import ArgumentTypeError
+
+from layoutlab.arguments import parse_image_size as parse_image_size_flag
 
 __all__ = ["image_size_value", "parse_image_size"]
 
@@ -23,11 +25,14 @@ def image_size_value(value) -> list:
 
 
 def parse_image_size(text: str) -> list:
-    """``64``, ``64,48``, ``64x48`` or ``[64, 48]`` (flag and ``--set`` text) -> ``[H, W]``."""
-    parts = [p for p in re.split(r"[\s,x\[\]]+", text.strip().lower()) if p]
+    """``64``, ``64,48``, ``64x48`` (the ``--image-size`` forms, ``arguments.parse_image_size``)
+    or ``[64, 48]`` (``--set`` text) -> ``[H, W]``."""
+    inner = text.strip()
+    if inner.startswith("[") and inner.endswith("]"):
+        inner = inner[1:-1]
     try:
-        return image_size_value([int(p) for p in parts] if len(parts) != 1 else int(parts[0]))
-    except ValueError:
+        return image_size_value(list(parse_image_size_flag(inner) * 2)[:2])
+    except ArgumentTypeError:
         raise ValueError(
-            f"Bad value for image_size: {text!r} is not H,W or one size (e.g. 64 or 64,48)."
+            f"Bad value for image_size: {text!r} is not H,W, HxW or one size (e.g. 64 or 64,48)."
         ) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 import jax
@@ -31,6 +32,29 @@ _EVAL_TAGS = {
     "train_accuracy": "train_epoch/accuracy",
     "images_per_sec": "speed/images_per_sec",
 }
+
+
+def _summary_writer():
+    """tensorboardX's ``SummaryWriter``, imported without PyTorch where PyTorch is not loaded
+    yet: tensorboardX imports torch only to accept torch tensors (a run logs floats), and that
+    import takes more CPU time than starting a short run. A run without TensorBoard never
+    imports tensorboardX."""
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:  # a tensorboardX that needs torch after all: import it with torch
+        for name in [m for m in sys.modules if m.split(".")[0] == "tensorboardX"]:
+            del sys.modules[name]
+        del sys.modules["torch"]
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 class StepLog:
@@ -61,10 +85,8 @@ class StepLog:
             return
         truncate_records(self.path, start)
         if tensorboard:
-            from tensorboardX import SummaryWriter  # a run without TensorBoard never imports it
-
             # purge_step: TensorBoard hides events at or after it from earlier runs in the dir.
-            self.writer = SummaryWriter(
+            self.writer = _summary_writer()(
                 os.fspath(Path(workdir) / TENSORBOARD_DIR), purge_step=start + 1, flush_secs=30
             )
 

@@ -20,6 +20,7 @@ from layoutlab.arguments import (
     add_deprecated_flag,
     add_json,
     parse_assignments,
+    parse_image_size,
     parse_mode,
     parse_model_args,
 )
@@ -131,7 +132,12 @@ def register(subparsers) -> None:
         help="infer (forward) or train (full step)",
     )
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=None, help="spatial size (default: model's)")
+    p.add_argument(
+        "--image-size",
+        type=parse_image_size,
+        metavar="N|HxW|H,W",
+        help="spatial size; N: every spatial axis (default: the model's)",
+    )
     p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
     p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
     p.add_argument(

@@ -49,7 +49,8 @@ def _batch_pixels(args: argparse.Namespace) -> int | None:
 
         return batch_pixels(args)
     if args.command == "bench" and args.image_size:
-        return max(args.batch_sizes) * args.image_size**2
+        h, w = (args.image_size * 2)[:2]  # N: N x N
+        return max(args.batch_sizes) * h * w
     return None
 
 

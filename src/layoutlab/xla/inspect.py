@@ -71,10 +71,15 @@ def _check_config(mode, batch_size, image_size, model_kwargs):
         )
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    sizes = (image_size,) if isinstance(image_size, int) else image_size
     if image_size is not None and (
-        not isinstance(image_size, int) or isinstance(image_size, bool) or image_size < 1
+        not isinstance(sizes, (tuple, list))
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes)
     ):
-        raise ValueError(f"image_size must be a positive int or None, got {image_size!r}.")
+        raise ValueError(
+            f"image_size must be a positive int, a tuple of them (H, W) or None, got "
+            f"{image_size!r}."
+        )
     if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
         raise ValueError(f"model_kwargs must be a dict, got {type(model_kwargs).__name__}.")
     reserved = sorted(set(model_kwargs or {}) & {"layout", "policy", "rngs", "num_classes"})
@@ -154,7 +159,7 @@ def inspect_model(
     precision: str = "fp32",
     mode: str = "infer",
     batch_size: int = 32,
-    image_size: int | None = None,
+    image_size: int | tuple[int, ...] | None = None,
     stem: str | None = None,
     backend: str | None = "cpu",
     flags: dict | None = None,
@@ -168,6 +173,9 @@ def inspect_model(
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
     ahead of time and report what XLA did with its layouts and precision.
+
+    ``image_size``: one size for every spatial axis, or one per axis (``(H, W)``); None: the
+    model's default input.
 
     ``conv_algorithm`` (``"xla"``, ``"auto"`` or a name from
     ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
@@ -192,7 +200,15 @@ def inspect_model(
             f"mode='train' compiles the classification training step, and {s.name!r} is a "
             f"{s.task} model; inspect it with mode='infer'."
         )
-    spatial = None if image_size is None else (image_size,) * s.num_spatial
+    spatial = None
+    if image_size is not None:  # one size: every spatial axis
+        spatial = (image_size,) if isinstance(image_size, int) else tuple(image_size)
+        spatial = spatial * s.num_spatial if len(spatial) == 1 else spatial
+        if len(spatial) != s.num_spatial:
+            raise ValueError(
+                f"image_size {image_size!r} does not fit {s.name}, which takes "
+                f"{s.num_spatial} spatial sizes (or one for all)."
+            )
     shape = s.input_shape(batch_size, lay, spatial=spatial)
     loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
     tx = default_optimizer()

@@ -3,7 +3,8 @@
 
 The old spellings stay for one release and say so on stderr: ``layoutlab conv-autotune``
 (now ``autotune convs``), ``layoutlab autotune --model ...`` without a subcommand (now
-``autotune layout``) and ``autotune layout --cache-dir DIR`` (now ``--cache FILE``).
+``autotune layout``), ``autotune layout --cache-dir DIR`` (now ``--cache FILE``) and
+``--input-shape HxWxC`` (now ``--image-size HxW --channels C``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import sys
 from layoutlab.arguments import (
     MODES,
     add_conv_options,
+    add_deprecated_flag,
     add_json,
     add_model_options,
     deprecated,
+    parse_image_size,
     parse_mode,
     print_error,
     print_progress,
@@ -51,6 +54,23 @@ def legacy_argv(argv: list[str]) -> list[str]:
     return argv
 
 
+def _input_shape(args: argparse.Namespace) -> tuple[int, ...] | str:
+    """``--image-size`` and ``--channels`` -> ``(*spatial, channels)``, the model's default
+    input for what is not given; the deprecated ``--input-shape HxWxC`` as it was given."""
+    if args.input_shape is not None:
+        if args.image_size is not None or args.channels is not None:
+            raise ValueError(
+                "--input-shape is the old spelling of --image-size with --channels; give only "
+                "--image-size and --channels."
+            )
+        return args.input_shape
+    if args.channels is not None and args.channels < 1:
+        raise ValueError(f"--channels must be >= 1, got {args.channels}.")
+    from layoutlab.bench.sweep_config import resolve_input
+
+    return resolve_input(args.model, model_kwargs(args), args.image_size, args.channels)[0]
+
+
 def run_layout(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.layout import autotune
 
@@ -60,7 +80,7 @@ def run_layout(args: argparse.Namespace) -> int:
         result = autotune(
             args.model,
             args.batch_size,
-            args.input_shape,
+            _input_shape(args),
             candidates=args.candidates,
             backend=args.backend,
             cache=args.cache,
@@ -94,7 +114,7 @@ def run_convs(args: argparse.Namespace) -> int:
         tuning = autotune_registry_model(
             args.model,
             args.batch_size,
-            args.input_shape,
+            _input_shape(args),
             layout=args.layout,
             precision=args.precision,
             objective="train" if args.mode == "train" else "inference",
@@ -130,10 +150,21 @@ def _run_conv_autotune(args: argparse.Namespace) -> int:
     return run_convs(args)
 
 
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--image-size",
+        type=parse_image_size,
+        metavar="N|HxW|H,W",
+        help="input spatial size; N: every spatial axis (default: the model's)",
+    )
+    p.add_argument("--channels", type=int, help="input channels (default: the model's)")
+    add_deprecated_flag(p, "--input-shape", "--image-size HxW --channels C", dest="input_shape")
+
+
 def _add_layout_args(a: argparse.ArgumentParser) -> None:
     add_model_options(a)
     a.add_argument("--batch-size", type=int, required=True)
-    a.add_argument("--input-shape", required=True, help="HxWxC, e.g. 32x32x3")
+    _add_input_args(a)
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
     a.add_argument("--mode", type=parse_mode, choices=MODES, default="train")
     a.add_argument("--repeats", type=int, default=8, help="interleaved rounds (>= 6 to decide)")
@@ -149,7 +180,7 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
 def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
     add_model_options(c)
     c.add_argument("--batch-size", type=int, required=True)
-    c.add_argument("--input-shape", help="HxWxC, e.g. 32x32x3 (default: the model's)")
+    _add_input_args(c)
     c.add_argument("--layout", default="NHWC")
     c.add_argument("--precision", default="fp32", help="policy preset or spec")
     c.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
