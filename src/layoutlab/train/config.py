@@ -31,7 +31,7 @@ __all__ = [
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
-AUTO_LOSS_SCALE = "auto"
+AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
 # them was written when these were the defaults, so with_legacy_defaults fills these in.
@@ -308,8 +308,7 @@ def _check_numbers(config: TrainConfig) -> None:
 def _check_names(config: TrainConfig) -> None:
     from layoutlab.data import SPEC_FORMS
     from layoutlab.layout import Layout, parse_layout
-    from layoutlab.loss_scale import get_loss_scale
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
 
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -330,12 +329,12 @@ def _check_names(config: TrainConfig) -> None:
     if layout not in (Layout.NHWC, Layout.NCHW):
         raise ValueError(f"layout must be NHWC or NCHW for image training, got {config.layout!r}.")
     try:
-        get_policy(config.precision)
+        policy = resolve_policy(config.precision)
     except ValueError as e:
         raise ValueError(f"precision: {e}") from None
     if config.loss_scale != AUTO_LOSS_SCALE:
         try:
-            get_loss_scale(config.loss_scale)
+            resolve_loss_scale(config.loss_scale, policy)
         except ValueError as e:
             raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
     name = config.data.strip().partition(":")[0].lower().replace("-", "_")
@@ -352,7 +351,7 @@ def _check_names(config: TrainConfig) -> None:
 def _check_conv(config: TrainConfig) -> None:
     from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
     from layoutlab.nn.conv_config import check_conv_options
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_policy
 
     storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
     act = None if config.activation_storage == AUTO_STORAGE else config.activation_storage
@@ -362,7 +361,7 @@ def _check_conv(config: TrainConfig) -> None:
         raise ValueError(f"conv settings: {e}") from None
     # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
     # XLA's conv instead; say so before anything compiles ("auto" never picks one).
-    compute = get_policy(config.precision).compute_dtype
+    compute = resolve_policy(config.precision).compute_dtype
     if (reason := unsupported_reason(config.conv_algorithm, compute)) is not None:
         raise ValueError(
             f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
@@ -398,14 +397,9 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     """Fills the automatic fields (loss scale, data parallel, eval batch size, kernel
     storage; the conv plan is filled once the data is known, ``train.fast_config``)."""
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
 
-    policy = get_policy(config.precision)
-    loss_scale = config.loss_scale
-    if loss_scale is None:
-        loss_scale = "none"
-    elif loss_scale == AUTO_LOSS_SCALE:
-        loss_scale = "dynamic" if policy.needs_loss_scaling else "none"
+    loss_scale = resolve_loss_scale(config.loss_scale, resolve_policy(config.precision))
     data_parallel = config.data_parallel
     if data_parallel is None:
         data_parallel = num_devices > 1
