@@ -6,7 +6,6 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from layoutlab import models
@@ -14,18 +13,11 @@ from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.memory import device_peak_bytes, peak_rss_bytes
 from layoutlab.bench.timing import JaxStep
 from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
-from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs, with_conv_plan
-from layoutlab.precision import get_policy
-from layoutlab.train.skip import skip_nonfinite
-from layoutlab.train.state import create_train_state
-from layoutlab.train.steps import make_forward, make_train_step
+from layoutlab.train import program as programs
+from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
 
-__all__ = ["JaxRunner", "build_model", "layout_images", "tune_convs"]
-
-# Plain SGD with momentum, as the PyTorch runner uses, so both sides do the same update.
-_LR, _MOMENTUM = 0.01, 0.9
+__all__ = ["JaxRunner", "build_model", "case_spec", "layout_images", "tune_convs"]
 
 
 def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
@@ -36,22 +28,33 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(images_channels_last, -1, 1))
 
 
-def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
-    """The case's model with its conv settings; the same ``seed`` gives the same weights in
-    every layout. ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
+def case_spec(case: JaxCase, seed: int = 0) -> tuple[RunSpec, InputSpec]:
+    """The ``RunSpec`` and ``InputSpec`` of ``case``: the run ``layoutlab train`` would make
+    of its model, layout, precision, conv settings and XLA options (so its optimizer and
+    loss-scale rule, or with ``case.optimizer == "sgd"`` the PyTorch runner's SGD)."""
     w = case.workload
-    kwargs = {"in_channels": w.channels, **w.kwargs}
-    model = models.create(
-        w.model,
-        num_classes=w.num_classes,
+    config = config_for(
+        case.optimizer,
+        model=w.model,
+        model_kwargs=w.kwargs,
         layout=case.layout,
-        policy=case.precision,
-        rngs=nnx.Rngs(seed),
+        precision=case.precision,
+        batch_size=w.batch_size,
+        seed=seed,
+        conv_algorithm=case.conv_algo,
         kernel_storage=case.kernel_storage,
         activation_storage=case.activation_storage,
-        **kwargs,
+        xla_options=dict(case.xla_options),
+        cpu_fast=False,  # the case's options are already the ones to compile with
     )
-    return configure_convs(model, case.conv_algo)
+    return resolve_spec(config), InputSpec(w.input_shape, w.num_classes, w.batch_size)
+
+
+def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
+    """The case's model with its conv settings (``train.program.build_model`` of
+    ``case_spec``); the same ``seed`` gives the same weights in every layout.
+    ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
+    return programs.build_model(*case_spec(case, seed))
 
 
 def tune_convs(
@@ -113,10 +116,8 @@ class JaxRunner:
 
     def setup(self) -> dict:
         case, w = self.case, self.case.workload
-        policy = get_policy(case.precision)
-        tx = skip_nonfinite(optax.sgd(_LR, momentum=_MOMENTUM))
-        loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
-        model = build_model(case, self.seed)
+        spec, inputs = case_spec(case, self.seed)
+        model = programs.build_model(spec, inputs)
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
         tune_s = plan_source = None
         if case.conv_algo == AUTO:
@@ -129,30 +130,29 @@ class JaxRunner:
                 log=self.log,
                 steps=self.steps,
             )
-            model = with_conv_plan(model, plan)
-        defs, state = create_train_state(model, tx, loss_scale)
+            spec = spec.with_plan(plan)
+        program = programs.build_program(spec, inputs)
+        state = program.init(model)  # the weights built above, with the spec's conv plan
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"
         if w.mode == "train":
             labels = jnp.asarray(w.labels(self.seed))
-            step = make_train_step(defs, tx)
             self.step_fn = JaxStep(
-                step,
+                program.train_step,
                 (state, images, labels),
                 donate_argnums=(0,),
                 carry=0,
                 backend=self.backend,
                 name=name,
-                compiler_options=case.compiler_options,
+                compiler_options=spec.compile_options(w.mode) or None,
             )
         else:
             # Inference needs no optimizer state: leave it out of the arguments.
-            forward = make_forward(defs)
             self.step_fn = JaxStep(
-                forward,
+                program.forward,
                 (state._replace(opt_state=None), images),
                 backend=self.backend,
                 name=name,
-                compiler_options=case.compiler_options,
+                compiler_options=spec.compile_options(w.mode) or None,
             )
         fields = self.step_fn.compile()
         fields.pop("lower_s")
@@ -164,8 +164,8 @@ class JaxRunner:
         if be.name == "gpu":
             tf32 = "on" if effective_compute_dtype(np.float32, "gpu") != np.float32 else "off"
         return {**fields, "backend": be.name, "device_kind": be.device_kind,
-                "conv_tune_s": tune_s, "conv_plan_source": plan_source,
-                "tf32": tf32}  # fmt: skip
+                "conv_tune_s": tune_s, "conv_plan_source": plan_source, "tf32": tf32,
+                "optimizer": spec.optimizer.label if w.mode == "train" else None}  # fmt: skip
 
     def step(self) -> None:
         self.step_fn()

@@ -80,7 +80,8 @@ def _groups(config: SweepConfig, torch_device: str | None):
         if config.baseline_plain:
             settings.append(("xla", ("layout", "layout"), (), "plain"))
         jax_cases = [
-            JaxCase(w, layout, p, algo, kernels, opts, label, config.conv_tune, activations)
+            JaxCase(w, layout, p, algo, kernels, opts, label, config.conv_tune, activations,
+                    config.optimizer)  # fmt: skip
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts
