@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -28,10 +29,13 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(images_channels_last, -1, 1))
 
 
-def case_spec(case: JaxCase, seed: int = 0) -> tuple[RunSpec, InputSpec]:
+def case_spec(
+    case: JaxCase, seed: int = 0, total_steps: int | None = None
+) -> tuple[RunSpec, InputSpec]:
     """The ``RunSpec`` and ``InputSpec`` of ``case``: the run ``layoutlab train`` would make
     of its model, layout, precision, conv settings and XLA options (so its optimizer and
-    loss-scale rule, or with ``case.optimizer == "sgd"`` the PyTorch runner's SGD)."""
+    loss-scale rule, or with ``case.optimizer == "sgd"`` the PyTorch runner's SGD), its
+    learning-rate schedule over ``total_steps`` (None: ``train.spec.SCHEDULE_STEPS``)."""
     w = case.workload
     config = config_for(
         case.optimizer,
@@ -47,7 +51,7 @@ def case_spec(case: JaxCase, seed: int = 0) -> tuple[RunSpec, InputSpec]:
         xla_options=dict(case.xla_options),
         cpu_fast=False,  # the case's options are already the ones to compile with
     )
-    return resolve_spec(config), InputSpec(w.input_shape, w.num_classes, w.batch_size)
+    return resolve_spec(config, total_steps), InputSpec(w.input_shape, w.num_classes, w.batch_size)
 
 
 def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
@@ -110,14 +114,19 @@ class JaxRunner:
         self.steps = steps  # the steps the case will run: what a conv tuning must pay for
         self.conv_tune_repeats, self.log = conv_tune_repeats, log
         self.step_fn: JaxStep | None = None
+        self.spec: RunSpec | None = None  # what setup() built the step from
 
     def row(self) -> dict:
         return self.case.row()
 
-    def setup(self) -> dict:
+    def prepare(self) -> tuple[float | None, str | None]:
+        """Build the case's step (``self.step_fn``, not compiled yet) from its ``RunSpec``
+        (``self.spec``); returns ``(conv tuning seconds, plan source)`` for ``"auto"``."""
         case, w = self.case, self.case.workload
-        spec, inputs = case_spec(case, self.seed)
-        model = programs.build_model(spec, inputs)
+        # The schedule spans the steps this case runs, as a train run's spans its own.
+        spec, inputs = case_spec(case, self.seed, self.steps)
+        # Planning needs the convs' shapes only; the weights are made by the program's init.
+        model = nnx.eval_shape(lambda: programs.build_model(spec, inputs))
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
         tune_s = plan_source = None
         if case.conv_algo == AUTO:
@@ -131,8 +140,10 @@ class JaxRunner:
                 steps=self.steps,
             )
             spec = spec.with_plan(plan)
+        self.spec = spec
         program = programs.build_program(spec, inputs)
-        state = program.init(model)  # the weights built above, with the spec's conv plan
+        # One compiled init instead of an eager compile per initializer op.
+        state = jax.jit(program.init, compiler_options=programs.INIT_COMPILER_OPTIONS)()
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"
         if w.mode == "train":
             labels = jnp.asarray(w.labels(self.seed))
@@ -154,6 +165,10 @@ class JaxRunner:
                 name=name,
                 compiler_options=spec.compile_options(w.mode) or None,
             )
+        return tune_s, plan_source
+
+    def setup(self) -> dict:
+        tune_s, plan_source = self.prepare()
         fields = self.step_fn.compile()
         fields.pop("lower_s")
         fields.pop("alias_bytes")
@@ -165,7 +180,8 @@ class JaxRunner:
             tf32 = "on" if effective_compute_dtype(np.float32, "gpu") != np.float32 else "off"
         return {**fields, "backend": be.name, "device_kind": be.device_kind,
                 "conv_tune_s": tune_s, "conv_plan_source": plan_source, "tf32": tf32,
-                "optimizer": spec.optimizer.label if w.mode == "train" else None}  # fmt: skip
+                "optimizer": self.spec.optimizer.label if self.case.workload.mode == "train"
+                else None}  # fmt: skip
 
     def step(self) -> None:
         self.step_fn()

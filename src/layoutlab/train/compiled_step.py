@@ -8,12 +8,11 @@ from layoutlab.train.program import Program
 from layoutlab.train.sharding import Shardings
 from layoutlab.train.xla_compile import compile_with_options
 
-__all__ = ["compile_train_step"]
+__all__ = ["compile_train_step", "lower_train_step"]
 
 
-def compile_train_step(program: Program, state, shard: Shardings, state_sharding):
-    """``program.train_step`` compiled for the run's batch with its ``"train"`` options; the
-    state is donated."""
+def lower_train_step(program: Program, state, shard: Shardings, state_sharding):
+    """``program.train_step`` lowered for the run's batch and shardings, the state donated."""
     options = program.spec.compile_options("train")
     jitted = jax.jit(
         program.train_step,
@@ -22,4 +21,10 @@ def compile_train_step(program: Program, state, shard: Shardings, state_sharding
         compiler_options=options or None,
     )
     images, labels = program.batch(sharding=shard.batch)
-    return compile_with_options(jitted.lower(state, images, labels), options)
+    return jitted.lower(state, images, labels)
+
+
+def compile_train_step(program: Program, state, shard: Shardings, state_sharding):
+    """``lower_train_step`` compiled with the run's ``"train"`` options."""
+    lowered = lower_train_step(program, state, shard, state_sharding)
+    return compile_with_options(lowered, program.spec.compile_options("train"))

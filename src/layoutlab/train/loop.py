@@ -76,7 +76,6 @@ __all__ = [
 
 PLOT_FILE = "metrics.png"
 CHECKPOINT_DIR = "checkpoints"
-_INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 # Metrics are fetched from the device every this many micro-steps (each fetch syncs).
 _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
@@ -248,12 +247,9 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
                 )
             return records[-1]
     if state is None:
-        # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
-        # (threefry is slow to optimize); float results may differ from an eager init by
-        # an ulp (no FMA contraction), identically in every run.
-        # The run's xla_options apply too, except that init keeps its fast-compile level.
+        # The run's xla_options apply to init too, except its fast-compile level.
         run_options = program.spec.compile_options("train")
-        options = {**run_options, **_INIT_COMPILER_OPTIONS}
+        options = {**run_options, **programs.INIT_COMPILER_OPTIONS}
         lowered = jax.jit(init, out_shardings=state_sharding).lower()
         state = compile_with_options(lowered, run_options, options)()
     if main:

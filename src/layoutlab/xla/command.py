@@ -96,6 +96,7 @@ def _inspect(args: argparse.Namespace):
         activation_storage=resolve_activation_storage(args.activation_storage, platform),
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
         optimizer=args.optimizer,
+        num_steps=args.steps,
     )
     if args.compare_layouts:
         return compare_model_layouts(args.model, **common)
@@ -216,6 +217,11 @@ def register(subparsers) -> None:
         default="train",
         help="the training step's optimizer: train (default: what `layoutlab train` runs for "
         "these flags, AdamW) or sgd (SGD with momentum 0.9, as bench's PyTorch rows)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps the learning-rate schedule spans, as train --steps (default 1000)",
     )
     p.add_argument(
         "--compare-layouts", action="store_true", help="compile NHWC and NCHW side by side"

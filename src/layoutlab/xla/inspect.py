@@ -94,10 +94,16 @@ def inspect_spec(
     conv_plan=None,
     flags: dict | None = None,
     optimizer: str = "train",
+    num_steps: int | None = None,
 ) -> tuple[RunSpec, InputSpec]:
     """The ``RunSpec`` and ``InputSpec`` ``inspect_model`` compiles: the run ``layoutlab train``
     would make of the same settings (its optimizer unless ``optimizer="sgd"``, its loss-scale
-    rule), with ``flags`` as the XLA options of every program."""
+    rule), with ``flags`` as the XLA options of every program and a learning-rate schedule
+    over ``num_steps`` optimizer steps (None: ``train.spec.SCHEDULE_STEPS``)."""
+    if num_steps is not None and (
+        not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1
+    ):
+        raise ValueError(f"num_steps must be a positive int or None, got {num_steps!r}.")
     s = models.spec(model)
     lay = models.resolve_layout(layout, s.num_spatial)
     spatial = None if image_size is None else (image_size,) * s.num_spatial
@@ -116,6 +122,7 @@ def inspect_spec(
         conv_plan=plan.to_dict() if plan else None,
         xla_options=dict(flags or {}),
         cpu_fast=False,
+        num_steps=num_steps,
     )
     return resolve_spec(config), InputSpec(tuple(image_shape), num_classes, batch_size)
 
@@ -162,6 +169,7 @@ def inspect_model(
     activation_storage: str = "layout",
     conv_plan=None,
     optimizer: str = "train",
+    num_steps: int | None = None,
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
     ahead of time and report what XLA did with its layouts and precision.
@@ -177,7 +185,9 @@ def inspect_model(
     The model, state and step come from ``train.program.build_program`` of
     ``inspect_spec``'s ``RunSpec``: a training step has the optimizer ``layoutlab train`` runs
     for these settings (AdamW, float32 optimizer state for half-precision params) and its
-    loss scale; ``optimizer="sgd"`` compiles SGD with momentum instead. The report names it.
+    loss scale, its schedule over ``num_steps`` (None: ``train.spec.SCHEDULE_STEPS``);
+    ``optimizer="sgd"`` compiles SGD with momentum instead. The report names it and holds
+    the spec (``ModelInspection.spec``).
     """
     _check_config(mode, batch_size, image_size, model_kwargs)
     check_conv_options(conv_algorithm, kernel_storage, activation_storage)
@@ -205,6 +215,7 @@ def inspect_model(
         conv_plan=conv_plan,
         flags=flags,
         optimizer=optimizer,
+        num_steps=num_steps,
     )
     images, labels = inputs.batch(spec.layout)
     t0 = time.perf_counter()
@@ -258,6 +269,7 @@ def inspect_model(
         conv_shapes=None if missing is None else missing[1],
         conv_plan=as_plan(plan).algorithms() if conv_algorithm == AUTO else None,
         optimizer=spec.optimizer.label if mode == "train" else None,
+        spec=spec,
     )
 
 

@@ -86,6 +86,7 @@ class ModelInspection:
     conv_shapes: int | None = None  # "auto" 2D convs, counted when auto
     conv_plan: dict | None = None  # the plan's {path: algorithm} when auto
     optimizer: str | None = None  # the training step's (OptimizerSpec.label); None: infer
+    spec: Any = dataclasses.field(default=None, repr=False, compare=False)  # train.spec.RunSpec
 
     # ----- derived views
 
