@@ -155,3 +155,19 @@ def test_a_reregistered_algorithm_reaches_only_steps_built_after_it():
     np.testing.assert_array_equal(y_retraced, y_before)
     np.testing.assert_allclose(y_after, y_reference, rtol=1e-6, atol=1e-6)
     assert not np.allclose(y_after, y_before, rtol=1e-3, atol=1e-3)
+
+
+def test_precision_is_resolved_in_one_place():
+    """``get_policy`` and the "auto" loss-scale rule (``needs_loss_scaling``) are called in
+    ``train/run_precision.py`` alone among the packages that build runs; below them in the
+    map, the ``nn/`` layers and ``models.create`` take a ``Policy`` or its name (identity
+    for a ``Policy``, which is what every run passes them)."""
+    found: dict[str, set[str]] = {"get_policy(": set(), "needs_loss_scaling": set()}
+    for path in SRC.rglob("*.py"):
+        text = path.read_text()
+        for word, where in found.items():
+            if word in text:
+                where.add(path.relative_to(SRC).as_posix())
+    leaves = {"precision.py", "train/run_precision.py"}
+    assert found["get_policy("] == leaves | {"nn/base.py", "nn/linear.py", "models/registry.py"}
+    assert found["needs_loss_scaling"] == leaves

@@ -80,8 +80,18 @@ def _groups(config: SweepConfig, torch_device: str | None):
         if config.baseline_plain:
             settings.append(("xla", ("layout", "layout"), (), "plain"))
         jax_cases = [
-            JaxCase(w, layout, p, algo, kernels, opts, label, config.conv_tune, activations,
-                    config.optimizer)  # fmt: skip
+            JaxCase(
+                w,
+                layout,
+                p,
+                algo,
+                kernels,
+                opts,
+                label,
+                config.conv_tune,
+                activations,
+                config.optimizer,
+            )  # fmt: skip
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts

@@ -162,10 +162,10 @@ def _build(args):
     from layoutlab import models
     from layoutlab.compare.torch_weights import load_torch_state_dict
     from layoutlab.nn.conv_config import check_conv_options, conv_specs, convs
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_policy
 
     spec = models.spec(args.model)
-    policy = get_policy(args.precision)
+    policy = resolve_policy(args.precision)
     _check_args(args, policy)
     options = dict(spec.tiny) if args.tiny else {}
     options.update(parse_model_args(args.model_arg))

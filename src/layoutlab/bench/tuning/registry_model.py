@@ -16,7 +16,7 @@ from layoutlab.bench.cases import parse_shape
 from layoutlab.bench.sweep_config import check_compile_options, resolve_input
 from layoutlab.bench.tuning.convs import ConvTuning, autotune_model
 from layoutlab.nn.conv_config import check_conv_options
-from layoutlab.precision import get_policy
+from layoutlab.train.run_precision import resolve_policy
 
 __all__ = ["autotune_registry_model"]
 
@@ -47,7 +47,7 @@ def autotune_registry_model(
     kwargs = dict(model_kwargs or {})
     spec = models.spec(model)
     lay = models.resolve_layout(layout, spec.num_spatial)
-    policy = get_policy(precision)
+    policy = resolve_policy(precision)
     check_conv_options(None, kernel_storage, activation_storage)
     options = check_compile_options(compiler_options, backend) or None
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
