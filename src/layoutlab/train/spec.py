@@ -25,16 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from layoutlab import models
-from layoutlab.fast_defaults import (
-    fast_compile_options,
-    resolve_activation_storage,
-    resolve_kernel_storage,
-)
+from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 from layoutlab.layout import Layout
 from layoutlab.loss_scale import LossScale, get_loss_scale
 from layoutlab.nn.conv_algos import AUTO, XLA, Algorithm, ConvPlan, as_plan, get_algorithm
 from layoutlab.precision import Policy
 from layoutlab.train.config import TrainConfig
+from layoutlab.train.fast_config import compile_options
 from layoutlab.train.optim import OptimizerSpec, optimizer_spec
 from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
 
@@ -165,8 +162,7 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
         total_steps = config.num_steps or SCHEDULE_STEPS
     plan = None if config.conv_plan is None else as_plan(config.conv_plan)
     layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
-    cpu_fast = {m: fast_compile_options(m) if config.cpu_fast else {} for m in ("train", "infer")}
-    options = {m: types.MappingProxyType({**o, **config.xla_options}) for m, o in cpu_fast.items()}
+    options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
     return RunSpec(
         config=config,
         model=config.model,
