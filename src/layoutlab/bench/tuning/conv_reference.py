@@ -47,7 +47,6 @@ def effective_compute_dtype(dtype, platform: str | None) -> np.dtype:
     tf32 = platform == "gpu" and jax.config.jax_default_matmul_precision not in _FULL_F32
     return np.dtype(np.float16) if dtype == np.float32 and tf32 else dtype
 
-
 def conv_tolerance(dtype, reduction: int) -> Tolerance:
     """Tolerance for a conv output summing ``reduction`` products computed in ``dtype``
     with float32 accumulation; apply with ``atol = rtol * max|expected|`` (see module doc).
@@ -162,3 +161,4 @@ def candidate_errors(
         rtols[key] = tol.rtol
         passed = passed and report.passed
     return errors, rtols, passed
+

@@ -210,11 +210,8 @@ def autotune_conv(
             dict(options_key(compiler_options)),
             verdict="no candidate timed" if decision is None else decision.verdict,
             ratio=None if decision is None or decision.ratio is None else list(decision.ratio),
-            rounds_ms={
-                n: ms
-                for (k, n), ms in rounds.items()
-                if k == ("train" if objective == "train" else "fwd")
-            },  # fmt: skip
+            rounds_ms={n: ms for (k, n), ms in rounds.items()
+                       if k == ("train" if objective == "train" else "fwd")},  # fmt: skip
             fingerprint=machine_fingerprint(),
             load_avg=load_average(),
         )
@@ -268,7 +265,9 @@ def plan_from_results(specs: dict[str, ConvSpec], results: Sequence[TuneResult])
             "device_kind": r.device_kind,
             "versions": r.versions,
             "compiler_options": r.compiler_options,
-            "times_ms": {c.algorithm: [c.forward_ms, c.train_ms] for c in r.candidates if c.passed},
+            "times_ms": {
+                c.algorithm: [c.forward_ms, c.train_ms] for c in r.candidates if c.passed
+            },
         }
     return ConvPlan(entries, evidence)
 
