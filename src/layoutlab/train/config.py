@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import types
 import typing
@@ -16,7 +15,8 @@ from typing import Any
 
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
-from layoutlab.train.run_data import image_size_value, load_run_data, parse_image_size
+from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
+from layoutlab.train.run_data import image_size_value, load_run_data
 
 __all__ = [
     "OPTIMIZERS",
@@ -169,68 +169,8 @@ def _coerce(name: str, value):
     return value
 
 
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
-
-def _parse_text(name: str, text: str):
-    """Parses ``text`` as the type of field ``name``."""
-    base, optional = _split_optional(_field_types()[name])
-    raw = text.strip()
-    if name == "loss_scale":  # "none" is a loss scale of its own, not "not given"
-        return raw
-    if optional and raw.lower() in ("none", "null", "auto"):
-        return None
-    if name == "image_size":  # 64, 64,48, 64x48 or [64, 48]
-        return parse_image_size(raw)
-    try:
-        if base is bool:
-            if raw.lower() in _TRUE:
-                return True
-            if raw.lower() in _FALSE:
-                return False
-            raise ValueError
-        if base is int:
-            return int(raw)
-        if base is float:
-            return float(raw)
-        if base is dict:
-            value = json.loads(raw)
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
-    except ValueError:
-        kind = {bool: "true/false", int: "an integer", float: "a number"}.get(
-            base, 'a JSON object such as {"width": 8}'
-        )
-        extra = " (or none)" if optional else ""
-        raise ValueError(f"Bad value for {name}: {text!r} is not {kind}{extra}.") from None
-    return raw
-
-
-def _parse_kwarg(text: str):
-    """A model kwarg value: JSON when it parses (8, 0.5, true), else the string itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text.strip()
-
-
-def _parse_option(text: str) -> bool | int | float | str:
-    """An XLA option value: true/false (any case) -> bool, then int, then float, else str."""
-    raw = text.strip()
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
 # Dict fields whose single entries ``FIELD.NAME=VALUE`` sets, with each value's parser.
-_DICT_ENTRIES = {"model_kwargs": _parse_kwarg, "xla_options": _parse_option}
+_DICT_ENTRIES = {"model_kwargs": parse_kwarg, "xla_options": parse_option}
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
@@ -254,7 +194,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 f"Unknown config field {key!r} in {item!r}; valid fields are: "
                 f"{', '.join(field_names())} (and model_kwargs.NAME, xla_options.NAME)."
             )
-        changes[key] = _parse_text(key, value)
+        changes[key] = parse_field_text(key, value, *_split_optional(_field_types()[key]))
         if key in _DICT_ENTRIES:
             entries[key] = dict(changes[key])
     changes.update(entries)
