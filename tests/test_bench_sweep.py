@@ -194,8 +194,8 @@ def test_the_train_step_runs_trains_optimizer_unless_pytorch_sits_beside_it():
 
     base = dict(model="small_cnn", model_kwargs=TINY, modes=("train",))
     assert validate(SweepConfig(**base)).optimizer == "train"
-    assert validate(SweepConfig(**base, torch=True)).optimizer == "sgd"
-    assert validate(SweepConfig(**base, optimizer="sgd")).optimizer == "sgd"
+    assert validate(SweepConfig(**base, torch=True)).optimizer == "pytorch"
+    assert validate(SweepConfig(**base, optimizer="pytorch")).optimizer == "pytorch"
 
 
 def _cli(argv):

@@ -87,11 +87,11 @@ def test_inspect_and_bench_build_the_step_train_runs(train_step):
     _same_step(program.spec, spec)
     images, labels = program.batch()
     assert _fingerprint(program.train_step, state, images, labels) == fingerprint
-    # The fingerprint tells optimizers apart: inspect's SGD step is another program.
+    # The fingerprint tells optimizers apart: the PyTorch runner's SGD is another program.
     sgd_spec, _ = inspect_spec(
         "small_cnn", **{k: v for k, v in FLAGS.items() if k != "model"}, batch_size=2,
         image_size=8, conv_algorithm="auto", kernel_storage=spec.kernel_storage,
-        activation_storage=spec.activation_storage, flags=options, optimizer="sgd",
+        activation_storage=spec.activation_storage, flags=options, optimizer="pytorch",
     )  # fmt: skip
     sgd, sgd_state, _ = build_abstract(sgd_spec, inputs, table=("train", table_cpu_kind("cpu")))
     assert sgd.spec.optimizer.name == "momentum"

@@ -104,7 +104,7 @@ class JaxCase:
     conv_tune: str = "auto"  # where an "auto" case's plan comes from (bench.tuning.plan_source)
     # Where a channels-first model computes: "layout" or "channels_last" (NHWC inside).
     activation_storage: str = "layout"
-    # The train step's optimizer: "train" (what `layoutlab train` runs) or "sgd" (the
+    # The train step's optimizer: "train" (what `layoutlab train` runs) or "pytorch" (the
     # PyTorch runner's SGD with momentum); train.spec.OPTIMIZER_CHOICES.
     optimizer: str = "train"
 

@@ -200,10 +200,10 @@ def register(subparsers) -> None:
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
     p.add_argument(
         "--optimizer",
-        choices=("train", "sgd"),
+        choices=("train", "pytorch"),
         help="the train step's optimizer: train (what `layoutlab train` runs for these flags, "
-        "AdamW; the default) or sgd (SGD with momentum 0.9, PyTorch's; the default and the "
-        "only choice with --torch, so both sides make the same update)",
+        "AdamW; the default) or pytorch (SGD with momentum 0.9, PyTorch's; the default and "
+        "the only choice with --torch, so both sides make the same update)",
     )
     p.add_argument(
         "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"

@@ -34,7 +34,7 @@ def case_spec(
 ) -> tuple[RunSpec, InputSpec]:
     """The ``RunSpec`` and ``InputSpec`` of ``case``: the run ``layoutlab train`` would make
     of its model, layout, precision, conv settings and XLA options (so its optimizer and
-    loss-scale rule, or with ``case.optimizer == "sgd"`` the PyTorch runner's SGD), its
+    loss-scale rule, or with ``case.optimizer == "pytorch"`` the PyTorch runner's SGD), its
     learning-rate schedule over ``total_steps`` (None: ``train.spec.SCHEDULE_STEPS``)."""
     w = case.workload
     config = config_for(

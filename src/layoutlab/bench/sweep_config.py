@@ -90,8 +90,8 @@ class SweepConfig:
     # give every row its share of that peak.
     roofline: bool = True
     # The train step's optimizer (train.spec.OPTIMIZER_CHOICES): "train", what `layoutlab
-    # train` runs for the same flags (AdamW), or "sgd", the PyTorch runner's SGD with
-    # momentum. None: "sgd" with torch (both sides make the same update), else "train".
+    # train` runs for the same flags (AdamW), or "pytorch", the PyTorch runner's SGD with
+    # momentum. None: "pytorch" with torch (both sides make the same update), else "train".
     optimizer: str | None = None
 
 
@@ -219,15 +219,15 @@ def _check_optimizer(config: SweepConfig) -> str:
     ``torch`` layoutlab runs it too, or the ratios would compare different updates."""
     from layoutlab.train.spec import OPTIMIZER_CHOICES
 
-    choice = config.optimizer or ("sgd" if config.torch else "train")
+    choice = config.optimizer or ("pytorch" if config.torch else "train")
     if choice not in OPTIMIZER_CHOICES:
         raise ValueError(
-            f"Unknown optimizer {choice!r}; use train (what `layoutlab train` runs) or sgd."
+            f"Unknown optimizer {choice!r}; use train (what `layoutlab train` runs) or pytorch."
         )
-    if config.torch and choice != "sgd":
+    if config.torch and choice != "pytorch":
         raise ValueError(
             "--torch times PyTorch's SGD-with-momentum step beside layoutlab's, which must "
-            "make the same update: drop --optimizer train (with --torch it is sgd), or drop "
+            "make the same update: drop --optimizer train (with --torch it is pytorch), or drop "
             "--torch."
         )
     return choice

@@ -48,9 +48,10 @@ __all__ = [
 # inspect): the schedule's length changes constants of the step, not its ops.
 SCHEDULE_STEPS = 1000
 # What `bench` and `inspect` may run: "train", the optimizer `layoutlab train` builds for the
-# same flags (AdamW, float32 state for half params, MultiSteps), or "sgd": SGD with momentum
-# 0.9 at a constant 0.01, the update the PyTorch runner (bench/torch_runner.py) makes.
-OPTIMIZER_CHOICES = ("train", "sgd")
+# same flags (AdamW, float32 state for half params, MultiSteps), or "pytorch": SGD with
+# momentum 0.9 at a constant 0.01, the update the PyTorch runner (bench/torch_runner.py) makes
+# (not train's --optimizer sgd, which has no momentum: hence a name of its own).
+OPTIMIZER_CHOICES = ("train", "pytorch")
 _PYTORCH_SGD = {
     "optimizer": "momentum",
     "learning_rate": 0.01,
@@ -188,12 +189,13 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
 def config_for(optimizer: str = "train", **fields) -> TrainConfig:
     """The ``TrainConfig`` that ``bench`` and ``inspect`` resolve their spec from: ``fields``
     (model, layout, precision, conv settings, ...) over ``TrainConfig``'s defaults, so what
-    they do not set is what ``layoutlab train`` would use; ``optimizer="sgd"``: the PyTorch
+    they do not set is what ``layoutlab train`` would use; ``optimizer="pytorch"``: the PyTorch
     runner's SGD with momentum instead of train's optimizer (``OPTIMIZER_CHOICES``)."""
     if optimizer not in OPTIMIZER_CHOICES:
         raise ValueError(
             f"Unknown optimizer choice {optimizer!r}; use 'train' (the optimizer `layoutlab "
-            "train` runs for these flags) or 'sgd' (SGD with momentum, as the PyTorch runner)."
+            "train` runs for these flags) or 'pytorch' (SGD with momentum, as the PyTorch "
+            "runner)."
         )
-    extra = _PYTORCH_SGD if optimizer == "sgd" else {}
+    extra = _PYTORCH_SGD if optimizer == "pytorch" else {}
     return TrainConfig(**{**fields, **extra})

@@ -213,10 +213,10 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--optimizer",
-        choices=("train", "sgd"),
+        choices=("train", "pytorch"),
         default="train",
         help="the training step's optimizer: train (default: what `layoutlab train` runs for "
-        "these flags, AdamW) or sgd (SGD with momentum 0.9, as bench's PyTorch rows)",
+        "these flags, AdamW) or pytorch (SGD with momentum 0.9, as bench's PyTorch rows)",
     )
     p.add_argument(
         "--steps",

@@ -97,7 +97,7 @@ def inspect_spec(
     num_steps: int | None = None,
 ) -> tuple[RunSpec, InputSpec]:
     """The ``RunSpec`` and ``InputSpec`` ``inspect_model`` compiles: the run ``layoutlab train``
-    would make of the same settings (its optimizer unless ``optimizer="sgd"``, its loss-scale
+    would make of the same settings (its optimizer unless ``optimizer="pytorch"``, its loss-scale
     rule), with ``flags`` as the XLA options of every program and a learning-rate schedule
     over ``num_steps`` optimizer steps (None: ``train.spec.SCHEDULE_STEPS``)."""
     if num_steps is not None and (
@@ -186,7 +186,7 @@ def inspect_model(
     ``inspect_spec``'s ``RunSpec``: a training step has the optimizer ``layoutlab train`` runs
     for these settings (AdamW, float32 optimizer state for half-precision params) and its
     loss scale, its schedule over ``num_steps`` (None: ``train.spec.SCHEDULE_STEPS``);
-    ``optimizer="sgd"`` compiles SGD with momentum instead. The report names it and holds
+    ``optimizer="pytorch"`` compiles SGD with momentum instead. The report names it and holds
     the spec (``ModelInspection.spec``).
     """
     _check_config(mode, batch_size, image_size, model_kwargs)
