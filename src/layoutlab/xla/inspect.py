@@ -103,7 +103,7 @@ def inspect_spec(
     if num_steps is not None and (
         not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1
     ):
-        raise ValueError(f"num_steps must be a positive int or None, got {num_steps!r}.")
+        raise ValueError(f"num_steps (--steps) must be a positive int or None, got {num_steps!r}.")
     s = models.spec(model)
     lay = models.resolve_layout(layout, s.num_spatial)
     spatial = None if image_size is None else (image_size,) * s.num_spatial
