@@ -171,3 +171,19 @@ def test_precision_is_resolved_in_one_place():
     leaves = {"precision.py", "train/run_precision.py"}
     assert found["get_policy("] == leaves | {"nn/base.py", "nn/linear.py", "models/registry.py"}
     assert found["needs_loss_scaling"] == leaves
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["inspect", "--model", "small_cnn", "--mode", "train", "--steps", "0"], "--steps"),
+        (["bench", "--model", "small_cnn", "--torch", "--optimizer", "train", "--out", "x"],
+         "drop --optimizer train"),
+    ],
+)  # fmt: skip
+def test_bad_optimizer_flags_are_one_line(argv, message, capsys):
+    from layoutlab import cli
+
+    assert cli.main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
