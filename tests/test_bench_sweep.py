@@ -173,6 +173,9 @@ def test_slow_configurations_are_skipped_and_predicted():
         ({"modes": ("infer", "serve")}, "Unknown modes"),
         ({"batch_sizes": (0,)}, "positive ints"),
         ({"layouts": ("NWHC",)}, "NWHC"),
+        ({"optimizer": "adam"}, "Unknown optimizer 'adam'"),
+        # PyTorch rows run SGD with momentum: layoutlab's side of a ratio must too.
+        ({"torch": True, "optimizer": "train"}, "drop --optimizer train"),
     ],
 )
 def test_bad_arguments_fail_before_anything_runs(change, message):
@@ -184,6 +187,15 @@ def test_bad_arguments_fail_before_anything_runs(change, message):
 
     with pytest.raises(ValueError, match=message):
         run_sweep(config, jax_runner=never)
+
+
+def test_the_train_step_runs_trains_optimizer_unless_pytorch_sits_beside_it():
+    from layoutlab.bench.sweep_config import validate
+
+    base = dict(model="small_cnn", model_kwargs=TINY, modes=("train",))
+    assert validate(SweepConfig(**base)).optimizer == "train"
+    assert validate(SweepConfig(**base, torch=True)).optimizer == "pytorch"
+    assert validate(SweepConfig(**base, optimizer="pytorch")).optimizer == "pytorch"
 
 
 def _cli(argv):

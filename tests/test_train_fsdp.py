@@ -12,7 +12,7 @@ from layoutlab import models
 from layoutlab.train import TrainConfig, train_and_evaluate
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import validate
-from layoutlab.train.loop import _make_init
+from layoutlab.train.loop import _program
 from layoutlab.train.run_data import load_run_data
 from layoutlab.train.sharding import make_shardings, state_shardings
 from layoutlab.train.step_schedule import make_step_schedule
@@ -24,7 +24,7 @@ BASE = TrainConfig(model_kwargs=models.spec("small_cnn").tiny, batch_size=16, nu
 def _per_device_bytes(config):
     config = validate(config, jax.device_count())
     dataset = load_run_data(config)
-    _, _, init = _make_init(config, dataset, make_step_schedule(config, dataset))
+    init = _program(config, dataset, make_step_schedule(config, dataset)).init
     shard = make_shardings(True)
     shardings = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     state = jax.jit(init, out_shardings=shardings)()

@@ -104,6 +104,9 @@ class JaxCase:
     conv_tune: str = "auto"  # where an "auto" case's plan comes from (bench.tuning.plan_source)
     # Where a channels-first model computes: "layout" or "channels_last" (NHWC inside).
     activation_storage: str = "layout"
+    # The train step's optimizer: "train" (what `layoutlab train` runs) or "pytorch" (the
+    # PyTorch runner's SGD with momentum); train.spec.OPTIMIZER_CHOICES.
+    optimizer: str = "train"
 
     @property
     def compiler_options(self) -> dict | None:
@@ -141,9 +144,11 @@ class TorchCase:
         return f"N{spatial}C" if last else f"NC{spatial}"
 
     def row(self) -> dict:
+        train = self.workload.mode == "train"
         return {
             **self.workload.row(),
             "framework": "torch.compile" if self.compile else "torch",
+            "optimizer": "torch.optim.SGD(lr=0.01, momentum=0.9)" if train else None,
             "layout": self.layout,
             "memory_format": self.memory_format,
             "precision": self.precision,

@@ -78,6 +78,7 @@ def run_bench(args: argparse.Namespace) -> int:
             conv_tune_repeats=args.conv_tune_repeats,
             conv_tune=args.conv_tune,
             baseline_plain=args.baseline_plain,
+            optimizer=args.optimizer,
         )
         results = run_sweep(config, log=print_progress)
     except ValueError as err:
@@ -140,6 +141,13 @@ def register(subparsers) -> None:
     )
     add_conv_options(p, ACTIVATION_STORAGES)
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
+    p.add_argument(
+        "--optimizer",
+        choices=("train", "pytorch"),
+        help="the train step's optimizer: train (what `layoutlab train` runs for these flags, "
+        "AdamW; the default) or pytorch (SGD with momentum 0.9, PyTorch's; the default and "
+        "the only choice with --torch, so both sides make the same update)",
+    )
     p.add_argument(
         "--torch-compile", action="store_true", help="also torch.compile (implies --torch)"
     )

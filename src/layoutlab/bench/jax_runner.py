@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from layoutlab import models
@@ -14,18 +14,11 @@ from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.memory import device_peak_bytes, peak_rss_bytes
 from layoutlab.bench.timing import JaxStep
 from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
-from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs, with_conv_plan
-from layoutlab.precision import get_policy
-from layoutlab.train.skip import skip_nonfinite
-from layoutlab.train.state import create_train_state
-from layoutlab.train.steps import make_forward, make_train_step
+from layoutlab.train import program as programs
+from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
 
-__all__ = ["JaxRunner", "build_model", "layout_images", "tune_convs"]
-
-# Plain SGD with momentum, as the PyTorch runner uses, so both sides do the same update.
-_LR, _MOMENTUM = 0.01, 0.9
+__all__ = ["JaxRunner", "build_model", "case_spec", "layout_images", "tune_convs"]
 
 
 def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
@@ -36,22 +29,36 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(images_channels_last, -1, 1))
 
 
-def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
-    """The case's model with its conv settings; the same ``seed`` gives the same weights in
-    every layout. ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
+def case_spec(
+    case: JaxCase, seed: int = 0, total_steps: int | None = None
+) -> tuple[RunSpec, InputSpec]:
+    """The ``RunSpec`` and ``InputSpec`` of ``case``: the run ``layoutlab train`` would make
+    of its model, layout, precision, conv settings and XLA options (so its optimizer and
+    loss-scale rule, or with ``case.optimizer == "pytorch"`` the PyTorch runner's SGD), its
+    learning-rate schedule over ``total_steps`` (None: ``train.spec.SCHEDULE_STEPS``)."""
     w = case.workload
-    kwargs = {"in_channels": w.channels, **w.kwargs}
-    model = models.create(
-        w.model,
-        num_classes=w.num_classes,
+    config = config_for(
+        case.optimizer,
+        model=w.model,
+        model_kwargs=w.kwargs,
         layout=case.layout,
-        policy=case.precision,
-        rngs=nnx.Rngs(seed),
+        precision=case.precision,
+        batch_size=w.batch_size,
+        seed=seed,
+        conv_algorithm=case.conv_algo,
         kernel_storage=case.kernel_storage,
         activation_storage=case.activation_storage,
-        **kwargs,
+        xla_options=dict(case.xla_options),
+        cpu_fast=False,  # the case's options are already the ones to compile with
     )
-    return configure_convs(model, case.conv_algo)
+    return resolve_spec(config, total_steps), InputSpec(w.input_shape, w.num_classes, w.batch_size)
+
+
+def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
+    """The case's model with its conv settings (``train.program.build_model`` of
+    ``case_spec``); the same ``seed`` gives the same weights in every layout.
+    ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
+    return programs.build_model(*case_spec(case, seed))
 
 
 def tune_convs(
@@ -107,16 +114,19 @@ class JaxRunner:
         self.steps = steps  # the steps the case will run: what a conv tuning must pay for
         self.conv_tune_repeats, self.log = conv_tune_repeats, log
         self.step_fn: JaxStep | None = None
+        self.spec: RunSpec | None = None  # what setup() built the step from
 
     def row(self) -> dict:
         return self.case.row()
 
-    def setup(self) -> dict:
+    def prepare(self) -> tuple[float | None, str | None]:
+        """Build the case's step (``self.step_fn``, not compiled yet) from its ``RunSpec``
+        (``self.spec``); returns ``(conv tuning seconds, plan source)`` for ``"auto"``."""
         case, w = self.case, self.case.workload
-        policy = get_policy(case.precision)
-        tx = skip_nonfinite(optax.sgd(_LR, momentum=_MOMENTUM))
-        loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
-        model = build_model(case, self.seed)
+        # The schedule spans the steps this case runs, as a train run's spans its own.
+        spec, inputs = case_spec(case, self.seed, self.steps)
+        # Planning needs the convs' shapes only; the weights are made by the program's init.
+        model = nnx.eval_shape(lambda: programs.build_model(spec, inputs))
         images = jnp.asarray(layout_images(w.images_channels_last(self.seed), case.layout))
         tune_s = plan_source = None
         if case.conv_algo == AUTO:
@@ -129,31 +139,36 @@ class JaxRunner:
                 log=self.log,
                 steps=self.steps,
             )
-            model = with_conv_plan(model, plan)
-        defs, state = create_train_state(model, tx, loss_scale)
+            spec = spec.with_plan(plan)
+        self.spec = spec
+        program = programs.build_program(spec, inputs)
+        # One compiled init instead of an eager compile per initializer op.
+        state = jax.jit(program.init, compiler_options=programs.INIT_COMPILER_OPTIONS)()
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"
         if w.mode == "train":
             labels = jnp.asarray(w.labels(self.seed))
-            step = make_train_step(defs, tx)
             self.step_fn = JaxStep(
-                step,
+                program.train_step,
                 (state, images, labels),
                 donate_argnums=(0,),
                 carry=0,
                 backend=self.backend,
                 name=name,
-                compiler_options=case.compiler_options,
+                compiler_options=spec.compile_options(w.mode) or None,
             )
         else:
             # Inference needs no optimizer state: leave it out of the arguments.
-            forward = make_forward(defs)
             self.step_fn = JaxStep(
-                forward,
+                program.forward,
                 (state._replace(opt_state=None), images),
                 backend=self.backend,
                 name=name,
-                compiler_options=case.compiler_options,
+                compiler_options=spec.compile_options(w.mode) or None,
             )
+        return tune_s, plan_source
+
+    def setup(self) -> dict:
+        tune_s, plan_source = self.prepare()
         fields = self.step_fn.compile()
         fields.pop("lower_s")
         fields.pop("alias_bytes")
@@ -164,8 +179,9 @@ class JaxRunner:
         if be.name == "gpu":
             tf32 = "on" if effective_compute_dtype(np.float32, "gpu") != np.float32 else "off"
         return {**fields, "backend": be.name, "device_kind": be.device_kind,
-                "conv_tune_s": tune_s, "conv_plan_source": plan_source,
-                "tf32": tf32}  # fmt: skip
+                "conv_tune_s": tune_s, "conv_plan_source": plan_source, "tf32": tf32,
+                "optimizer": self.spec.optimizer.label if self.case.workload.mode == "train"
+                else None}  # fmt: skip
 
     def step(self) -> None:
         self.step_fn()

@@ -42,6 +42,7 @@ _SCHEMA: dict[str, type] = {
     "activation_storage": str,  # layoutlab only: layout | channels_last (NHWC inside NCHW)
     "xla_options": str,  # layoutlab only: JSON of the XLA compile options
     "defaults": str,  # layoutlab only: fast (its defaults) | plain (plain XLA) | custom
+    "optimizer": str,  # train rows: the step's optimizer (layoutlab: OptimizerSpec.label)
     "conv_plan_source": str,  # layoutlab, conv_algo auto: cache | tuned | table
     "mode": str,  # infer | train
     "batch_size": int,
@@ -108,9 +109,9 @@ def precision_class(precision: str) -> str:
         return "half"
     if precision == "fp32":
         return "fp32"
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_policy
 
-    return "half" if get_policy(precision).is_half else "fp32"
+    return "half" if resolve_policy(precision).is_half else "fp32"
 
 
 def variant(row: dict) -> str:

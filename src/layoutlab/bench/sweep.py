@@ -11,6 +11,7 @@ and the sweep goes on; bad arguments fail before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import time
@@ -79,8 +80,9 @@ def _groups(config: SweepConfig, torch_device: str | None):
         ]
         if config.baseline_plain:
             settings.append(("xla", ("layout", "layout"), (), "plain"))
+        case = functools.partial(JaxCase, conv_tune=config.conv_tune, optimizer=config.optimizer)
         jax_cases = [
-            JaxCase(w, layout, p, algo, kernels, opts, label, config.conv_tune, activations)
+            case(w, layout, p, algo, kernels, opts, label, activation_storage=activations)
             for p in config.precisions
             if precision_class(p) == cls
             for layout in config.layouts

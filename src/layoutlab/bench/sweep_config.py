@@ -22,7 +22,7 @@ from layoutlab.fast_defaults import (
     resolve_kernel_storage,
 )
 from layoutlab.nn.conv_config import check_conv_options
-from layoutlab.precision import get_policy
+from layoutlab.train.run_precision import resolve_policy
 from layoutlab.xla import resolve_backend
 from layoutlab.xla.flags import normalize_flags, translate_compile_error
 
@@ -89,6 +89,10 @@ class SweepConfig:
     # Measure the machine's float32 matmul peak and copy bandwidth once (bench.roofline) and
     # give every row its share of that peak.
     roofline: bool = True
+    # The train step's optimizer (train.spec.OPTIMIZER_CHOICES): "train", what `layoutlab
+    # train` runs for the same flags (AdamW), or "pytorch", the PyTorch runner's SGD with
+    # momentum. None: "pytorch" with torch (both sides make the same update), else "train".
+    optimizer: str | None = None
 
 
 def _builder_default(name: str, option: str):
@@ -139,7 +143,7 @@ def validate(config: SweepConfig) -> SweepConfig:
     if not precisions:
         raise ValueError("precisions is empty; give at least one, e.g. fp32.")
     for p in precisions:
-        get_policy(p)  # unknown precision: ValueError listing the presets
+        resolve_policy(p)  # unknown precision: ValueError listing the presets
     modes = tuple(dict.fromkeys(config.modes))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -177,6 +181,7 @@ def validate(config: SweepConfig) -> SweepConfig:
         raise ValueError(f"conv_tune must be auto, always or never, got {config.conv_tune!r}.")
     if config.conv_tune_repeats < 1:
         raise ValueError(f"conv_tune_repeats must be >= 1, got {config.conv_tune_repeats}.")
+    optimizer = _check_optimizer(config)
     xla_options = check_compile_options(config.xla_options, backend.name)
     if config.cpu_fast:  # the fast options were probed; the user's may clash with them
         for mode in modes:
@@ -205,7 +210,27 @@ def validate(config: SweepConfig) -> SweepConfig:
         kernel_storage=storage,
         activation_storage=activations,
         backend=config.backend,
+        optimizer=optimizer,
     )
+
+
+def _check_optimizer(config: SweepConfig) -> str:
+    """The train step's optimizer choice; PyTorch rows run SGD with momentum, so with
+    ``torch`` layoutlab runs it too, or the ratios would compare different updates."""
+    from layoutlab.train.spec import OPTIMIZER_CHOICES
+
+    choice = config.optimizer or ("pytorch" if config.torch else "train")
+    if choice not in OPTIMIZER_CHOICES:
+        raise ValueError(
+            f"Unknown optimizer {choice!r}; use train (what `layoutlab train` runs) or pytorch."
+        )
+    if config.torch and choice != "pytorch":
+        raise ValueError(
+            "--torch times PyTorch's SGD-with-momentum step beside layoutlab's, which must "
+            "make the same update: drop --optimizer train (with --torch it is pytorch), or drop "
+            "--torch."
+        )
+    return choice
 
 
 def check_compile_options(options: dict | None, backend: str | None = None) -> dict:

@@ -111,6 +111,7 @@ class JaxStep:
         compiler_options: dict | None = None,
     ):
         self.name = name or getattr(fn, "__name__", "step")
+        self.fn = fn  # the step as given, unwrapped (what make_jaxpr of the step traces)
         self.compiler_options = dict(compiler_options or {}) or None
         self.backend = resolve_backend(backend)
         self.traces = 0
@@ -130,10 +131,19 @@ class JaxStep:
         self._args = list(jax.device_put(tuple(args), self.backend.device))
         self.compiled = None
 
+    @property
+    def args(self) -> tuple:
+        """The arguments the next call passes (a train step's: the state it carries)."""
+        return tuple(self._args)
+
+    def lower(self):
+        """The step lowered for its arguments (``jax.stages.Lowered``), not compiled."""
+        return self._jitted.lower(*self._args)
+
     def compile(self) -> dict:
         """AOT lower + compile; returns timings, XLA's cost and memory analyses, HLO totals."""
         t0 = time.perf_counter()
-        lowered = self._jitted.lower(*self._args)
+        lowered = self.lower()
         t1 = time.perf_counter()
         self.compiled = lowered.compile()
         t2 = time.perf_counter()

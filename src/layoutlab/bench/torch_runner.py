@@ -4,8 +4,9 @@ PyTorch is an optional extra and is imported only when a torch configuration run
 Memory formats: ``contiguous`` (NCHW) and ``channels_last`` (NHWC in memory). Precisions:
 ``fp32``, and ``torch.autocast`` with bfloat16 (``amp_bf16``, CPU and GPU) or float16
 (``amp_fp16``, GPU; training then uses ``torch.amp.GradScaler``). Training is forward,
-cross-entropy, backward and an SGD-with-momentum step, the same update the layoutlab step
-makes. ``torch.set_num_threads`` is left at PyTorch's default and recorded in ``threads``.
+cross-entropy, backward and an SGD-with-momentum step, the update layoutlab's "pytorch" step
+makes (``bench --torch`` runs it). ``torch.set_num_threads`` is left at PyTorch's default
+and recorded in ``threads``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = [
     "torch_precisions",
 ]
 
-_LR, _MOMENTUM = 0.01, 0.9  # as layoutlab.bench.jax_runner
+_LR, _MOMENTUM = 0.01, 0.9  # as layoutlab.train.spec's "pytorch" optimizer (bench --torch)
 
 
 class TorchUnavailable(ImportError):

@@ -156,48 +156,60 @@ def _check_args(args, policy) -> None:
 
 
 def _build(args):
+    """``(model, x, model options, conv specs)``: the model under test, built from the
+    ``RunSpec`` of the flags (``train.program``: ``create_model``, the torch weights when
+    given, then ``configure_model`` with the shipped table's plan for ``auto`` convs, what a
+    run too short to pay for a tuning runs; ``xla`` off CPU)."""
     import numpy as np
-    from flax import nnx
 
     from layoutlab import models
     from layoutlab.compare.torch_weights import load_torch_state_dict
-    from layoutlab.nn.conv_config import check_conv_options, conv_specs, convs
-    from layoutlab.precision import get_policy
+    from layoutlab.fast_defaults import default_backend, table_cpu_kind
+    from layoutlab.nn.conv_config import check_conv_options, conv_specs, convs, default_conv_plan
+    from layoutlab.train.program import configure_model, create_model
+    from layoutlab.train.spec import InputSpec, config_for, resolve_spec
 
     spec = models.spec(args.model)
-    policy = get_policy(args.precision)
-    _check_args(args, policy)
     options = dict(spec.tiny) if args.tiny else {}
     options.update(parse_model_args(args.model_arg))
     check_conv_options(args.conv_algo)
+    layout = models.resolve_layout(args.layout, spec.num_spatial)
+    run = resolve_spec(
+        config_for(
+            model=spec.name,
+            model_kwargs=options,
+            layout=layout.value,
+            precision=args.precision,
+            seed=args.seed,
+            conv_algorithm=args.conv_algo,
+            kernel_storage=args.kernel_storage,
+            activation_storage=args.activation_storage,
+            cpu_fast=args.cpu_fast,
+        )
+    )
+    _check_args(args, run.policy)
     given = None
     if args.input is not None:  # checked before the model is built and initialized
-        layout = models.resolve_layout(args.layout, spec.num_spatial)
         shape = spec.input_shape(1, layout, tuple(spec.default_input[:-1]))
         given = _read_input(args.input, shape, layout.channel_axis)
-    model = models.create(
-        args.model,
-        num_classes=args.num_classes,
-        layout=args.layout,
-        policy=policy,
-        rngs=nnx.Rngs(args.seed),
-        kernel_storage=args.kernel_storage,
-        activation_storage=args.activation_storage,
-        **options,
-    )
-    if args.torch_weights:
-        load_torch_state_dict(model, args.torch_weights)
-    layout = models.resolve_layout(args.layout, spec.num_spatial)
     spatial = list(spec.default_input[:-1])
     if args.image_size is not None:
         spatial[-2:] = (args.image_size * 2)[:2]  # N: N x N
+    inputs = InputSpec((*spatial, spec.default_input[-1]), args.num_classes, args.batch_size)
+    model = create_model(run, inputs)
+    if args.torch_weights:
+        load_torch_state_dict(model, args.torch_weights)
     shape = spec.input_shape(args.batch_size, layout, tuple(spatial))
     x = np.random.default_rng(args.seed).standard_normal(shape).astype(np.float32)
     if given is not None:
         x = given
     # Traced once: the table's plan and the report's algorithm counts both read them.
     specs = conv_specs(model, x) if convs(model) else {}
-    return _with_conv_algo(model, x, specs, args.conv_algo, args.mode), x, options, specs
+    if run.conv_algorithm == AUTO and specs:
+        objective = "train" if args.mode == "train" else "inference"
+        kind = table_cpu_kind(default_backend())
+        run = run.with_plan(default_conv_plan(model, x, objective, kind, specs))
+    return configure_model(model, run), x, options, specs
 
 
 def _read_input(path: str, shape: tuple[int, ...], channel_axis: int):
@@ -215,21 +227,6 @@ def _read_input(path: str, shape: tuple[int, ...], channel_axis: int):
             f"is needed, got {x.dtype} {x.shape}."
         )
     return x.astype(np.float32)
-
-
-def _with_conv_algo(model, x, specs: dict, algorithm: str, mode: str):
-    """``model`` with ``algorithm`` on its 2D convs; ``auto`` convs get the shipped table's
-    plan for ``mode`` on this CPU (``xla`` off CPU), which is what a run too short to pay for
-    a tuning runs. ``specs``: ``conv_specs(model, x)``."""
-    from layoutlab.fast_defaults import default_backend, table_cpu_kind
-    from layoutlab.nn.conv_config import configure_convs, default_conv_plan, with_conv_plan
-
-    configure_convs(model, algorithm)
-    if algorithm != AUTO or not specs:
-        return model
-    objective = "train" if mode == "train" else "inference"
-    plan = default_conv_plan(model, x, objective, table_cpu_kind(default_backend()), specs)
-    return with_conv_plan(model, plan)
 
 
 def _compare(args, model, x, options, tolerance):
@@ -275,7 +272,7 @@ def _conv_settings(model, specs: dict) -> dict:
     from layoutlab.nn.convert import activation_storage
 
     algos = Counter(
-        select_algorithm(specs[path], c.algorithm, c.plan_entry).name
+        select_algorithm(specs[path], c.algorithm, c.plan_entry, c.impl).name
         if path in specs
         else c.algorithm
         for path, c in convs(model)

@@ -15,7 +15,6 @@ import jax
 import numpy as np
 
 from layoutlab.infer.load import Run, class_names, open_run
-from layoutlab.train.fast_config import compile_options
 from layoutlab.train.loop import evaluate
 from layoutlab.train.sharding import make_shardings
 from layoutlab.train.steps import make_eval_step, make_forward
@@ -30,7 +29,7 @@ def evaluate_run(run: Run) -> dict:
     config = run.config
     shard = make_shardings(config.data_parallel)
     # The run's own eval options, so the metrics are the run's to the bit.
-    options = compile_options(config, "infer") or None
+    options = run.spec.compile_options("infer") or None
     eval_step = jax.jit(
         make_eval_step(run.defs), out_shardings=shard.replicated, compiler_options=options
     )

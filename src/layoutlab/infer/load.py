@@ -1,10 +1,10 @@
 """A trained run read back: its config, data set and checkpointed model, ready to use.
 
 ``open_run(workdir, step)`` builds the model exactly as training did
-(``layoutlab.train.loop.build_model`` from the run's ``config.json``, so the run's conv
-algorithm and kernel storage apply), then fills its parameters and batch statistics from a
-checkpoint. ``checkpoint_state`` is the one place that knows how a checkpoint's arrays map
-onto the model's state.
+(``layoutlab.train.program.build_model`` of the ``RunSpec`` of the run's ``config.json``, so
+the run's conv algorithm and kernel storage apply), then fills its parameters and batch
+statistics from a checkpoint. ``checkpoint_state`` is the one place that knows how a
+checkpoint's arrays map onto the model's state.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
-from layoutlab.train.loop import CHECKPOINT_DIR, build_model
+from layoutlab.train.loop import CHECKPOINT_DIR
 from layoutlab.train.metrics import CONFIG_FILE
+from layoutlab.train.program import build_model
 from layoutlab.train.run_data import load_run_data
+from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.state import ModelDefs, TrainState, split_model
 
 __all__ = ["NoRunError", "Run", "checkpoint_state", "class_names", "load_model", "open_run"]
@@ -44,6 +46,11 @@ class Run:
     defs: ModelDefs
     params: nnx.State
     model_state: nnx.State
+
+    @property
+    def spec(self) -> RunSpec:
+        """The run's ``RunSpec`` (its programs' options, policy, conv plan, ...)."""
+        return resolve_spec(self.config)
 
     def model(self) -> nnx.Module:
         """The model in eval mode, in the run's layout and precision policy."""
@@ -152,7 +159,8 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
         dataset = _other_data(data, dataset, config)
-    abstract = nnx.eval_shape(lambda: build_model(config, dataset))
+    spec, inputs = resolve_spec(config), InputSpec.of(dataset, config.batch_size)
+    abstract = nnx.eval_shape(lambda: build_model(spec, inputs))  # train's builder
     defs, params, model_state = split_model(abstract)
     where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
     _check_writer(meta, config, where)

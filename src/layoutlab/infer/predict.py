@@ -21,7 +21,6 @@ from layoutlab.data.errors import DataError
 from layoutlab.data.folder import IMAGE_SUFFIXES
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import to_layout
-from layoutlab.train.fast_config import compile_options
 from layoutlab.train.steps import make_forward
 
 __all__ = ["collect_images", "load_images", "predict_files", "top_k"]
@@ -119,7 +118,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
         )
     files = collect_images(paths)
     images = load_images(files, run.dataset)
-    forward = _forward(run.defs, tuple(sorted(compile_options(run.config, "infer").items())))
+    forward = _forward(run.defs, tuple(sorted(run.spec.compile_options("infer").items())))
     # Chunks of the eval batch size: a large folder compiles at most two batch shapes.
     chunk = run.config.eval_batch_size
     logits = np.concatenate(

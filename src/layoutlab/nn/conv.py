@@ -9,7 +9,7 @@ no kernel transpose runs on each call.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ from layoutlab.layout import Layout, channels_last, convert_kernel
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv_algos import AUTO, XLA, ConvSpec, conv2d, conv_spec
 from layoutlab.nn.conv_algos.plan import PlanEntry
-from layoutlab.nn.conv_algos.registry import check_name
+from layoutlab.nn.conv_algos.registry import Algorithm, check_name, get_algorithm
 from layoutlab.nn.conv_names import KERNEL_STORAGES
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
 from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
@@ -74,6 +74,11 @@ class Conv(LayoutModule):
         self.algorithm = _check_algorithm(algorithm, n)
         # Static, so a jitted step's cache key holds it: a new plan is a new trace.
         self.plan_entry: PlanEntry | None = None
+        # The algorithm itself (core and supports), taken from the table when the conv is
+        # configured, never while tracing: also static, so a re-registered algorithm is a
+        # new trace of a rebuilt model, and a built model keeps running what it was given.
+        self.impl: Algorithm | None = None
+        self.capture_algorithm()
         # Per instance, set only on the throwaway copy conv_config.conv_specs traces.
         self.spec_sink = None
         self.kernel_storage = check_kernel_storage(kernel_storage)
@@ -99,6 +104,19 @@ class Conv(LayoutModule):
             if use_bias
             else None
         )
+
+    def capture_algorithm(self, algorithms: Mapping[str, Algorithm] | None = None) -> None:
+        """Take the value of the algorithm this conv runs (its own, or for ``"auto"`` its
+        plan entry's) from ``algorithms`` (e.g. a ``train.spec.RunSpec``'s), else from the
+        table (``conv_algos.get_algorithm``)."""
+        name = self.plan_entry.algorithm if self.algorithm == AUTO and self.plan_entry else None
+        name = self.algorithm if self.algorithm != AUTO else name
+        if name is None or name == XLA:
+            self.impl = None
+        elif algorithms is not None and name in algorithms:
+            self.impl = algorithms[name]
+        else:
+            self.impl = get_algorithm(name)
 
     def _kernel_layout(self, layout: Layout | None = None) -> Layout:
         """The layout whose kernel order the kernel is stored in."""
@@ -155,6 +173,7 @@ class Conv(LayoutModule):
                 self.kernel[...].astype(dtype),
                 algorithm=self.algorithm,
                 planned=self.plan_entry,
+                impl=self.impl,
                 preferred_element_type=accumulation_dtype(self.policy),
                 **self._geometry(),
             )

@@ -16,7 +16,7 @@ from flax import nnx
 from layoutlab.nn.conv import Conv, check_kernel_storage
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
-from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name
+from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name
 from layoutlab.nn.convert import check_activation_storage, set_activation_storage
 
 
@@ -36,12 +36,17 @@ def _require_convs(model: nnx.Module, what: str) -> list[tuple[str, Conv]]:
     return found
 
 
-def set_conv_algorithm(model: nnx.Module, algorithm: str) -> nnx.Module:
+def set_conv_algorithm(
+    model: nnx.Module, algorithm: str, algorithms: Mapping[str, Algorithm] | None = None
+) -> nnx.Module:
     """Set ``algorithm`` on every 2D ``Conv`` of ``model`` in place (others stay ``xla``);
-    returns ``model``. ``"auto"`` convs run their plan entry (``with_conv_plan``)."""
+    returns ``model``. ``"auto"`` convs run their plan entry (``with_conv_plan``). Each conv
+    captures the algorithm's value from ``algorithms`` (name -> ``Algorithm``), else from
+    the table, now: tracing the model reads no table."""
     check_name(algorithm)
     for _, conv in _require_convs(model, "set an algorithm on"):
         conv.algorithm = algorithm if conv.layout.num_spatial == 2 else XLA
+        conv.capture_algorithm(algorithms)
     return model
 
 
@@ -77,6 +82,7 @@ def configure_convs(
     algorithm: str | None = None,
     kernel_storage: str | None = None,
     activation_storage: str | None = None,
+    algorithms: Mapping[str, Algorithm] | None = None,
 ) -> nnx.Module:
     """``set_activation_storage``, ``set_conv_algorithm`` and ``set_kernel_storage`` in one
     call, in place; ``None`` leaves that setting alone, and a model without ``Conv`` layers is
@@ -95,7 +101,7 @@ def configure_convs(
             check_kernel_storage(kernel_storage)
         return model
     if algorithm is not None:
-        set_conv_algorithm(model, algorithm)
+        set_conv_algorithm(model, algorithm, algorithms)
     if kernel_storage is not None:
         set_kernel_storage(model, kernel_storage)
     return model
@@ -141,9 +147,14 @@ class ConvPlanMismatch(ValueError):
     """A conv plan made for another model (it names convs this one does not have)."""
 
 
-def with_conv_plan(model: nnx.Module, plan: ConvPlan | Mapping | None) -> nnx.Module:
+def with_conv_plan(
+    model: nnx.Module,
+    plan: ConvPlan | Mapping | None,
+    algorithms: Mapping[str, Algorithm] | None = None,
+) -> nnx.Module:
     """A copy of ``model`` whose convs carry ``plan``'s entries (``None``: no entries, so
-    every ``"auto"`` conv runs ``xla``); ``model`` is not changed.
+    every ``"auto"`` conv runs ``xla``) and their algorithms' values (from ``algorithms``,
+    else the table, as ``set_conv_algorithm``); ``model`` is not changed.
 
     The entry is a static attribute of each ``Conv``, so the model's graph definition, and
     with it ``jax.jit``'s cache key, changes exactly when the plan does. A plan naming a path
@@ -162,6 +173,7 @@ def with_conv_plan(model: nnx.Module, plan: ConvPlan | Mapping | None) -> nnx.Mo
     copy = nnx.clone(model)
     for path, conv in convs(copy):
         conv.plan_entry = plan.get(path)
+        conv.capture_algorithm(algorithms)
     return copy
 
 

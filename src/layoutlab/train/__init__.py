@@ -1,7 +1,9 @@
 """Training: state, steps, loop, checkpoints and metrics.
 
 ``train_and_evaluate(TrainConfig(...), workdir)`` is the entry point; ``layoutlab train`` is a
-thin shell over it.
+thin shell over it. ``resolve_spec(config)`` resolves a config once into a ``RunSpec`` and
+``build_program(spec, inputs)`` builds its model, state and steps, as train, inspect, bench,
+compare and infer all do.
 
 
 Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
@@ -23,8 +25,14 @@ _EXPORTS = {
     "validate": "config",
     "train_and_evaluate": "loop",
     "read_records": "metrics",
+    "OptimizerSpec": "optim",
     "make_optimizer": "optim",
     "make_schedule": "optim",
+    "Program": "program",
+    "build_program": "program",
+    "InputSpec": "spec",
+    "RunSpec": "spec",
+    "resolve_spec": "spec",
     "plot_metrics": "plot",
     "ResumeError": "resume",
     "make_shardings": "sharding",
@@ -36,16 +44,22 @@ __all__ = [
     "Checkpointer",
     "CorruptCheckpointError",
     "IncompatibleCheckpointError",
+    "InputSpec",
+    "OptimizerSpec",
+    "Program",
     "ResumeError",
+    "RunSpec",
     "TrainConfig",
     "WorkdirError",
     "apply_overrides",
+    "build_program",
     "make_optimizer",
     "make_schedule",
     "make_shardings",
     "plot_metrics",
     "read_checkpoint",
     "read_records",
+    "resolve_spec",
     "train_and_evaluate",
     "validate",
 ]

@@ -172,14 +172,14 @@ def run_fingerprint(config, dataset, schedule, model) -> dict[str, str]:
     import jax
 
     from layoutlab.layout import parse_layout
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_policy
 
     fields = {}
     for name, value in config.to_dict().items():
         if name == "data":  # the path may differ between hosts: the contents may not
             continue
         if name == "precision":
-            value = str(get_policy(value))
+            value = str(resolve_policy(value))
         elif name == "layout":
             value = parse_layout(value).name
         fields[name] = json.dumps(value, sort_keys=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import types
 import typing
@@ -16,7 +15,8 @@ from typing import Any
 
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
-from layoutlab.train.image_size import image_size_value, parse_image_size
+from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
+from layoutlab.train.image_size import image_size_value
 
 __all__ = [
     "OPTIMIZERS",
@@ -30,7 +30,7 @@ __all__ = [
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
-AUTO_LOSS_SCALE = "auto"
+AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
 # them was written when these were the defaults, so with_legacy_defaults fills these in.
@@ -168,68 +168,8 @@ def _coerce(name: str, value):
     return value
 
 
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
-
-def _parse_text(name: str, text: str):
-    """Parses ``text`` as the type of field ``name``."""
-    base, optional = _split_optional(_field_types()[name])
-    raw = text.strip()
-    if name == "loss_scale":  # "none" is a loss scale of its own, not "not given"
-        return raw
-    if optional and raw.lower() in ("none", "null", "auto"):
-        return None
-    if name == "image_size":  # 64, 64,48, 64x48 or [64, 48]
-        return parse_image_size(raw)
-    try:
-        if base is bool:
-            if raw.lower() in _TRUE:
-                return True
-            if raw.lower() in _FALSE:
-                return False
-            raise ValueError
-        if base is int:
-            return int(raw)
-        if base is float:
-            return float(raw)
-        if base is dict:
-            value = json.loads(raw)
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
-    except ValueError:
-        kind = {bool: "true/false", int: "an integer", float: "a number"}.get(
-            base, 'a JSON object such as {"width": 8}'
-        )
-        extra = " (or none)" if optional else ""
-        raise ValueError(f"Bad value for {name}: {text!r} is not {kind}{extra}.") from None
-    return raw
-
-
-def _parse_kwarg(text: str):
-    """A model kwarg value: JSON when it parses (8, 0.5, true), else the string itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text.strip()
-
-
-def _parse_option(text: str) -> bool | int | float | str:
-    """An XLA option value: true/false (any case) -> bool, then int, then float, else str."""
-    raw = text.strip()
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
 # Dict fields whose single entries ``FIELD.NAME=VALUE`` sets, with each value's parser.
-_DICT_ENTRIES = {"model_kwargs": _parse_kwarg, "xla_options": _parse_option}
+_DICT_ENTRIES = {"model_kwargs": parse_kwarg, "xla_options": parse_option}
 
 
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
@@ -253,7 +193,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 f"Unknown config field {key!r} in {item!r}; valid fields are: "
                 f"{', '.join(field_names())} (and model_kwargs.NAME, xla_options.NAME)."
             )
-        changes[key] = _parse_text(key, value)
+        changes[key] = parse_field_text(key, value, *_split_optional(_field_types()[key]))
         if key in _DICT_ENTRIES:
             entries[key] = dict(changes[key])
     changes.update(entries)
@@ -307,8 +247,7 @@ def _check_numbers(config: TrainConfig) -> None:
 def _check_names(config: TrainConfig) -> None:
     from layoutlab.data import SPEC_FORMS
     from layoutlab.layout import Layout, parse_layout
-    from layoutlab.loss_scale import get_loss_scale
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
 
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -329,12 +268,12 @@ def _check_names(config: TrainConfig) -> None:
     if layout not in (Layout.NHWC, Layout.NCHW):
         raise ValueError(f"layout must be NHWC or NCHW for image training, got {config.layout!r}.")
     try:
-        get_policy(config.precision)
+        policy = resolve_policy(config.precision)
     except ValueError as e:
         raise ValueError(f"precision: {e}") from None
     if config.loss_scale != AUTO_LOSS_SCALE:
         try:
-            get_loss_scale(config.loss_scale)
+            resolve_loss_scale(config.loss_scale, policy)
         except ValueError as e:
             raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
     name = config.data.strip().partition(":")[0].lower().replace("-", "_")
@@ -351,7 +290,7 @@ def _check_names(config: TrainConfig) -> None:
 def _check_conv(config: TrainConfig) -> None:
     from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
     from layoutlab.nn.conv_config import check_conv_options
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_policy
 
     storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
     act = None if config.activation_storage == AUTO_STORAGE else config.activation_storage
@@ -361,7 +300,7 @@ def _check_conv(config: TrainConfig) -> None:
         raise ValueError(f"conv settings: {e}") from None
     # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
     # XLA's conv instead; say so before anything compiles ("auto" never picks one).
-    compute = get_policy(config.precision).compute_dtype
+    compute = resolve_policy(config.precision).compute_dtype
     if (reason := unsupported_reason(config.conv_algorithm, compute)) is not None:
         raise ValueError(
             f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
@@ -397,14 +336,9 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
 def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
     """Fills the automatic fields (loss scale, data parallel, eval batch size, kernel
     storage; the conv plan is filled once the data is known, ``train.fast_config``)."""
-    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
 
-    policy = get_policy(config.precision)
-    loss_scale = config.loss_scale
-    if loss_scale is None:
-        loss_scale = "none"
-    elif loss_scale == AUTO_LOSS_SCALE:
-        loss_scale = "dynamic" if policy.needs_loss_scaling else "none"
+    loss_scale = resolve_loss_scale(config.loss_scale, resolve_policy(config.precision))
     data_parallel = config.data_parallel
     if data_parallel is None:
         data_parallel = num_devices > 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import sys
 import time
@@ -27,26 +26,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from layoutlab import models
 from layoutlab.data import (
     Dataset,
     prefetch_to_device,
     train_batches,
 )
-from layoutlab.loss_scale import get_loss_scale
-from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import (
-    ConvPlanMismatch,
-    configure_convs,
-    plan_coverage,
-    with_conv_plan,
-)
-from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
+from layoutlab.nn.conv_config import ConvPlanMismatch
+from layoutlab.train import program as programs
+from layoutlab.train.agreement import agree_on_run, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
-from layoutlab.train.compiled_step import batch_spec, compile_train_step
+from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.evaluation import evaluate, host_scalars
-from layoutlab.train.fast_config import compile_options, with_default_plan
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -56,12 +47,11 @@ from layoutlab.train.metrics import (
     truncate_records,
     write_json,
 )
-from layoutlab.train.model_checks import builder_options
-from layoutlab.train.optim import make_optimizer
 from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
+from layoutlab.train.run_plan import abstract_model, planned, report_plan_coverage
 from layoutlab.train.sharding import (
     Shardings,
     assemble,
@@ -69,10 +59,9 @@ from layoutlab.train.sharding import (
     make_shardings,
     state_shardings,
 )
-from layoutlab.train.state import create_train_state, split_model
+from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.step_log import STEPS_FILE, StepLog
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
-from layoutlab.train.steps import make_eval_step
 from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
 from layoutlab.train.xla_compile import compile_with_options
 
@@ -87,7 +76,6 @@ __all__ = [
 
 PLOT_FILE = "metrics.png"
 CHECKPOINT_DIR = "checkpoints"
-_INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 # Metrics are fetched from the device every this many micro-steps (each fetch syncs).
 _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
@@ -102,9 +90,10 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
         )
     # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
     # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
-    images, _ = batch_spec(config, dataset, 2, None)
+    inputs = InputSpec.of(dataset, 2)
     try:
-        model = nnx.eval_shape(lambda: build_model(config, dataset))
+        model = abstract_model(config, inputs)
+        images, _ = inputs.batch(resolve_spec(config).layout)
         nnx.eval_shape(lambda m, x: m(x), model, images)
     except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
         raise ValueError(f"conv_plan: {e}") from None
@@ -117,31 +106,9 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
 
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
-    """The configured model for ``dataset``'s classes and channels, seeded by ``config.seed``,
-    with the run's conv algorithm and kernel storage, and for ``"auto"`` its ``conv_plan``.
-
-    The kernels are initialized in the layout's order and then moved to ``kernel_storage``,
-    so both storages start from the same weights. Under ``jax.jit``/``eval_shape`` the move
-    is traced with the rest of the init: the state (and a checkpoint's abstract target) has
-    the stored kernel shapes, HWIO for ``"channels_last"``.
-    """
-    kwargs = dict(config.model_kwargs)
-    if "in_channels" in builder_options(config.model):
-        kwargs.setdefault("in_channels", dataset.num_channels)
-    if config.remat:
-        kwargs["remat"] = True
-    model = models.create(
-        config.model,
-        num_classes=dataset.num_classes,
-        layout=config.layout,
-        policy=config.precision,
-        rngs=nnx.Rngs(config.seed),
-        kernel_storage=config.kernel_storage,
-        activation_storage=config.activation_storage,
-        **kwargs,
-    )
-    model = configure_convs(model, config.conv_algorithm)
-    return with_conv_plan(model, config.conv_plan) if config.conv_algorithm == AUTO else model
+    """The model of a resolved ``config`` (``validate``) for ``dataset``'s classes and
+    channels: ``train.program.build_model`` of its ``RunSpec``."""
+    return programs.build_model(resolve_spec(config), InputSpec.of(dataset, config.batch_size))
 
 
 def check_xla_options(options: dict) -> None:
@@ -150,23 +117,6 @@ def check_xla_options(options: dict) -> None:
     if options:
         lowered = jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0))
         compile_with_options(lowered, options)
-
-
-def _report_plan_coverage(config, dataset, shard: Shardings, log) -> None:
-    """``"auto"`` convs without a ``conv_plan`` entry for their shape run XLA's native conv;
-    say how many, and how to plan them (bench/ sits above train/, so not from here)."""
-    if config.conv_algorithm != AUTO:
-        return
-    model = nnx.eval_shape(lambda: build_model(config, dataset))
-    images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
-    missing, total = plan_coverage(model, images)
-    if missing:
-        log(
-            f"conv_algorithm=auto: {missing} of {total} conv(s) have no conv_plan entry for "
-            "their shape and run XLA's native conv; `layoutlab train --conv-algo auto` tunes "
-            "them, as does layoutlab.bench.tuning.autotune_model(model, x) (its plan's "
-            "to_dict() is the conv_plan)."
-        )
 
 
 def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
@@ -180,21 +130,12 @@ def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Check
     return ckpt
 
 
-def _make_init(config, dataset, schedule):
-    """``(defs, tx, init)``: ``init()`` builds the initial ``TrainState``; run it under jit.
-
-    Building the model eagerly would compile every initializer op separately (dozens of small
-    compiles); under ``jax.jit`` the whole init is one program, and ``jax.eval_shape(init)``
-    gives the abstract state a checkpoint is restored into without running it at all.
-    """
-    tx = make_optimizer(config, schedule.total_steps)
-    loss_scale = get_loss_scale(config.loss_scale)
-    defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(config, dataset)))
-
-    def init():
-        return create_train_state(build_model(config, dataset), tx, loss_scale)[1]
-
-    return defs, tx, init
+def _program(config: TrainConfig, dataset: Dataset, schedule: StepSchedule):
+    """The run's ``train.program.Program``; its ``init()`` builds the initial ``TrainState``
+    (run it under jit: eagerly every initializer op would compile on its own, dozens of small
+    compiles; ``jax.eval_shape(init)`` is the abstract state a checkpoint restores into)."""
+    spec = resolve_spec(config, schedule.total_steps)
+    return programs.build_program(spec, InputSpec.of(dataset, config.batch_size))
 
 
 def _abstract(init, shardings):
@@ -242,8 +183,8 @@ def train_and_evaluate(
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
-            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, _abstract_model(
-                config, dataset)))  # fmt: skip
+            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, abstract_model(
+                config, InputSpec.of(dataset, config.batch_size))))  # fmt: skip
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
                 return _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner)
@@ -275,44 +216,20 @@ class _Run:
     step_log: StepLog
 
 
-def _abstract_model(config, dataset) -> nnx.Module:
-    return nnx.eval_shape(lambda: build_model(config, dataset))
-
-
-def _planned(config, dataset, schedule, shard, conv_planner) -> TrainConfig:
-    """``config`` with a conv plan, when it runs ``"auto"`` convs without one: decided by
-    process 0 of a multi-process run alone (a tuning measures, the table depends on the
-    CPU) and taken by the others."""
-    if config.conv_algorithm != AUTO or config.conv_plan is not None:
-        return config
-
-    def decide() -> dict:
-        model = _abstract_model(config, dataset)
-        images, _ = batch_spec(config, dataset, config.batch_size, shard.batch)
-        if conv_planner is not None:
-            steps = schedule.total_steps * schedule.accum_steps
-            plan = conv_planner(model, images, steps, compile_options(config, "train"))
-            if plan is not None:
-                return plan.to_dict()
-        return with_default_plan(config, model, images).conv_plan
-
-    planned = dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
-    # What every process compiles, checked like the rest of the run.
-    agree_on_run(lambda: {"conv_plan": json.dumps(planned.conv_plan, sort_keys=True)})
-    return planned
-
-
 def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) -> dict:
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
-    planned = _planned(config, dataset, schedule, shard, conv_planner)
+    inputs = InputSpec.of(dataset, config.batch_size)
+    steps = schedule.total_steps * schedule.accum_steps
+    with_plan = planned(config, inputs, steps, shard.batch, conv_planner)
     # A plan made just now covers every conv of this model and batch: no coverage to report.
-    report_coverage, config = planned is config, planned
-    defs, tx, init = _make_init(config, dataset, schedule)
+    report_coverage, config = with_plan is config, with_plan
+    program = _program(config, dataset, schedule)
+    init = program.init
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     if report_coverage:
-        _report_plan_coverage(config, dataset, shard, progress_log)
+        report_plan_coverage(config, inputs, shard.batch, progress_log)
     state, start, meter = None, 0, RunningMean()
     if resume:
         abstract = _abstract(init, state_sharding)
@@ -330,12 +247,9 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
                 )
             return records[-1]
     if state is None:
-        # init runs once: compiled without LLVM optimizations it compiles ~4x faster on CPU
-        # (threefry is slow to optimize); float results may differ from an eager init by
-        # an ulp (no FMA contraction), identically in every run.
-        # The run's xla_options apply too, except that init keeps its fast-compile level.
-        run_options = compile_options(config, "train")
-        options = {**run_options, **_INIT_COMPILER_OPTIONS}
+        # The run's xla_options apply to init too, except its fast-compile level.
+        run_options = program.spec.compile_options("train")
+        options = {**run_options, **programs.INIT_COMPILER_OPTIONS}
         lowered = jax.jit(init, out_shardings=state_sharding).lower()
         state = compile_with_options(lowered, run_options, options)()
     if main:
@@ -343,11 +257,11 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
         truncate_records(workdir / METRICS_FILE, start)
 
     t0 = time.perf_counter()
-    train_step = compile_train_step(config, dataset, defs, tx, state, shard, state_sharding)
+    train_step = compile_train_step(program, state, shard, state_sharding)
     eval_step = jax.jit(
-        make_eval_step(defs),
+        program.eval_step,
         out_shardings=shard.replicated,
-        compiler_options=compile_options(config, "infer") or None,
+        compiler_options=program.spec.compile_options("infer") or None,
     )
     compile_s = time.perf_counter() - t0
 

@@ -116,9 +116,9 @@ def _canonical(name: str, value):
 
             return parse_layout(value)
         if name == "precision":
-            from layoutlab.precision import get_policy
+            from layoutlab.train.run_precision import resolve_policy
 
-            return get_policy(value)
+            return resolve_policy(value)
         if name == "model":
             from layoutlab import models
 

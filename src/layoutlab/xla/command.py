@@ -68,6 +68,8 @@ def _inspect(args: argparse.Namespace):
         kernel_storage=storage,
         activation_storage=resolve_activation_storage(args.activation_storage, platform),
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
+        optimizer=args.optimizer,
+        num_steps=args.steps,
     )
     if args.compare_layouts:
         return compare_model_layouts(args.model, **common)
@@ -186,6 +188,18 @@ def register(subparsers) -> None:
         default=True,
         help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
         "fastest (default on; --no-cpu-fast turns it off)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("train", "pytorch"),
+        default="train",
+        help="the training step's optimizer: train (default: what `layoutlab train` runs for "
+        "these flags, AdamW) or pytorch (SGD with momentum 0.9, as bench's PyTorch rows)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps the learning-rate schedule spans, as train --steps (default 1000)",
     )
     p.add_argument(
         "--compare-layouts", action="store_true", help="compile NHWC and NCHW side by side"

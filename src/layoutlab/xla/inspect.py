@@ -33,33 +33,27 @@ import time
 from collections.abc import Mapping
 
 import jax
-import jax.numpy as jnp
-import optax
+from flax import nnx
 
 from layoutlab import models
 from layoutlab.fast_defaults import table_cpu_kind
 from layoutlab.layout import channels_last
-from layoutlab.loss_scale import get_loss_scale
-from layoutlab.nn.conv_algos import as_plan
+from layoutlab.nn.conv_algos import AUTO, as_plan
 from layoutlab.nn.conv_config import (
     check_conv_options,
-    configure_convs,
     convs,
     default_conv_plan,
     plan_coverage,
-    with_conv_plan,
 )
-from layoutlab.precision import get_policy
-from layoutlab.train.skip import skip_nonfinite
-from layoutlab.train.state import create_train_state
-from layoutlab.train.steps import make_forward, make_train_step
+from layoutlab.train.program import Program, build_model, build_program, configure_model
+from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
 from layoutlab.xla.backends import resolve_backend
 from layoutlab.xla.compile import compile_report
 from layoutlab.xla.formats import LayoutAPIUnavailable, LayoutUnsupportedError
 from layoutlab.xla.inspection import ModelInspection
 from layoutlab.xla.transpose_kinds import conv_kernel_shapes, count_conv_kernels
 
-__all__ = ["MODES", "build_abstract", "default_optimizer", "inspect_model"]
+__all__ = ["MODES", "build_abstract", "inspect_model", "inspect_spec"]
 
 MODES = ("infer", "train")
 
@@ -90,66 +84,83 @@ def _check_config(mode, batch_size, image_size, model_kwargs):
         )
 
 
-def build_abstract(
-    name,
-    layout,
-    policy,
-    tx,
-    loss_scale,
-    model_kwargs,
+def inspect_spec(
+    model: str,
     *,
-    conv_algorithm=None,
-    kernel_storage=None,
-    activation_storage=None,
-    images=None,
+    layout: str = "NHWC",
+    precision: str = "fp32",
+    batch_size: int = 32,
+    image_size: int | tuple[int, ...] | None = None,
+    num_classes: int = 10,
+    model_kwargs: Mapping | None = None,
+    conv_algorithm: str = "xla",
+    kernel_storage: str = "layout",
+    activation_storage: str = "layout",
     conv_plan=None,
-    table=None,
-):
-    """``(defs, abstract_state, missing, plan)``: the model and its train state as shapes,
-    computing nothing, and, for ``conv_algorithm="auto"`` with ``images`` given,
-    ``(auto convs without a ``conv_plan`` entry for their shape, auto convs)`` (else None).
-    ``table=(objective, cpu_kind)``: an empty ``conv_plan`` is replaced by the shipped
-    table's (``nn.conv_config.default_conv_plan``), returned as ``plan``.
+    flags: dict | None = None,
+    optimizer: str = "train",
+    num_steps: int | None = None,
+) -> tuple[RunSpec, InputSpec]:
+    """The ``RunSpec`` and ``InputSpec`` ``inspect_model`` compiles: the run ``layoutlab train``
+    would make of the same settings (its optimizer unless ``optimizer="pytorch"``, its loss-scale
+    rule), with ``flags`` as the XLA options of every program and a learning-rate schedule
+    over ``num_steps`` optimizer steps (None: ``train.spec.SCHEDULE_STEPS``)."""
+    if num_steps is not None and (
+        not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1
+    ):
+        raise ValueError(f"num_steps (--steps) must be a positive int or None, got {num_steps!r}.")
+    s = models.spec(model)
+    lay = models.resolve_layout(layout, s.num_spatial)
+    spatial = None
+    if image_size is not None:  # one size: every spatial axis
+        spatial = (image_size,) if isinstance(image_size, int) else tuple(image_size)
+        spatial = spatial * s.num_spatial if len(spatial) == 1 else spatial
+        if len(spatial) != s.num_spatial:
+            raise ValueError(
+                f"image_size {image_size!r} does not fit {s.name}, which takes "
+                f"{s.num_spatial} spatial sizes (or one for all)."
+            )
+    image_shape = s.input_shape(batch_size, channels_last(s.num_spatial), spatial=spatial)[1:]
+    plan = as_plan(conv_plan)
+    config = config_for(
+        optimizer,
+        model=s.name,
+        model_kwargs=dict(model_kwargs or {}),
+        layout=lay.value,
+        precision=precision,
+        batch_size=batch_size,
+        conv_algorithm=conv_algorithm,
+        kernel_storage=kernel_storage,
+        activation_storage=activation_storage,
+        conv_plan=plan.to_dict() if plan else None,
+        xla_options=dict(flags or {}),
+        cpu_fast=False,
+        num_steps=num_steps,
+    )
+    return resolve_spec(config), InputSpec(tuple(image_shape), num_classes, batch_size)
+
+
+def build_abstract(spec: RunSpec, inputs: InputSpec, *, table=None):
+    """``(program, abstract_state, missing)``: ``spec``'s program and its train state as
+    shapes, computing nothing, and for ``"auto"`` convs ``(auto convs without a plan entry
+    for their shape, auto convs)`` (else None). ``table=(objective, cpu_kind)``: a spec
+    without a plan gets the shipped table's (``nn.conv_config.default_conv_plan``); the
+    program's ``spec`` holds the plan that ran.
 
     Building inside ``jax.eval_shape`` skips the weight initialisation, whose many small
-    eager ops would otherwise each be compiled once; only shapes matter to a compile. The
-    conv settings are applied before the train state is made, so the state holds the kernels
-    in the stored order the compiled program reads.
+    eager ops would otherwise each be compiled once; only shapes matter to a compile.
     """
-    box = {"missing": None}
-
-    def build():
-        model = models.create(
-            name,
-            layout=layout,
-            policy=policy,
-            kernel_storage=kernel_storage,
-            activation_storage=activation_storage,
-            **model_kwargs,
-        )
-        configure_convs(model, conv_algorithm)
-        if conv_algorithm == "auto":
-            plan = conv_plan
-            if table is not None and not plan and images is not None and convs(model):
-                plan = default_conv_plan(model, images, *table)  # the shipped table
-                box["plan"] = plan
-            model = with_conv_plan(model, plan)
-        if conv_algorithm == "auto" and images is not None and _has_2d_convs(model):
-            box["missing"] = plan_coverage(model, images)
-        box["defs"], state = create_train_state(model, tx, loss_scale)
-        return state
-
-    state = jax.eval_shape(build)
-    return box["defs"], state, box["missing"], box.get("plan", conv_plan)
-
-
-def _has_2d_convs(model) -> bool:
-    return any(conv.layout.num_spatial == 2 for _, conv in convs(model))
-
-
-def default_optimizer() -> optax.GradientTransformation:
-    """SGD with momentum 0.9, skipping non-finite steps, as the inspected training step."""
-    return skip_nonfinite(optax.sgd(0.1, momentum=0.9))
+    images, _ = inputs.batch(spec.layout)
+    missing = None
+    if spec.conv_algorithm == AUTO:
+        model = nnx.eval_shape(lambda: build_model(spec, inputs))
+        if table is not None and not spec.conv_plan and convs(model):
+            spec = spec.with_plan(default_conv_plan(model, images, *table))
+            model = configure_model(model, spec)
+        if any(conv.layout.num_spatial == 2 for _, conv in convs(model)):
+            missing = plan_coverage(model, images)
+    program = build_program(spec, inputs)
+    return program, jax.eval_shape(program.init), missing
 
 
 def inspect_model(
@@ -170,6 +181,8 @@ def inspect_model(
     kernel_storage: str = "layout",
     activation_storage: str = "layout",
     conv_plan=None,
+    optimizer: str = "train",
+    num_steps: int | None = None,
 ) -> ModelInspection:
     """Compile a registry model's forward (``mode="infer"``) or training step (``"train"``)
     ahead of time and report what XLA did with its layouts and precision.
@@ -182,16 +195,20 @@ def inspect_model(
     ``"channels_last"``) are set on every conv, and ``activation_storage`` (``"layout"`` or
     ``"channels_last"``: an NCHW model computing in NHWC inside) on the model
     (``nn.configure_convs``), before compiling.
-    ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: xla); nothing is
-    autotuned here.
+    ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: the shipped
+    table's); nothing is autotuned here.
+
+    The model, state and step come from ``train.program.build_program`` of
+    ``inspect_spec``'s ``RunSpec``: a training step has the optimizer ``layoutlab train`` runs
+    for these settings (AdamW, float32 optimizer state for half-precision params) and its
+    loss scale, its schedule over ``num_steps`` (None: ``train.spec.SCHEDULE_STEPS``);
+    ``optimizer="pytorch"`` compiles SGD with momentum instead. The report names it and holds
+    the spec (``ModelInspection.spec``).
     """
-    plan = as_plan(conv_plan)
     _check_config(mode, batch_size, image_size, model_kwargs)
     check_conv_options(conv_algorithm, kernel_storage, activation_storage)
     be = resolve_backend(backend)  # fail fast, before anything is built
     s = models.spec(model)
-    lay = models.resolve_layout(layout, s.num_spatial)
-    policy = get_policy(precision)
     kwargs = dict(model_kwargs or {})
     if stem is not None:
         kwargs["stem"] = stem
@@ -200,49 +217,37 @@ def inspect_model(
             f"mode='train' compiles the classification training step, and {s.name!r} is a "
             f"{s.task} model; inspect it with mode='infer'."
         )
-    spatial = None
-    if image_size is not None:  # one size: every spatial axis
-        spatial = (image_size,) if isinstance(image_size, int) else tuple(image_size)
-        spatial = spatial * s.num_spatial if len(spatial) == 1 else spatial
-        if len(spatial) != s.num_spatial:
-            raise ValueError(
-                f"image_size {image_size!r} does not fit {s.name}, which takes "
-                f"{s.num_spatial} spatial sizes (or one for all)."
-            )
-    shape = s.input_shape(batch_size, lay, spatial=spatial)
-    loss_scale = get_loss_scale("dynamic" if policy.needs_loss_scaling else None)
-    tx = default_optimizer()
-
-    images = jax.ShapeDtypeStruct(shape, jnp.float32)
-    t0 = time.perf_counter()
-    objective = "train" if mode == "train" else "inference"
-    defs, state, missing, plan = build_abstract(
+    spec, inputs = inspect_spec(
         s.name,
-        lay,
-        policy,
-        tx,
-        loss_scale,
-        dict(kwargs, num_classes=num_classes),
+        layout=layout,
+        precision=precision,
+        batch_size=batch_size,
+        image_size=image_size,
+        num_classes=num_classes,
+        model_kwargs=kwargs,
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
         activation_storage=activation_storage,
-        images=images,
-        conv_plan=plan,
-        table=(objective, table_cpu_kind(be.platform)),
+        conv_plan=conv_plan,
+        flags=flags,
+        optimizer=optimizer,
+        num_steps=num_steps,
     )
-    plan = as_plan(plan)
+    images, labels = inputs.batch(spec.layout)
+    t0 = time.perf_counter()
+    objective = "train" if mode == "train" else "inference"
+    program, state, missing = build_abstract(
+        spec, inputs, table=(objective, table_cpu_kind(be.platform))
+    )
+    spec, plan = program.spec, program.spec.conv_plan
     build_seconds = time.perf_counter() - t0
 
-    if mode == "infer":
-        fn, args, donate = make_forward(defs), (state, images), ()
-    else:
-        labels = jax.ShapeDtypeStruct((batch_size,), jnp.int32)
-        # The state is donated, as a training loop does, so its buffers are reused in place.
-        fn, args, donate = make_train_step(defs, tx), (state, images, labels), (0,)
+    fn, args, donate = _step(program, mode, state, images, labels)
+    options = spec.compile_options("train" if mode == "train" else "infer") or None
 
     def compile_with(**formats):
         return compile_report(
-            fn, *args, backend=be.name, flags=flags, donate_argnums=donate, **formats
+            fn, *args, backend=be.name, flags=options, donate_argnums=donate, **formats
         )
 
     report = compile_with()
@@ -254,19 +259,19 @@ def inspect_model(
             auto_error = str(err)
     return ModelInspection(
         model=s.name,
-        layout=lay.value,
+        layout=spec.layout.value,
         kernel_layout=(
-            channels_last(lay.num_spatial).kernel_layout
+            channels_last(spec.layout.num_spatial).kernel_layout
             if "channels_last" in (kernel_storage, activation_storage)
-            else lay.kernel_layout
+            else spec.layout.kernel_layout
         ),
         precision=str(precision),
-        policy=str(policy),
+        policy=str(spec.policy),
         mode=mode,
         batch_size=batch_size,
-        input_shape=tuple(shape),
+        input_shape=tuple(images.shape),
         model_kwargs=kwargs,
-        loss_scale=type(loss_scale).__name__,
+        loss_scale=type(spec.make_loss_scale()).__name__,
         num_conv_kernels=count_conv_kernels(state.params),
         build_seconds=build_seconds,
         report=report,
@@ -278,5 +283,15 @@ def inspect_model(
         activation_storage=activation_storage,
         missing_choices=None if missing is None else missing[0],
         conv_shapes=None if missing is None else missing[1],
-        conv_plan=plan.algorithms() if conv_algorithm == "auto" else None,
+        conv_plan=as_plan(plan).algorithms() if conv_algorithm == AUTO else None,
+        optimizer=spec.optimizer.label if mode == "train" else None,
+        spec=spec,
     )
+
+
+def _step(program: Program, mode: str, state, images, labels):
+    """``(fn, args, donate_argnums)`` of the program ``mode`` compiles."""
+    if mode == "infer":
+        return program.forward, (state, images), ()
+    # The state is donated, as a training loop does, so its buffers are reused in place.
+    return program.train_step, (state, images, labels), (0,)

@@ -85,6 +85,8 @@ class ModelInspection:
     missing_choices: int | None = None
     conv_shapes: int | None = None  # "auto" 2D convs, counted when auto
     conv_plan: dict | None = None  # the plan's {path: algorithm} when auto
+    optimizer: str | None = None  # the training step's (OptimizerSpec.label); None: infer
+    spec: Any = dataclasses.field(default=None, repr=False, compare=False)  # train.spec.RunSpec
 
     # ----- derived views
 
@@ -193,6 +195,7 @@ class ModelInspection:
             "input_shape": list(self.input_shape),
             "model_kwargs": dict(self.model_kwargs),
             "loss_scale": self.loss_scale,
+            "optimizer": self.optimizer,
             "num_conv_kernels": self.num_conv_kernels,
             "backend": r.backend,
             "platform": r.platform,
@@ -285,7 +288,8 @@ class ModelInspection:
         lines = [
             self.title(),
             f"  jax {r.versions['jax']}, jaxlib {r.versions['jaxlib']}; policy {self.policy}; "
-            f"loss scale {self.loss_scale}",
+            f"loss scale {self.loss_scale}"
+            + (f"; optimizer {self.optimizer}" if self.optimizer else ""),
             f"  build {self.build_seconds:.2f} s, lower {r.lower_seconds:.2f} s, compile "
             f"{r.compile_seconds:.2f} s; persistent cache hit: {yes_no(r.cache_hit)}",
             f"  flags: compiler_options={r.flags['compiler_options']} "

@@ -16,7 +16,8 @@ from layoutlab.bench.cases import parse_shape
 from layoutlab.bench.sweep_config import check_compile_options, resolve_input
 from layoutlab.bench.tuning.convs import ConvTuning, autotune_model
 from layoutlab.nn.conv_config import check_conv_options
-from layoutlab.precision import get_policy
+from layoutlab.train.program import create_model
+from layoutlab.train.spec import InputSpec, config_for, resolve_spec
 
 __all__ = ["autotune_registry_model"]
 
@@ -47,7 +48,6 @@ def autotune_registry_model(
     kwargs = dict(model_kwargs or {})
     spec = models.spec(model)
     lay = models.resolve_layout(layout, spec.num_spatial)
-    policy = get_policy(precision)
     check_conv_options(None, kernel_storage, activation_storage)
     options = check_compile_options(compiler_options, backend) or None
     shape = parse_shape(input_shape) if isinstance(input_shape, str) else input_shape
@@ -58,20 +58,18 @@ def autotune_registry_model(
         None if shape is None else shape[-1],
         num_classes,
     )
-    # Built abstractly: only the conv shapes matter, no weights are initialised.
-    net = nnx.eval_shape(
-        lambda: models.create(
-            model,
-            num_classes=classes,
-            layout=lay,
-            policy=policy,
-            in_channels=shape[-1],
-            rngs=nnx.Rngs(0),
+    run = resolve_spec(
+        config_for(
+            model=spec.name,
+            model_kwargs=kwargs,
+            layout=lay.value,
+            precision=precision,
             kernel_storage=kernel_storage,
             activation_storage=activation_storage,
-            **kwargs,
         )
     )
+    # Built abstractly, as train builds it: only the conv shapes matter, no weights are made.
+    net = nnx.eval_shape(lambda: create_model(run, InputSpec(tuple(shape), classes, batch_size)))
     x = jax.ShapeDtypeStruct(lay.shape(batch_size, shape[-1], shape[:-1]), jnp.float32)
     return autotune_model(
         net,

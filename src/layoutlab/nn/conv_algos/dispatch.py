@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from layoutlab.nn.conv_algos.geometry import ConvSpec, make_spec, resolve_geometry
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_algos.plan import PlanEntry
-from layoutlab.nn.conv_algos.registry import AUTO, XLA, check_name, get_algorithm
+from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name, get_algorithm
 from layoutlab.nn.padding import Padding
 
 _DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
@@ -36,16 +36,28 @@ def planned_algorithm(spec: ConvSpec, planned: PlanEntry | None) -> tuple[str, s
     return planned.algorithm, None
 
 
+def _value(name: str, impl: Algorithm | None) -> Algorithm:
+    """``impl`` when it is algorithm ``name`` (a conv's captured value), else the table's."""
+    return impl if impl is not None and impl.name == name else get_algorithm(name)
+
+
 def select_algorithm(
-    spec: ConvSpec, requested: str = XLA, planned: PlanEntry | None = None
+    spec: ConvSpec,
+    requested: str = XLA,
+    planned: PlanEntry | None = None,
+    impl: Algorithm | None = None,
 ) -> Selection:
     """Resolve ``requested`` for ``spec`` (``"auto"``: the ``planned`` entry, see
-    ``planned_algorithm``); an algorithm that does not support ``spec`` -> ``xla``."""
-    asked = check_name(requested)
+    ``planned_algorithm``); an algorithm that does not support ``spec`` -> ``xla``.
+    ``impl``: the algorithm's value when the caller holds it (a configured ``nn.Conv``),
+    so the table is not read."""
+    asked = requested if impl is not None else check_name(requested)
     name, why = planned_algorithm(spec, planned) if asked == AUTO else (asked, None)
     if why is not None:
         return Selection(XLA, asked, why)
-    reason = get_algorithm(name).supports(spec)
+    if name == XLA:
+        return Selection(XLA, asked, None)
+    reason = _value(name, impl).supports(spec)
     if reason is not None:
         return Selection(XLA, asked, f"{name} does not support {reason}; using xla")
     return Selection(name, asked, None)
@@ -104,11 +116,14 @@ def conv2d(
     kernel_layout: str | None = None,
     algorithm: str = XLA,
     planned: PlanEntry | None = None,
+    impl: Algorithm | None = None,
     preferred_element_type=None,
 ):
     """2D conv of ``x`` (``layout`` NHWC or NCHW) and ``kernel`` (``kernel_layout``, by
     default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name, or ``"auto"``:
-the ``planned`` entry when it was chosen for this shape, else ``xla``).
+    the ``planned`` entry when it was chosen for this shape, else ``xla``). ``impl``: the
+    algorithm's value (``nn.Conv`` passes the one it captured when configured), read instead
+    of the table.
 
     Custom algorithms take HWIO kernels and NHWC activations; NCHW inputs are transposed in
     and out around them, except for cores that take NCHW themselves (``core.layouts``, the
@@ -132,10 +147,10 @@ the ``planned`` entry when it was chosen for this shape, else ``xla``).
         kernel_layout=klay,
         dtype=x.dtype,
     )
-    chosen = select_algorithm(spec, algorithm, planned)
+    chosen = select_algorithm(spec, algorithm, planned, impl)
     if chosen.name == XLA:
         return native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
-    core = get_algorithm(chosen.name).core
+    core = _value(chosen.name, impl).core
     w = _kernel_to_hwio(kernel, klay)
     if layout in getattr(core, "layouts", ("NHWC",)) and layout != "NHWC":
         return core(x, w, spec.geometry, preferred_element_type, layout=layout)

@@ -1,0 +1,128 @@
+"""``build_program(spec, inputs)``: the model, train state and steps of a ``RunSpec``.
+
+The one builder: ``train`` (``train.loop``), ``inspect`` (``xla.inspect``), ``bench``
+(``bench.jax_runner``), ``compare`` and ``infer`` all build their programs here, so a
+step's optimizer, policy, loss scale, conv plan and storage are those of the spec and of
+nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import optax
+from flax import nnx
+
+from layoutlab import models
+from layoutlab.data import augment as augment_images
+from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_config import configure_convs, with_conv_plan
+from layoutlab.train.model_checks import builder_options
+from layoutlab.train.optim import build_optimizer
+from layoutlab.train.spec import InputSpec, RunSpec
+from layoutlab.train.state import ModelDefs, TrainState, create_train_state, split_model
+from layoutlab.train.steps import make_eval_step, make_forward, make_train_step
+
+__all__ = [
+    "INIT_COMPILER_OPTIONS",
+    "Program",
+    "build_model",
+    "build_program",
+    "configure_model",
+    "create_model",
+]
+
+# A program's init runs once: compiled without LLVM optimizations it compiles ~4x faster on
+# CPU (threefry is slow to optimize); its float results may differ from an eager init by an
+# ulp (no FMA contraction), identically in every run.
+INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def create_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
+    """The registry model of ``spec`` for ``inputs``' classes and channels, seeded by
+    ``spec.seed``, before its conv settings (``configure_model``)."""
+    kwargs = dict(spec.model_kwargs)
+    if "in_channels" in builder_options(spec.model):
+        kwargs.setdefault("in_channels", inputs.channels)
+    if spec.remat:
+        kwargs["remat"] = True
+    return models.create(
+        spec.model,
+        num_classes=inputs.num_classes,
+        layout=spec.layout,
+        policy=spec.policy,
+        rngs=nnx.Rngs(spec.seed),
+        kernel_storage=spec.kernel_storage,
+        activation_storage=spec.activation_storage,
+        **kwargs,
+    )
+
+
+def configure_model(model: nnx.Module, spec: RunSpec) -> nnx.Module:
+    """``model`` with ``spec``'s conv algorithm and, for ``"auto"``, its plan; every conv
+    carries its algorithm's value from ``spec.algorithms``."""
+    model = configure_convs(model, spec.conv_algorithm, algorithms=spec.algorithms)
+    if spec.conv_algorithm != AUTO:
+        return model
+    return with_conv_plan(model, spec.conv_plan, spec.algorithms)
+
+
+def build_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
+    """The configured model of ``spec``. The kernels are initialized in the layout's order
+    and then moved to the kernel storage, so both storages start from the same weights;
+    under ``jax.jit``/``eval_shape`` the move is traced with the rest of the init."""
+    return configure_model(create_model(spec, inputs), spec)
+
+
+def _augment_fn(spec: RunSpec):
+    if not spec.augment:
+        return None
+    layout, seed = spec.layout, spec.seed
+
+    def fn(key, images):
+        return augment_images(jax.random.fold_in(key, seed), images, layout)
+
+    return fn
+
+
+class Program(NamedTuple):
+    """What a ``RunSpec`` runs: ``init(model=None)`` makes the initial ``TrainState`` (run
+    it under ``jax.jit`` or ``jax.eval_shape``; ``model``: one of ``create_model``'s or
+    ``build_model``'s to start from instead of a fresh one); the steps are pure functions
+    for ``jax.jit``."""
+
+    spec: RunSpec
+    inputs: InputSpec
+    defs: ModelDefs
+    tx: optax.GradientTransformation
+    init: Callable[..., TrainState]
+    train_step: Callable  # (state, images, labels) -> (state, metrics)
+    eval_step: Callable  # (state, images, labels) -> summed loss and correct count
+    forward: Callable  # (state, images) -> logits
+
+    def batch(self, batch_size: int | None = None, sharding=None):
+        """``(images, labels)`` shapes of a batch in the run's layout."""
+        return self.inputs.batch(self.spec.layout, batch_size, sharding)
+
+
+def build_program(spec: RunSpec, inputs: InputSpec) -> Program:
+    """The model, state and steps of ``spec`` on ``inputs`` (see ``Program``)."""
+    tx = build_optimizer(spec.optimizer)
+    defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))
+
+    def init(model: nnx.Module | None = None) -> TrainState:
+        model = build_model(spec, inputs) if model is None else configure_model(model, spec)
+        return create_train_state(model, tx, spec.make_loss_scale())[1]
+
+    return Program(
+        spec=spec,
+        inputs=inputs,
+        defs=defs,
+        tx=tx,
+        init=init,
+        train_step=make_train_step(defs, tx, augment=_augment_fn(spec)),
+        eval_step=make_eval_step(defs),
+        forward=make_forward(defs),
+    )

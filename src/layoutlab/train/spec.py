@@ -1,0 +1,201 @@
+"""``RunSpec``: a run resolved once, the one value every program of the run is built from.
+
+``TrainConfig`` is the serializable form (flags, ``--set``, ``config.json``, checkpoints): it
+holds names. ``resolve_spec(config)`` turns them into what a step is made of: the ``Layout``,
+the ``Policy`` and loss scale (``train.run_precision``, the one place the precision rules
+live), the ``ConvPlan`` with every algorithm it names taken as a value (``Algorithm``, core
+and all), kernel and activation storage, the XLA options of each program, the
+``OptimizerSpec`` and the data. ``train.program.build_program(spec, inputs)`` builds the model,
+state and steps from it for ``train``, ``inspect``, ``bench``, ``compare`` and ``infer``
+alike, so the step one inspects or times is the step ``layoutlab train`` runs.
+
+A conv algorithm is looked up here, when the spec is resolved, and never while tracing: a
+conv carries its algorithm's value, so an algorithm registered again under the same name
+reaches a step only through a spec resolved (and a program built) after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from layoutlab import models
+from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
+from layoutlab.layout import Layout
+from layoutlab.loss_scale import LossScale, get_loss_scale
+from layoutlab.nn.conv_algos import AUTO, XLA, Algorithm, ConvPlan, as_plan, get_algorithm
+from layoutlab.precision import Policy
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.fast_config import compile_options
+from layoutlab.train.optim import OptimizerSpec, optimizer_spec
+from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
+
+__all__ = [
+    "OPTIMIZER_CHOICES",
+    "SCHEDULE_STEPS",
+    "InputSpec",
+    "RunSpec",
+    "config_for",
+    "resolve_spec",
+]
+
+# Optimizer steps the learning-rate schedule spans when the config sets no num_steps (bench,
+# inspect): the schedule's length changes constants of the step, not its ops.
+SCHEDULE_STEPS = 1000
+# What `bench` and `inspect` may run: "train", the optimizer `layoutlab train` builds for the
+# same flags (AdamW, float32 state for half params, MultiSteps), or "pytorch": SGD with
+# momentum 0.9 at a constant 0.01, the update the PyTorch runner (bench/torch_runner.py) makes
+# (not train's --optimizer sgd, which has no momentum: hence a name of its own).
+OPTIMIZER_CHOICES = ("train", "pytorch")
+_PYTORCH_SGD = {
+    "optimizer": "momentum",
+    "learning_rate": 0.01,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "schedule": "constant",
+    "warmup_steps": 0,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """What a program's batch is: images of ``image_shape`` (H, W, C; or D, H, W, C) in the
+    run's layout, ``num_classes`` classes, ``batch_size`` rows."""
+
+    image_shape: tuple[int, ...]
+    num_classes: int
+    batch_size: int
+
+    @classmethod
+    def of(cls, dataset, batch_size: int) -> InputSpec:
+        """The batches of a ``data.Dataset``."""
+        return cls(tuple(dataset.image_shape), dataset.num_classes, batch_size)
+
+    @property
+    def channels(self) -> int:
+        return self.image_shape[-1]
+
+    def batch(self, layout: Layout, batch_size: int | None = None, sharding=None):
+        """``(images, labels)`` as ``ShapeDtypeStruct``s in ``layout``."""
+        n = self.batch_size if batch_size is None else batch_size
+        *spatial, c = self.image_shape
+        shape = (n, *spatial, c) if layout.is_channels_last else (n, c, *spatial)
+        return (
+            jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
+            jax.ShapeDtypeStruct((n,), jnp.int32, sharding=sharding),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A run, resolved: build its programs with ``train.program.build_program``."""
+
+    config: TrainConfig  # the serializable form it was resolved from
+    model: str
+    model_kwargs: Mapping[str, Any]
+    layout: Layout
+    policy: Policy
+    loss_scale: str  # resolved: "none", "dynamic", "dynamic:N" or "static:N", never "auto"
+    conv_algorithm: str
+    conv_plan: ConvPlan | None
+    algorithms: Mapping[str, Algorithm]  # every algorithm the convs may run, as values
+    kernel_storage: str
+    activation_storage: str
+    xla_options: Mapping[str, Mapping[str, Any]]  # "train"/"infer" -> XLA compile options
+    optimizer: OptimizerSpec
+    data: str
+    image_size: tuple[int, ...] | None
+    seed: int
+    remat: bool
+    augment: bool
+
+    def make_loss_scale(self) -> LossScale:
+        """The loss-scale state a fresh train state starts from."""
+        return get_loss_scale(self.loss_scale)
+
+    def compile_options(self, mode: str) -> dict:
+        """The XLA options of the run's ``"train"`` or ``"infer"`` programs."""
+        return dict(self.xla_options[mode])
+
+    def with_plan(self, plan) -> RunSpec:
+        """This spec with ``plan`` (a ``ConvPlan``, its dict or None) for its ``"auto"``
+        convs, resolved anew (the plan's algorithms are taken as values now)."""
+        plan = None if plan is None else as_plan(plan).to_dict()
+        return resolve_spec(
+            dataclasses.replace(self.config, conv_plan=plan), self.optimizer.total_steps
+        )
+
+    def summary(self) -> dict:
+        """What the step is made of, as plain values (for reports, rows and comparisons)."""
+        return {
+            "model": self.model,
+            "model_kwargs": dict(self.model_kwargs),
+            "layout": self.layout.value,
+            "policy": str(self.policy),
+            "loss_scale": self.loss_scale,
+            "optimizer": self.optimizer.label,
+            "conv_algorithm": self.conv_algorithm,
+            "conv_plan": None if self.conv_plan is None else self.conv_plan.algorithms(),
+            "kernel_storage": self.kernel_storage,
+            "activation_storage": self.activation_storage,
+            "xla_options": {m: dict(o) for m, o in self.xla_options.items()},
+        }
+
+
+def _algorithms(conv_algorithm: str, plan: ConvPlan | None) -> dict[str, Algorithm]:
+    names = {conv_algorithm} if conv_algorithm != AUTO else set()
+    if plan is not None and conv_algorithm == AUTO:
+        names |= set(plan.algorithms().values())
+    return {name: get_algorithm(name) for name in sorted(names - {XLA})}
+
+
+def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec:
+    """The ``RunSpec`` of a checked ``config`` (``train.config.validate``, or the checks of
+    the command that made it); ``total_steps``: the optimizer steps the schedule spans
+    (None: ``config.num_steps``, else ``SCHEDULE_STEPS``)."""
+    policy = resolve_policy(config.precision)
+    if total_steps is None:
+        total_steps = config.num_steps or SCHEDULE_STEPS
+    plan = None if config.conv_plan is None else as_plan(config.conv_plan)
+    layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
+    options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
+    return RunSpec(
+        config=config,
+        model=config.model,
+        model_kwargs=types.MappingProxyType(dict(config.model_kwargs)),
+        layout=layout,
+        policy=policy,
+        loss_scale=resolve_loss_scale(config.loss_scale, policy),
+        conv_algorithm=config.conv_algorithm,
+        conv_plan=plan,
+        algorithms=types.MappingProxyType(_algorithms(config.conv_algorithm, plan)),
+        kernel_storage=resolve_kernel_storage(config.kernel_storage),
+        activation_storage=resolve_activation_storage(config.activation_storage),
+        xla_options=types.MappingProxyType(options),
+        optimizer=optimizer_spec(config, total_steps, policy),
+        data=config.data,
+        image_size=None if config.image_size is None else tuple(config.image_size),
+        seed=config.seed,
+        remat=config.remat,
+        augment=config.augment,
+    )
+
+
+def config_for(optimizer: str = "train", **fields) -> TrainConfig:
+    """The ``TrainConfig`` that ``bench`` and ``inspect`` resolve their spec from: ``fields``
+    (model, layout, precision, conv settings, ...) over ``TrainConfig``'s defaults, so what
+    they do not set is what ``layoutlab train`` would use; ``optimizer="pytorch"``: the PyTorch
+    runner's SGD with momentum instead of train's optimizer (``OPTIMIZER_CHOICES``)."""
+    if optimizer not in OPTIMIZER_CHOICES:
+        raise ValueError(
+            f"Unknown optimizer choice {optimizer!r}; use 'train' (the optimizer `layoutlab "
+            "train` runs for these flags) or 'pytorch' (SGD with momentum, as the PyTorch "
+            "runner)."
+        )
+    extra = _PYTORCH_SGD if optimizer == "pytorch" else {}
+    return TrainConfig(**{**fields, **extra})
