@@ -54,10 +54,39 @@ def _forward_and_grads(model, x, segmentation=False):
     return y, nnx.merge(graphdef, grads, new_rest)
 
 
+def _random_model(name, **kw):
+    """``models.create``'s model built abstractly and given NumPy weights: eager init
+    compiles each small op at every layer shape (8 s of MobileNetV2's 28), and a layout
+    conversion must hold for any weights. Kernels N(0, 1/fan_in) keep activations of order
+    1 through the depth; biases and BatchNorm scales are random rather than init's 0 and 1,
+    so one moved to the wrong channel shows."""
+    model = nnx.eval_shape(lambda: models.create(name, rngs=nnx.Rngs(0), **kw))
+    rng = np.random.default_rng(0)
+    for path, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.RngKey):
+            var.set_value(jax.random.key(0))
+            continue
+        if not isinstance(var, nnx.Variable):
+            continue
+        shape, dtype = var.get_value().shape, var.get_value().dtype
+        if isinstance(var, nnx.RngCount) or path[-1] == "mean":
+            value = np.zeros(shape)
+        elif path[-1] == "var":
+            value = np.ones(shape)
+        elif path[-1] == "scale":
+            value = 1 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) >= 2:  # a kernel, inputs before outputs (HWIO, DHWIO, (in, out))
+            value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))
+        else:
+            value = 0.1 * rng.standard_normal(shape)
+        var.set_value(jnp.asarray(value, dtype))
+    return model
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_converted_model_matches(name):
     s = models.spec(name)
-    nhwc = models.create(name, num_classes=5, layout="NHWC", rngs=nnx.Rngs(0), **s.tiny)
+    nhwc = _random_model(name, num_classes=5, layout="NHWC", **s.tiny)
     nchw = convert_layout(nhwc, "NCHW")
     src, dst = nhwc.layout, nchw.layout
     x = _input(name, src)
@@ -183,7 +212,10 @@ def test_list_empty_and_unbatched_inputs_are_clear_errors(name, layout):
 
 
 def test_imagenet_stem_and_resnet50_shapes():
-    m = models.create("resnet50", layout="NCHW", rngs=nnx.Rngs(0), width=4, num_classes=3)
+    build = lambda: models.create(  # noqa: E731
+        "resnet50", layout="NCHW", rngs=nnx.Rngs(0), width=4, num_classes=3
+    )
+    m = nnx.eval_shape(build)  # structure and shapes only: no weights are drawn
     assert m.maxpool is not None
     # torchvision's ResNet-50 puts the stride on the 3x3 conv of the bottleneck (v1.5).
     block = m.layer2[0]
@@ -195,15 +227,17 @@ def test_imagenet_stem_and_resnet50_shapes():
 
 
 def test_too_small_input_is_a_clear_error():
-    m = models.create("vgg11_bn", rngs=nnx.Rngs(0), **models.spec("vgg11_bn").tiny)
+    m = nnx.eval_shape(
+        lambda: models.create("vgg11_bn", rngs=nnx.Rngs(0), **models.spec("vgg11_bn").tiny)
+    )
     with pytest.raises(ValueError, match="too small"):
         nnx.eval_shape(lambda m, x: m(x), m, jax.ShapeDtypeStruct((1, 16, 16, 3), jnp.float32))
 
 
 def test_remat_gives_the_same_gradients():
     kw = dict(num_classes=4, layout="NHWC", width=4, stem="cifar")
-    plain = models.create("resnet18", rngs=nnx.Rngs(0), **kw)
-    remat = models.create("resnet18", rngs=nnx.Rngs(0), remat=True, **kw)
+    plain = _random_model("resnet18", **kw)
+    remat = _random_model("resnet18", remat=True, **kw)
     x = _input("resnet18", plain.layout)
     y_a, g_a = _forward_and_grads(plain, x)
     y_b, g_b = _forward_and_grads(remat, x)
