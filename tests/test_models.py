@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compare_helpers import fast_model
 from flax import nnx
 
 from layoutlab import convert_layout, models, to_layout
@@ -54,39 +55,12 @@ def _forward_and_grads(model, x, segmentation=False):
     return y, nnx.merge(graphdef, grads, new_rest)
 
 
-def _random_model(name, **kw):
-    """``models.create``'s model built abstractly and given NumPy weights: eager init
-    compiles each small op at every layer shape (8 s of MobileNetV2's 28), and a layout
-    conversion must hold for any weights. Kernels N(0, 1/fan_in) keep activations of order
-    1 through the depth; biases and BatchNorm scales are random rather than init's 0 and 1,
-    so one moved to the wrong channel shows."""
-    model = nnx.eval_shape(lambda: models.create(name, rngs=nnx.Rngs(0), **kw))
-    rng = np.random.default_rng(0)
-    for path, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.RngKey):
-            var.set_value(jax.random.key(0))
-            continue
-        if not isinstance(var, nnx.Variable):
-            continue
-        shape, dtype = var.get_value().shape, var.get_value().dtype
-        if isinstance(var, nnx.RngCount) or path[-1] == "mean":
-            value = np.zeros(shape)
-        elif path[-1] == "var":
-            value = np.ones(shape)
-        elif path[-1] == "scale":
-            value = 1 + 0.1 * rng.standard_normal(shape)
-        elif len(shape) >= 2:  # a kernel, inputs before outputs (HWIO, DHWIO, (in, out))
-            value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[:-1]))
-        else:
-            value = 0.1 * rng.standard_normal(shape)
-        var.set_value(jnp.asarray(value, dtype))
-    return model
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_converted_model_matches(name):
     s = models.spec(name)
-    nhwc = _random_model(name, num_classes=5, layout="NHWC", **s.tiny)
+    # NumPy-drawn weights (compare_helpers): eager init compiles each small op at every
+    # layer shape, and a layout conversion must hold for any weights.
+    nhwc = fast_model(name)
     nchw = convert_layout(nhwc, "NCHW")
     src, dst = nhwc.layout, nchw.layout
     x = _input(name, src)
@@ -236,8 +210,8 @@ def test_too_small_input_is_a_clear_error():
 
 def test_remat_gives_the_same_gradients():
     kw = dict(num_classes=4, layout="NHWC", width=4, stem="cifar")
-    plain = _random_model("resnet18", **kw)
-    remat = _random_model("resnet18", remat=True, **kw)
+    plain = fast_model("resnet18", **kw)
+    remat = fast_model("resnet18", remat=True, **kw)
     x = _input("resnet18", plain.layout)
     y_a, g_a = _forward_and_grads(plain, x)
     y_b, g_b = _forward_and_grads(remat, x)
