@@ -44,6 +44,18 @@ def _fill_layer(node, rng: np.random.Generator) -> None:
             put(node.var, rng.uniform(0.5, 1.5, c))
 
 
+def fill_random(model, seed: int = 0) -> None:
+    """Give an abstract (``nnx.eval_shape``) model with HWIO kernels NumPy-drawn weights."""
+    rng = np.random.default_rng(seed)
+    for _, node in nnx.iter_modules(model):
+        _fill_layer(node, rng)
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.RngKey):
+            var.set_value(jax.random.key(seed))
+        elif isinstance(var, nnx.RngCount):
+            var.set_value(np.zeros(var.get_value().shape, np.uint32))
+
+
 def fast_model(name: str, *, layout="NHWC", num_classes=5, policy=None, seed=0, **kw):
     """Registry model ``name`` (tiny options unless overridden) with NumPy-drawn weights;
     the same ``seed`` gives the same weights in every layout."""
@@ -54,14 +66,7 @@ def fast_model(name: str, *, layout="NHWC", num_classes=5, policy=None, seed=0, 
             name, num_classes=num_classes, layout="NHWC", policy=policy, rngs=nnx.Rngs(0), **options
         )
     )
-    rng = np.random.default_rng(seed)
-    for _, node in nnx.iter_modules(model):
-        _fill_layer(node, rng)
-    for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.RngKey):
-            var.set_value(jax.random.key(seed))
-        elif isinstance(var, nnx.RngCount):
-            var.set_value(np.zeros(var.get_value().shape, np.uint32))
+    fill_random(model, seed)
     if not models.resolve_layout(layout, spec.num_spatial).is_channels_last:
         model = nn.convert_layout(model, layout)
     return model

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compare_helpers import fill_random
 from flax import nnx
 
 from layoutlab import cli, models, nn
@@ -27,7 +28,8 @@ def _tiny(name, seed=0):
     spec = models.spec(name)
     # Computing in its own layout to start with; the tests move it (models.create's CPU
     # default would already compute channels-last inside).
-    model = models.create(
+    # Built abstractly and given NumPy weights (eager init compiles each small op per shape).
+    build = lambda: models.create(  # noqa: E731
         name,
         layout="NCHW",
         rngs=nnx.Rngs(seed),
@@ -35,6 +37,8 @@ def _tiny(name, seed=0):
         activation_storage="layout",
         **spec.tiny,
     )
+    model = nnx.eval_shape(build)
+    fill_random(model, seed)
     x = np.random.default_rng(seed).standard_normal(spec.input_shape(2, "NCHW"))
     return model, jnp.asarray(x, jnp.float32)
 

@@ -273,7 +273,9 @@ def test_tuning_is_skipped_when_it_cannot_pay_and_the_cache_is_used_when_full(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
-    model = nnx.eval_shape(lambda: models.create("small_cnn", width=4, hidden=8))
+    # One conv: which plan source is taken does not depend on how many shapes there are,
+    # and tuning compiles every candidate per shape (small_cnn's three took 3x as long).
+    model = nnx.eval_shape(lambda: nn.Conv(1, 4, 3, rngs=nnx.Rngs(0)))
     x = jax.ShapeDtypeStruct((8, 8, 8, 1), jnp.float32)
     short = conv_plan_for_run(model, x, steps=10)
     assert short.source == "table" and "too short" in short.detail
@@ -321,10 +323,11 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
     from layoutlab.bench.results import load_results
 
     monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
-    common = ["bench", *_TINY, "--layouts", "NHWC,NCHW", "--precisions", "fp32",
+    common = ["bench", *_TINY, "--precisions", "fp32",
               "--batch-sizes", "2", "--modes", "train", "--repeats", "1", "--warmup", "0",
               "--no-plots", "--no-roofline"]  # fmt: skip
-    assert cli.main([*common, "--baseline-plain", "--out", str(tmp_path / "a")]) == 0
+    argv = [*common, "--layouts", "NHWC,NCHW", "--baseline-plain", "--out", str(tmp_path / "a")]
+    assert cli.main(argv) == 0
     rows = load_results(tmp_path / "a", source="csv").rows
     keys = ("layout", "defaults", "conv_algo", "kernel_storage", "activation_storage")
     got = sorted(tuple(r[k] for k in keys) for r in rows)
@@ -340,8 +343,10 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
     assert all(_YNN in json.loads(r["xla_options"]) for r in fast)
     assert all(json.loads(r["xla_options"]) == {} and not r["conv_plan_source"] for r in plain)
     assert "| plain XLA |" in capsys.readouterr().out
-    # An opt-out flag makes the rows "custom": they are no longer the defaults.
-    assert cli.main([*common, "--no-cpu-fast", "--out", str(tmp_path / "b")]) == 0
+    # An opt-out flag makes the rows "custom": they are no longer the defaults (one layout:
+    # the label does not depend on it, and each layout is a train-step compile).
+    argv = [*common, "--layouts", "NCHW", "--no-cpu-fast", "--out", str(tmp_path / "b")]
+    assert cli.main(argv) == 0
     rows = load_results(tmp_path / "b", source="csv").rows
-    assert {r["defaults"] for r in rows} == {"custom"}
+    assert len(rows) == 1 and {r["defaults"] for r in rows} == {"custom"}
     assert all(json.loads(r["xla_options"]) == {} for r in rows)
