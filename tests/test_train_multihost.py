@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -47,12 +48,27 @@ def _by_environment(i, port):
     return ["--distributed"], env
 
 
-def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None):
+def _serving(port: int, timeout_s: float = 120.0) -> None:
+    """Returns once something accepts connections on ``port`` of localhost."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing served port {port} within {timeout_s} s")
+
+
+def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None, serve_first=False):
     """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``.
-    ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``."""
+    ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``.
+    ``serve_first``: start the others once process 0 serves the coordinator's port."""
     port = _free_port()
     procs = []
     for i in range(processes):
+        if serve_first and i == 1:
+            _serving(port)
         flags = launch_flags(i, port) if launch_flags else [
             "--distributed", "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(processes), "--process-id", str(i),
