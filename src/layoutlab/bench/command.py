@@ -120,7 +120,7 @@ def register(subparsers) -> None:
     p.add_argument("--layouts", default="NHWC,NCHW")
     p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
     p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")
-    p.add_argument("--modes", default="infer,train", help="infer, train or both")
+    p.add_argument("--modes", default="infer,train", help="infer, train or infer,train (default)")
     p.add_argument(
         "--conv-algos",
         default="auto",

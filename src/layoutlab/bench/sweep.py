@@ -167,11 +167,16 @@ def run_group(
     """
     rows, live = [], []
     for r in runners:
+        began = time.perf_counter()
         try:
             live.append(_Live(r, r.setup()))
         except Exception as err:  # each configuration fails on its own
             rows.append(_row(r, {}, *classify_failure(err)))
             r.close()
+        # A group's rows come only once all of it is timed; this line shows where a run that
+        # is stopped early (a time limit, a lost machine) spent its time.
+        if log is not None:
+            log(f"{_what(r.row())} set up in {time.perf_counter() - began:.1f} s")
 
     def run(entry: _Live, measured: bool) -> None:
         try:
@@ -285,11 +290,15 @@ def _skip_row(runner, guess: float, past: dict, limit: float) -> dict:
     return _row(runner, {}, SKIPPED, message)
 
 
-def _describe(row: dict) -> str:
-    what = (
+def _what(row: dict) -> str:
+    return (
         f"{row['framework']:<13} {row['mode']:<5} b={row['batch_size']:<4} "
         f"{row['layout']:<5} {row['precision']:<10} {variant(row)}"
     )
+
+
+def _describe(row: dict) -> str:
+    what = _what(row)
     if row["status"] != OK:
         return f"{what} {row['status'].upper()}: {(row.get('error') or '')[:160]}"
     return (

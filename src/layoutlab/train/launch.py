@@ -18,6 +18,7 @@ __all__ = [
     "batch_pixels",
     "join_run",
     "start",
+    "gpu_platform",
     "supervise_distributed",
     "use_backend",
 ]
@@ -75,6 +76,28 @@ def join_run(args: argparse.Namespace) -> int | None:
     return None
 
 
+def gpu_platform() -> str:
+    """The platform name of the installed GPU plugin (``cuda`` or ``rocm``), found without
+    starting JAX. ``jax_platforms="gpu"`` expands to cuda, rocm and oneapi and fails unless
+    every one of them starts (jax 0.11 with only the CUDA plugin: "Unable to initialize
+    backend 'rocm'"), and the distributed join must come before any backend starts, so
+    trying one platform after another is not an option."""
+    import importlib.metadata
+    import pkgutil
+
+    names = [e.name for e in importlib.metadata.entry_points(group="jax_plugins")]
+    try:
+        import jax_plugins
+
+        names += [m.name for m in pkgutil.iter_modules(jax_plugins.__path__)]
+    except ImportError:
+        pass
+    for platform in ("cuda", "rocm"):
+        if any(platform in name for name in names):
+            return platform
+    return "cuda"  # none installed: use_backend's error then names cuda and the extra
+
+
 def use_backend(name: str) -> int | None:
     """``train --backend``: the only platform JAX starts in this process (before any other)."""
     import jax
@@ -83,7 +106,7 @@ def use_backend(name: str) -> int | None:
         jax.devices()
     except RuntimeError as e:
         reason = " ".join(str(e).split(". (set JAX_PLATFORMS")[0].split())
-        hint = "install jax's CUDA build (pip install 'jax[cuda12]')" if name == "gpu" else ""
+        hint = "install jax's CUDA build (pip install 'layoutlab[gpu]')" if name == "gpu" else ""
         print(
             f"error: --backend {name} is not available here ({reason}); "
             f"{hint + ', or ' if hint else ''}leave --backend out to use jax's default.",
@@ -105,7 +128,7 @@ def start(
     if args.backend:  # before the distributed join, which picks collectives per platform
         import jax
 
-        jax.config.update("jax_platforms", args.backend)
+        jax.config.update("jax_platforms", gpu_platform() if args.backend == "gpu" else "cpu")
     if (failed := join_run(args)) or (args.backend and (failed := use_backend(args.backend))):
         return failed
     try:

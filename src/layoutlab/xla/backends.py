@@ -61,5 +61,8 @@ def resolve_backend(name: str | None = None) -> Backend:
     available = ", ".join(available_backends()) or "none"
     hint = ""
     if wanted == "gpu":
-        hint = " No GPU is visible to jax; install a CUDA/ROCm jaxlib or run on a GPU machine."
+        hint = (
+            " No GPU is visible to jax; install jax's CUDA build (pip install "
+            "'layoutlab[gpu]') or run on a GPU machine."
+        )
     raise BackendError(f"Backend {name!r} is not available.{hint} Available backends: {available}.")
