@@ -287,3 +287,33 @@ def test_cpu_fast_sweep_uses_each_modes_options():
     by_mode = {c.workload.mode: dict(c.xla_options) for c in seen}
     for mode in ("infer", "train"):
         assert by_mode[mode] == {**cpu_fast_options(mode), "xla_cpu_enable_fast_math": False}
+
+
+def test_train_options_follow_the_optimizer():
+    # On AVX-512, YNNPACK's elementwise fusions slowed AdamW steps 1.2-1.4x and were within
+    # 0.94-1.03x under SGD; on AVX2 even at batch 128
+    # (benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu.md).
+    from layoutlab.bench.sweep_config import options_for
+    from layoutlab.train.config import TrainConfig
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.xla import cpu_fast_options
+
+    key = "xla_cpu_experimental_ynn_fusion_type"
+    with_eltwise = "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_ELTWISE"
+    for kind in ("avx512", "avx2"):
+        assert cpu_fast_options("train", kind=kind) == cpu_fast_options("train", "adamw", kind)
+        for sgd in ("sgd", "momentum", "pytorch"):
+            assert cpu_fast_options("train", sgd, kind)[key].endswith(with_eltwise)
+        assert cpu_fast_options("infer", "momentum", kind) == cpu_fast_options("infer")
+    no_eltwise = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    assert cpu_fast_options("train", "adam", "avx512")[key] == no_eltwise
+    assert cpu_fast_options("train", "adamw", "avx2")[key].endswith(with_eltwise)
+    # Wired through: a run's config, and bench, whose --torch rows run SGD with momentum.
+    for optimizer in ("adamw", "momentum"):
+        got = compile_options(TrainConfig(optimizer=optimizer), "train")
+        assert got == cpu_fast_options("train", optimizer)
+    sweep = dict(model="small_cnn", model_kwargs=TINY, batch_sizes=(2,), cpu_fast=True)
+    assert options_for(SweepConfig(**sweep, torch=True), "train", "cpu") == cpu_fast_options(
+        "train", "pytorch"
+    )
+    assert options_for(SweepConfig(**sweep), "train", "cpu") == cpu_fast_options("train")

@@ -39,6 +39,14 @@ def test_exceeded_tolerance_exits_1(capsys):
     assert "FAILED" in capsys.readouterr().out
 
 
+def test_stem_flag_as_in_bench_and_inspect(tmp_path):
+    out = tmp_path / "report.json"
+    argv = ("--model", "resnet18", "--stem", "cifar", "--tiny", "--batch-size", "1")
+    assert _run(*argv, "--image-size", "16", "--against", "layout", "--json-file", str(out)) == 0
+    settings = json.loads(out.read_text())["settings"]
+    assert settings["model_kwargs"]["stem"] == "cifar" and settings["input_shape"] == [1, 16, 16, 3]
+
+
 def test_numpy_reference_passes_with_defaults():
     assert _run(*TINY, "--against", "numpy", "--layout", "NCHW", "--mode", "train") == 0
 

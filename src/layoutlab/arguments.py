@@ -100,9 +100,17 @@ def add_activation_storage(
     )
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (required), ``--stem``, ``--tiny``, ``--model-arg``, ``--num-classes`` and
-    ``--backend`` of the commands that build one registry model (``bench``, ``autotune``);
+def add_image_size(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--image-size N|HxW|H,W``, read by ``parse_image_size``."""
+    parser.add_argument("--image-size", type=parse_image_size, metavar="N|HxW|H,W", help=help)
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser, *, num_classes: int | None = None, backend: bool = True
+) -> None:
+    """``--model`` (required), ``--stem``, ``--tiny``, ``--model-arg``, ``--num-classes``
+    (default ``num_classes``; None: by the stem) and, with ``backend``, ``--backend`` of the
+    commands that build one registry model (``bench``, ``autotune``, ``compare``);
     ``models.command.model_kwargs`` turns them into the model's keyword arguments."""
     parser.add_argument(
         "--model", required=True, help="registry name, e.g. resnet18 (see `models`)"
@@ -116,9 +124,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="model option, e.g. width=8 (repeatable; JSON values)",
     )
     parser.add_argument(
-        "--num-classes", type=int, help="default: 1000 for an ImageNet stem, else 10"
+        "--num-classes",
+        type=int,
+        default=num_classes,
+        help="classifier outputs (default: "
+        + (f"{num_classes})" if num_classes else "1000 for an ImageNet stem, else 10)"),
     )
-    parser.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
+    if backend:
+        parser.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
 
 
 def add_conv_options(parser: argparse.ArgumentParser, activation_storages: tuple[str, ...]) -> None:
@@ -147,8 +160,9 @@ def add_conv_options(parser: argparse.ArgumentParser, activation_storages: tuple
         action=argparse.BooleanOptionalAction,
         default=True,
         help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
-        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and "
-        "elementwise fusions); on by default, --no-cpu-fast turns it off",
+        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and, "
+        "but for Adam(W) on AVX-512, elementwise fusions); on by default, --no-cpu-fast turns "
+        "it off",
     )
 
 

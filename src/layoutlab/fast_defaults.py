@@ -3,7 +3,8 @@
 On XLA:CPU a step gets
 
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
-  training also reductions and elementwise fusions), each first checked against the
+  training also reductions and, except for Adam(W) on AVX-512, elementwise fusions), each
+  first checked against the
   installed jaxlib: these are experimental XLA:CPU options, and one a jaxlib does not know is
   left out with a one-line notice (``accepted_cpu_options``), never an error;
 - conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
@@ -49,12 +50,23 @@ CPU_FAST_OPTIONS = {
     "train": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
     "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
 }
+# On AVX-512 an Adam or AdamW step leaves elementwise fusions to XLA's loops: with them it
+# ran 1.2-1.4x slower at batch 1, 8 and 128, even at 32 (the update over every parameter;
+# benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu.md). SGD steps there were
+# within a few percent either way, and on AVX2 the one measurement (batch 128) was even, so
+# those keep them. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
+_TRAIN_NO_ELTWISE = {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE"}
+SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 
 
-def cpu_fast_options(mode: str) -> dict:
-    """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer")."""
+def cpu_fast_options(mode: str, optimizer: str | None = None, kind: str | None = None) -> dict:
+    """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer") with
+    ``optimizer`` (a train or bench optimizer name; None: ``layoutlab train``'s AdamW) on a
+    CPU of ``kind`` (``cpu_kind()``; None: this one)."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
+    if mode == "train" and optimizer not in SGD_OPTIMIZERS and (kind or cpu_kind()) == "avx512":
+        return dict(_TRAIN_NO_ELTWISE)
     return dict(CPU_FAST_OPTIONS[mode])
 
 
@@ -91,13 +103,16 @@ def accepted_cpu_options(options: dict) -> dict:
     return {k: v for k, v in options.items() if _accepted(k, v)}
 
 
-def fast_compile_options(mode: str, backend: str | None = None) -> dict:
-    """The default compile options of a ``mode`` step on ``backend`` (default: JAX's):
-    ``cpu_fast_options(mode)`` as far as this jaxlib accepts them on CPU, none elsewhere."""
+def fast_compile_options(
+    mode: str, backend: str | None = None, optimizer: str | None = None
+) -> dict:
+    """The default compile options of a ``mode`` step with ``optimizer`` on ``backend``
+    (default: JAX's): ``cpu_fast_options(mode, optimizer)`` as far as this jaxlib accepts
+    them on CPU, none elsewhere."""
     backend = backend or default_backend()
     if backend != "cpu":
         return {}
-    return accepted_cpu_options(cpu_fast_options(mode))
+    return accepted_cpu_options(cpu_fast_options(mode, optimizer))
 
 
 def default_kernel_storage(backend: str | None = None) -> str:
@@ -152,6 +167,7 @@ def compile_options_from_flags(args, mode: str | None = None) -> dict:
     ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
     from layoutlab.arguments import parse_assignments
 
-    backend = getattr(args, "backend", None)
-    base = fast_compile_options(mode, backend) if args.cpu_fast and mode is not None else {}
+    backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
+    fast = args.cpu_fast and mode is not None
+    base = fast_compile_options(mode, backend, optimizer) if fast else {}
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}

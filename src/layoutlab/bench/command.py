@@ -9,8 +9,8 @@ import os
 from layoutlab.arguments import (
     add_conv_options,
     add_conv_tune,
+    add_image_size,
     add_model_options,
-    parse_image_size,
     print_error,
     print_progress,
 )
@@ -111,12 +111,7 @@ def register(subparsers) -> None:
         ),
     )
     add_model_options(p)
-    p.add_argument(
-        "--image-size",
-        type=parse_image_size,
-        metavar="N|HxW|H,W",
-        help="spatial size; N: every spatial axis (default: the model's; 224 ImageNet)",
-    )
+    add_image_size(p, "spatial size; N: every spatial axis (default: the model's; 224 ImageNet)")
     p.add_argument("--layouts", default="NHWC,NCHW")
     p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
     p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")

@@ -251,7 +251,8 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
 
 def options_for(config: SweepConfig, mode: str, backend: str | None = None) -> dict:
     """The XLA compile options of layoutlab's ``mode`` steps on ``backend`` (name)."""
-    base = fast_compile_options(mode, backend) if config.cpu_fast else {}
+    optimizer = config.optimizer or ("pytorch" if config.torch else "train")
+    base = fast_compile_options(mode, backend, optimizer) if config.cpu_fast else {}
     return {**base, **config.xla_options}
 
 

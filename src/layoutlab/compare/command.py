@@ -14,11 +14,12 @@ from layoutlab.arguments import (
     MODES,
     STDOUT,
     add_activation_storage,
+    add_image_size,
     add_json,
-    parse_image_size,
+    add_model_options,
     parse_mode,
-    parse_model_args,
 )
+from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, AUTO, KERNEL_STORAGES
 
 __all__ = ["register", "run"]
@@ -37,7 +38,8 @@ def register(subparsers) -> None:
             "exceeded, 2 on bad input."
         ),
     )
-    parser.add_argument("--model", required=True, help="registry model name, e.g. resnet18")
+    # compare runs on jax's default backend, and any classifier size serves a comparison.
+    add_model_options(parser, num_classes=10, backend=False)
     parser.add_argument("--against", required=True, choices=AGAINST, help="the reference")
     parser.add_argument("--precision", default="fp32", help="policy of the model under test")
     parser.add_argument("--layout", default="NHWC", help="layout of the model under test")
@@ -63,20 +65,8 @@ def register(subparsers) -> None:
         help="examples in the input (default 8; train-mode BatchNorm over very few values "
         "per channel is ill-conditioned)",
     )
-    parser.add_argument(
-        "--image-size",
-        type=parse_image_size,
-        metavar="N|HxW|H,W",
-        default=None,
-        help="input height and width (one number: square; default: the model's default input)",
-    )
-    parser.add_argument("--num-classes", type=int, default=10, help="classifier outputs")
-    parser.add_argument("--tiny", action="store_true", help="the model's tiny test variant")
-    parser.add_argument(
-        "--model-arg",
-        action="append",
-        metavar="NAME=VALUE",
-        help="model option, e.g. width=8 (repeatable; JSON values)",
+    add_image_size(
+        parser, "input height and width (one number: square; default: the model's default input)"
     )
     parser.add_argument(
         "--conv-algo",
@@ -170,8 +160,7 @@ def _build(args):
     from layoutlab.train.spec import InputSpec, config_for, resolve_spec
 
     spec = models.spec(args.model)
-    options = dict(spec.tiny) if args.tiny else {}
-    options.update(parse_model_args(args.model_arg))
+    options = model_kwargs(args)
     check_conv_options(args.conv_algo)
     layout = models.resolve_layout(args.layout, spec.num_spatial)
     run = resolve_spec(
@@ -308,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         **report.settings,
         "model": args.model,
         "tiny": args.tiny,
+        "model_kwargs": options,
         "precision": args.precision,
         "input_shape": list(x.shape),
         "seed": args.seed,

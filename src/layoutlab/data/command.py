@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from layoutlab.arguments import add_deprecated_flag, add_json, parse_image_size
+from layoutlab.arguments import add_deprecated_flag, add_image_size, add_json
 
 __all__ = ["register", "run"]
 
@@ -27,12 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--test-fraction", type=float, default=0.2, help="test share for unsplit sources"
     )
-    parser.add_argument(
-        "--image-size",
-        type=parse_image_size,
-        metavar="N|HxW|H,W",
-        help="resize folder images to HxW (one number: square)",
-    )
+    add_image_size(parser, "resize folder images to HxW (one number: square)")
     add_json(parser, "the summary")
     parser.set_defaults(func=run)
 

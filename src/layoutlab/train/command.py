@@ -133,7 +133,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         default=None,
         help="compile without layoutlab.xla.cpu_fast_options (on by default on CPU: convs on "
-        "Eigen, dots, reductions and elementwise fusions on YNNPACK)",
+        "Eigen; dots, reductions and elementwise fusions on YNNPACK, the last not for adam(w) "
+        "on AVX-512)",
     )
     p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem (model_kwargs.stem)")
     p.add_argument(

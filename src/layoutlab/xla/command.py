@@ -18,9 +18,9 @@ from layoutlab.arguments import (
     STDOUT,
     add_activation_storage,
     add_deprecated_flag,
+    add_image_size,
     add_json,
     parse_assignments,
-    parse_image_size,
     parse_mode,
     parse_model_args,
 )
@@ -58,7 +58,9 @@ def _inspect(args: argparse.Namespace):
         stem=args.stem,
         backend=args.backend,
         flags={
-            **(fast_compile_options(args.mode, platform) if args.cpu_fast else {}),
+            **(
+                fast_compile_options(args.mode, platform, args.optimizer) if args.cpu_fast else {}
+            ),
             **parse_assignments(args.xla_option, "--xla-option"),
         }
         or None,
@@ -134,12 +136,7 @@ def register(subparsers) -> None:
         help="infer (forward) or train (full step)",
     )
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument(
-        "--image-size",
-        type=parse_image_size,
-        metavar="N|HxW|H,W",
-        help="spatial size; N: every spatial axis (default: the model's)",
-    )
+    add_image_size(p, "spatial size; N: every spatial axis (default: the model's)")
     p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
     p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
     p.add_argument(

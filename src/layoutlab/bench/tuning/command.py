@@ -17,10 +17,10 @@ from layoutlab.arguments import (
     MODES,
     add_conv_options,
     add_deprecated_flag,
+    add_image_size,
     add_json,
     add_model_options,
     deprecated,
-    parse_image_size,
     parse_mode,
     print_error,
     print_progress,
@@ -151,12 +151,7 @@ def _run_conv_autotune(args: argparse.Namespace) -> int:
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--image-size",
-        type=parse_image_size,
-        metavar="N|HxW|H,W",
-        help="input spatial size; N: every spatial axis (default: the model's)",
-    )
+    add_image_size(p, "input spatial size; N: every spatial axis (default: the model's)")
     p.add_argument("--channels", type=int, help="input channels (default: the model's)")
     add_deprecated_flag(p, "--input-shape", "--image-size HxW --channels C", dest="input_shape")
 
