@@ -55,7 +55,6 @@ CPU_FAST_OPTIONS = {
 # benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu.md). SGD steps there were
 # within a few percent either way, and on AVX2 the one measurement (batch 128) was even, so
 # those keep them. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
-_TRAIN_NO_ELTWISE = {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE"}
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 
 
@@ -65,9 +64,11 @@ def cpu_fast_options(mode: str, optimizer: str | None = None, kind: str | None =
     CPU of ``kind`` (``cpu_kind()``; None: this one)."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
+    options = dict(CPU_FAST_OPTIONS[mode])
     if mode == "train" and optimizer not in SGD_OPTIMIZERS and (kind or cpu_kind()) == "avx512":
-        return dict(_TRAIN_NO_ELTWISE)
-    return dict(CPU_FAST_OPTIONS[mode])
+        kinds = options[_YNN_KEY].split(",")
+        options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
+    return options
 
 
 def default_backend() -> str:

@@ -77,7 +77,8 @@ def join_run(args: argparse.Namespace) -> int | None:
 
 
 def gpu_platform() -> str:
-    """The platform name of the installed GPU plugin (``cuda`` or ``rocm``), found without
+    """The platform name of the installed GPU plugin (``cuda`` or ``rocm``; ``gpu`` when none
+    is), found without
     starting JAX. ``jax_platforms="gpu"`` expands to cuda, rocm and oneapi and fails unless
     every one of them starts (jax 0.11 with only the CUDA plugin: "Unable to initialize
     backend 'rocm'"), and the distributed join must come before any backend starts, so
@@ -95,17 +96,26 @@ def gpu_platform() -> str:
     for platform in ("cuda", "rocm"):
         if any(platform in name for name in names):
             return platform
-    return "cuda"  # none installed: use_backend's error then names cuda and the extra
+    return "gpu"  # none installed: jax's own error for its alias, which use_backend reports
 
 
 def use_backend(name: str) -> int | None:
     """``train --backend``: the only platform JAX starts in this process (before any other)."""
     import jax
 
-    try:
-        jax.devices()
-    except RuntimeError as e:
-        reason = " ".join(str(e).split(". (set JAX_PLATFORMS")[0].split())
+    reason = None
+    if name == "gpu" and gpu_platform() == "gpu":
+        reason = "jax has no GPU plugin installed"
+    else:
+        try:
+            jax.devices()
+        except (RuntimeError, AssertionError) as e:
+            # A plugin whose hardware is missing is skipped, and jax then asserts that some
+            # backend started (jax 0.10: "assert _default_backend is not None").
+            reason = " ".join(str(e).split(". (set JAX_PLATFORMS")[0].split()) or (
+                f"jax's {name} plugin found no device"
+            )
+    if reason is not None:
         hint = "install jax's CUDA build (pip install 'layoutlab[gpu]')" if name == "gpu" else ""
         print(
             f"error: --backend {name} is not available here ({reason}); "

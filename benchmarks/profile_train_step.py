@@ -1,0 +1,82 @@
+"""Where a CPU training (or inference) step of ResNet-18 CIFAR spends its time, per XLA op.
+
+    python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch
+
+Builds the step ``layoutlab bench`` times with the defaults (the shipped conv table, HWIO
+kernels, ``fast_compile_options`` for the optimizer), runs it under ``jax.profiler.trace``
+and sums the trace's op events per op kind (the HLO name without its numeric suffix) over
+XLA:CPU's worker threads, which run independent ops at the same time: read the figures as
+shares of the threads' time, not as a sum of wall time. ``--show NAME`` prints the
+optimized HLO line of an op (its shape and operands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+import time
+
+import jax
+
+from layoutlab.bench.cases import JaxCase, make_workload
+from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.fast_defaults import fast_compile_options
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--mode", default="train", choices=("train", "infer"))
+    p.add_argument("--optimizer", default="pytorch", choices=("train", "pytorch"))
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--show", action="append", default=[], metavar="NAME")
+    args = p.parse_args()
+    w = make_workload("resnet18", {"stem": "cifar"}, (32, 32, 3), 10, args.mode, args.batch)
+    options = tuple(sorted(fast_compile_options(args.mode, "cpu", args.optimizer).items()))
+    case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
+                   conv_tune="never", activation_storage="channels_last",
+                   optimizer=args.optimizer)  # fmt: skip
+    runner = JaxRunner(case, backend="cpu", steps=50)
+    runner.setup()
+    for _ in range(5):
+        runner.step()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        runner.step()
+    print(f"step: {1e3 * (time.perf_counter() - t0) / args.steps:.1f} ms")
+    out = tempfile.mkdtemp()
+    with jax.profiler.trace(out):
+        for _ in range(args.steps):
+            runner.step()
+    trace = glob.glob(f"{out}/**/*.trace.json.gz", recursive=True)[0]
+    events = json.load(gzip.open(trace))["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+    us, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        worker = threads.get((e.get("pid"), e.get("tid")), "").startswith("tf_XLAEigen")
+        if e.get("ph") == "X" and worker and "ThunkExecutor" not in e["name"]:
+            kind = re.sub(r"\.\d+$", "", e["name"])
+            if not kind.startswith("end: "):
+                us[kind] += e["dur"]
+                calls[kind] += 1
+    total = sum(us.values())
+    print(f"op time on XLA's worker threads: {total / args.steps / 1e3:.1f} ms per step")
+    for kind, t in us.most_common(args.top):
+        print(f"{t / args.steps / 1e3:8.2f} ms  {100 * t / total:5.1f}%  "
+              f"x{calls[kind] // args.steps:<4d} {kind}")  # fmt: skip
+    if args.show:
+        text = runner.step_fn.compiled.as_text()
+        for name in args.show:
+            print(*(ln.strip()[:300] for ln in text.splitlines()
+                    if re.search(rf"%{re.escape(name)} = ", ln)), sep="\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
