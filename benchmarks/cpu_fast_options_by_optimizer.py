@@ -47,10 +47,18 @@ def run(batches: list[int], budget: float) -> list[dict]:
         w = make_workload("resnet18", {"stem": "cifar"}, (32, 32, 3), 10, "train", batch)
         runners = [
             JaxRunner(
-                JaxCase(w, "NHWC", "fp32", "auto", "channels_last", ((KEY, value),),
-                        f"{optimizer}:{name}",
-                        conv_tune="never", activation_storage="channels_last",
-                        optimizer=optimizer),  # fmt: skip
+                JaxCase(
+                    w,
+                    "NHWC",
+                    "fp32",
+                    "auto",
+                    "channels_last",
+                    ((KEY, value),),
+                    f"{optimizer}:{name}",
+                    conv_tune="never",
+                    activation_storage="channels_last",
+                    optimizer=optimizer,
+                ),  # fmt: skip
                 backend="cpu",
                 steps=20,
             )
@@ -71,8 +79,11 @@ def markdown(rows: list[dict]) -> str:
     for batch in sorted({r["batch_size"] for r in rows}):
         for opt, label in OPTIMIZERS.items():
             a, b = (
-                next(r for r in rows if r["batch_size"] == batch and r["optimizer"] == opt
-                     and r["options"] == name)  # fmt: skip
+                next(
+                    r
+                    for r in rows
+                    if r["batch_size"] == batch and r["optimizer"] == opt and r["options"] == name
+                )  # fmt: skip
                 for name in SETS
             )
             cell = lambda r: (
