@@ -16,9 +16,9 @@ from collections.abc import Callable
 __all__ = [
     "DATA_PIXELS",
     "batch_pixels",
+    "gpu_platform",
     "join_run",
     "start",
-    "gpu_platform",
     "supervise_distributed",
     "use_backend",
 ]
@@ -78,11 +78,10 @@ def join_run(args: argparse.Namespace) -> int | None:
 
 def gpu_platform() -> str:
     """The platform name of the installed GPU plugin (``cuda`` or ``rocm``; ``gpu`` when none
-    is), found without
-    starting JAX. ``jax_platforms="gpu"`` expands to cuda, rocm and oneapi and fails unless
-    every one of them starts (jax 0.11 with only the CUDA plugin: "Unable to initialize
-    backend 'rocm'"), and the distributed join must come before any backend starts, so
-    trying one platform after another is not an option."""
+    is), found without starting JAX. ``jax_platforms="gpu"`` expands to cuda, rocm and oneapi
+    and fails unless every one of them starts (jax 0.11 with only the CUDA plugin: "Unable to
+    initialize backend 'rocm'"), and the distributed join must come before any backend
+    starts, so trying one platform after another is not an option."""
     import importlib.metadata
     import pkgutil
 
