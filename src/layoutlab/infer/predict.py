@@ -9,8 +9,6 @@ with the run's train-split mean and std, with the same float32 operations as
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -21,7 +19,6 @@ from layoutlab.data.errors import DataError
 from layoutlab.data.folder import IMAGE_SUFFIXES
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import to_layout
-from layoutlab.train.steps import make_forward
 
 __all__ = ["collect_images", "load_images", "predict_files", "top_k"]
 
@@ -96,16 +93,6 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return classes, np.take_along_axis(probs, classes, axis=-1)
 
 
-@functools.lru_cache(maxsize=8)
-def _forward(defs, options: tuple) -> Callable:
-    """The run's forward, jitted once per model and options: a second ``predict_files`` on
-    the same run reuses the compiled program instead of tracing and compiling again (1.5-3 s
-    for ResNet-18 on 2 cores, against 40-110 ms for the second call). ``options``: the run's
-    inference XLA options (on CPU those evaluation uses), which made a batch-1 ResNet-18
-    forward 3-5x faster (benchmarks/results/predict_one_image_resnet18_cifar_cpu.md)."""
-    return jax.jit(make_forward(defs), compiler_options=dict(options) or None)
-
-
 def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     """Top-``k`` predictions for each image file (or folder of images) in ``paths``."""
     if k < 1:
@@ -118,7 +105,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
         )
     files = collect_images(paths)
     images = load_images(files, run.dataset)
-    forward = _forward(run.defs, tuple(sorted(run.spec.compile_options("infer").items())))
+    forward = run.forward
     # Chunks of the eval batch size: a large folder compiles at most two batch shapes.
     chunk = run.config.eval_batch_size
     logits = np.concatenate(
