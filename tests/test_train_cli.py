@@ -65,16 +65,17 @@ def _cli():
     return [sys.executable, "-m", "layoutlab.train.command"]
 
 
+def _train(env, *argv, timeout=300) -> subprocess.CompletedProcess:
+    """``layoutlab train ARGV`` in a child process, its output captured."""
+    return subprocess.run(
+        [*_cli(), "train", *argv], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, env):
     workdir = tmp_path_factory.mktemp("cli") / "run"
-    proc = subprocess.run(
-        [*_cli(), "train", *ARGS, "--workdir", str(workdir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    proc = _train(env, *ARGS, "--workdir", str(workdir))
     assert proc.returncode == 0, proc.stderr
     return workdir, proc
 
@@ -127,13 +128,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(full_run, env, tmp_
     assert proc.returncode == -signal.SIGKILL
     assert not (workdir / "checkpoints" / "8").exists()
 
-    resumed = subprocess.run(
-        [*_cli(), "train", "--workdir", str(workdir), "--resume", "--quiet"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    resumed = _train(env, "--workdir", str(workdir), "--resume", "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     got, meta = read_checkpoint(workdir / "checkpoints")
     want, _ = read_checkpoint(reference / "checkpoints")
@@ -167,23 +162,11 @@ def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
         pytest.skip("a GPU is present: --backend gpu would start it")
     except RuntimeError:
         pass
-    missing = subprocess.run(
-        [*_cli(), "train", "--backend", "gpu", "--workdir", str(tmp_path / "gpu")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    missing = _train(env, "--backend", "gpu", "--workdir", str(tmp_path / "gpu"), timeout=120)
     assert missing.returncode == 2, missing.stderr
     assert missing.stderr.startswith("error: --backend gpu is not available here")
     assert missing.stderr.count("\n") == 1 and not (tmp_path / "gpu").exists()
-    ok = subprocess.run(
-        [*_cli(), "train", *ARGS, "--backend", "cpu", "--workdir", str(tmp_path / "cpu")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    ok = _train(env, *ARGS, "--backend", "cpu", "--workdir", str(tmp_path / "cpu"))
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "cpu" / "config.json").read_text())["num_steps"] == 12
 
@@ -192,12 +175,6 @@ def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
 def test_backend_gpu_trains_on_the_gpu(tmp_path, env):
     # jax_platforms="gpu" expands to cuda, rocm and oneapi and fails unless all of them start:
     # on jax 0.11 with only the CUDA plugin, `train --backend gpu` failed that way.
-    done = subprocess.run(
-        [*_cli(), "train", *ARGS, "--backend", "gpu", "--workdir", str(tmp_path / "gpu")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = _train(env, *ARGS, "--backend", "gpu", "--workdir", str(tmp_path / "gpu"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "gpu" / "config.json").read_text())["num_steps"] == 12

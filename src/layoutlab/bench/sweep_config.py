@@ -214,12 +214,18 @@ def validate(config: SweepConfig) -> SweepConfig:
     )
 
 
+def _optimizer(config: SweepConfig) -> str:
+    """The train step's optimizer choice, unchecked: the given one, else PyTorch's update
+    with ``torch`` and ``layoutlab train``'s without."""
+    return config.optimizer or ("pytorch" if config.torch else "train")
+
+
 def _check_optimizer(config: SweepConfig) -> str:
     """The train step's optimizer choice; PyTorch rows run SGD with momentum, so with
     ``torch`` layoutlab runs it too, or the ratios would compare different updates."""
     from layoutlab.train.spec import OPTIMIZER_CHOICES
 
-    choice = config.optimizer or ("pytorch" if config.torch else "train")
+    choice = _optimizer(config)
     if choice not in OPTIMIZER_CHOICES:
         raise ValueError(
             f"Unknown optimizer {choice!r}; use train (what `layoutlab train` runs) or pytorch."
@@ -251,8 +257,7 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
 
 def options_for(config: SweepConfig, mode: str, backend: str | None = None) -> dict:
     """The XLA compile options of layoutlab's ``mode`` steps on ``backend`` (name)."""
-    optimizer = config.optimizer or ("pytorch" if config.torch else "train")
-    base = fast_compile_options(mode, backend, optimizer) if config.cpu_fast else {}
+    base = fast_compile_options(mode, backend, _optimizer(config)) if config.cpu_fast else {}
     return {**base, **config.xla_options}
 
 
