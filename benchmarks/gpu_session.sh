@@ -16,6 +16,7 @@ OUT=${OUT:-$(mktemp -d)}
 BACKEND=${BACKEND:-gpu}
 SMOKE=${SMOKE:-0}
 ONLY=${ONLY:-.}  # a regex of the step names to run (all by default)
+SUITE_S=${SUITE_S:-150} BENCH_S=${BENCH_S:-150}  # limits of the CPU suite and each bench step
 # Only the log and one archive go to $OUT: the device tool returns at most 8 files.
 R=$(mktemp -d)/results
 mkdir -p "$R"
@@ -108,8 +109,9 @@ pids+=($!)
 } &
 pids+=($!)
 if [ "$SMOKE" != 1 ]; then
-    step cpu_suite_jax_new 150 env JAX_PLATFORMS=cpu python3 -m pytest -q -n $PAR -o addopts="-p no:benchmark" \
-        -p no:cacheprovider --ignore=notebooks --maxfail=20 tests &
+    # The image has neither nbmake nor a working Sphinx, and no network to install them.
+    step cpu_suite_jax_new "$SUITE_S" env JAX_PLATFORMS=cpu python3 -m pytest -q -rfE --tb=short -n $PAR \
+        -o addopts="-p no:benchmark --dist loadscope" -p no:cacheprovider --ignore=notebooks --ignore=tests/test_docs.py --maxfail=20 tests &
     pids+=($!)
 fi
 # Not a bare `wait`: it would also wait for the log's tee.
@@ -121,7 +123,7 @@ echo "phase 1 done at t=$(( $(date +%s) - T0 ))s"
 BENCH=(--backend "$BACKEND" --layouts NHWC,NCHW --torch --no-roofline --no-plots
        --warmup 3 --time-budget 4)
 for m in infer train; do
-    step bench_resnet18_cifar_$m 150 "${LL[@]}" bench "${R18[@]}" --image-size 32 "${BENCH[@]}" \
+    step bench_resnet18_cifar_$m "$BENCH_S" "${LL[@]}" bench "${R18[@]}" --image-size 32 "${BENCH[@]}" \
         --modes $m --precisions fp32,mixed_bf16,mixed_fp16 --batch-sizes $B18 --out "$R/bench_resnet18_cifar_$m"
 done
 step bench_resnet50_imagenet 160 "${LL[@]}" bench "${R50[@]}" --image-size $IMG50 "${BENCH[@]}" --modes infer,train \

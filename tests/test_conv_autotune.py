@@ -230,3 +230,19 @@ def test_default_cache_path_follows_the_environment(tmp_path, monkeypatch):
     assert cat.AutotuneCache().path == tmp_path / "tuned.json"
     monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path))  # a directory holds autotune.json
     assert cat.default_cache_path() == tmp_path / "autotune.json"
+
+
+def test_convs_only_xla_takes_are_planned_without_measuring(tmp_path):
+    """A depthwise conv (MobileNetV2's) has no other candidate and no float64 reference:
+    tuning a model with one gives it ``xla`` and says why, instead of failing the whole run."""
+    depthwise = ca.conv_spec((2, 6, 6, 4), (3, 3, 1, 4), groups=4, **TINY)
+    results = cat.autotune_convs(
+        [depthwise, _tiny_spec()], algorithms=["xla", "im2col"], cache=tmp_path / "c.json",
+        repeats=1, warmup=0,
+    )  # fmt: skip
+    alone = results[0]
+    assert (alone.choice, alone.candidates, alone.rounds_ms) == ("xla", [], {})
+    assert alone.verdict.startswith("only xla takes this conv: ") and "groups=4" in alone.verdict
+    assert results[1].candidates and results[1].spec_key == _tiny_spec().key()
+    again = cat.autotune_convs([depthwise], cache=tmp_path / "c.json")
+    assert again[0].from_cache and again[0].choice == "xla"

@@ -177,6 +177,30 @@ def test_shipped_table_rules_depend_on_the_batch():
     assert default_algorithm(_spec(32, 8, 256, 256), "inference", "avx2")[0] != "xla"
     assert default_algorithm(_spec(32, 4, 512, 512), "inference", "avx2")[0] == "xla"
     assert default_algorithm(_spec(128, 4, 512, 512), "inference", "avx2")[0] != "xla"
+    # On AVX-512 ResNet-18 CIFAR's layer4 convs change hands with the batch in training:
+    # im2col at 1 and 8, where Winograd ran 2-3x slower than XLA's conv; XLA's conv between
+    # the measured batches; Winograd from 32. The stride-2 one: im2col up to 32, not at 128.
+    layer4, down = _spec(1, 4, 512, 512), _spec(1, 8, 256, 512, stride=2)
+    by_batch = [default_algorithm(layer4._replace(batch=b), "train", "avx512")[0]
+                for b in (1, 8, 16, 32, 128)]  # fmt: skip
+    assert by_batch == ["im2col", "im2col", "xla", "winograd4_full", "winograd4_full"]
+    by_batch = [default_algorithm(down._replace(batch=b), "train", "avx512")[0]
+                for b in (1, 32, 128)]  # fmt: skip
+    assert by_batch == ["im2col", "im2col", "xla"]
+    assert default_algorithm(layer4, "inference", "avx512")[0] == "xla"
+    # ResNet-50's 1x1 stride-1 convs (64+ channels): im2col up to batch 16 in training.
+    bottleneck = _spec(16, 14, 1024, 256, k=1)
+    assert default_algorithm(bottleneck, "train", "avx512")[0] == "im2col"
+    assert default_algorithm(bottleneck._replace(batch=32), "train", "avx512")[0] == "xla"
+    assert default_algorithm(bottleneck, "inference", "avx512")[0] == "xla"
+    # A 3x3 conv on an input smaller than its kernel, which XLA rewrites into a 5-100x slower
+    # conv, runs im2col at every batch on both CPU kinds; a 3x3 input keeps XLA's conv.
+    for kind in ("avx2", "avx512"):
+        for objective in ("train", "inference"):
+            for batch, size, stride in ((1, 2, 1), (128, 2, 1), (16, 1, 1), (16, 2, 2)):
+                spec = _spec(batch, size, 512, 512, stride=stride)
+                assert default_algorithm(spec, objective, kind)[0] == "im2col"
+            assert default_algorithm(_spec(16, 3, 512, 512), objective, kind)[0] != "im2col"
     # Every bounded rule of every table: the shape at its smallest batch gets the rule, the
     # same shape one below it does not.
     for (kind, objective, dtype), rules in DEFAULT_RULES.items():

@@ -17,6 +17,7 @@ import pytest
 
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.command import build_config, register
+from layoutlab.train.launch import gpu_platform
 from layoutlab.train.loop import train_and_evaluate
 
 # 44 batches of 32 make a digits epoch: every step here is mid-epoch 0.
@@ -154,14 +155,17 @@ def test_same_seed_in_process_is_bitwise_identical_to_the_cli_run(full_run, tmp_
     assert not np.array_equal(read_checkpoint(tmp_path / "checkpoints", step=8)[0][init], got[init])
 
 
-def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
-    import jax
+def _quiet_run(code: str, env) -> int:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode
 
-    try:
-        jax.devices("gpu")
-        pytest.skip("a GPU is present: --backend gpu would start it")
-    except RuntimeError:
-        pass
+
+def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
+    # Probed in a child: this process's JAX may be held to the CPU (JAX_PLATFORMS=cpu) while
+    # `--backend gpu` overrides that and starts an installed plugin's device.
+    platform = gpu_platform()
+    probe = f"import jax; jax.config.update('jax_platforms', '{platform}'); jax.devices()"
+    if platform != "gpu" and _quiet_run(probe, env) == 0:
+        pytest.skip("a GPU is present: --backend gpu would train on it")
     missing = _train(env, "--backend", "gpu", "--workdir", str(tmp_path / "gpu"), timeout=120)
     assert missing.returncode == 2, missing.stderr
     assert missing.stderr.startswith("error: --backend gpu is not available here")

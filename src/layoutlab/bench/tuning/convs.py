@@ -176,12 +176,15 @@ def autotune_conv(
     if result is None and cached_only:
         return None
     if result is None:
-        inputs = spec_inputs(spec, seed)
-        refs = reference_conv(*inputs, spec)
-        checked = [
+        # A grouped, dilated or otherwise special conv only XLA takes: nothing to choose, and
+        # the float64 reference does not cover it either, so nothing is measured.
+        alone = names == [ca.XLA]
+        inputs = None if alone else spec_inputs(spec, seed)
+        refs = None if alone else reference_conv(*inputs, spec)
+        checked = [] if alone else [
             check_candidate(spec, n, inputs, refs, device=device, compiler_options=compiler_options)
             for n in names
-        ]
+        ]  # fmt: skip
         timed_names = [c.algorithm for c in checked if c.passed]
         rounds = time_candidate_rounds(
             spec,
@@ -208,7 +211,7 @@ def autotune_conv(
             here,
             checked,
             dict(options_key(compiler_options)),
-            verdict="no candidate timed" if decision is None else decision.verdict,
+            verdict=_verdict(decision, spec, alone),
             ratio=None if decision is None or decision.ratio is None else list(decision.ratio),
             rounds_ms={n: ms for (k, n), ms in rounds.items()
                        if k == ("train" if objective == "train" else "fwd")},  # fmt: skip
@@ -218,6 +221,13 @@ def autotune_conv(
         cache.put(key, "conv", result.to_dict())
         cache.save()
     return result
+
+
+def _verdict(decision: Decision | None, spec: ConvSpec, alone: bool) -> str:
+    if alone:
+        reasons = {ca.get_algorithm(n).supports(spec) for n in ca.algorithm_names()} - {None}
+        return "only xla takes this conv: " + "; ".join(sorted(reasons))[:200]
+    return "no candidate timed" if decision is None else decision.verdict
 
 
 def autotune_convs(specs: Iterable[ConvSpec], **kw) -> list[TuneResult]:

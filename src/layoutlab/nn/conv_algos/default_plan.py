@@ -22,7 +22,19 @@ with ``cpu_fast_options``:
   ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
   (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
   convs do not; im2col on every 1x1 stride-2 conv and on the 3-channel stem at 32x32 and
-  above. Measured at batch 128 only, so these rules start at batch 128.
+  above, at batch 128. At batch 1, 8 and 32 (2-core Sapphire Rapids, 2026-11-26, every
+  candidate on every ResNet-18 CIFAR conv,
+  ``benchmarks/results/conv_autotune_small_batch_avx512_cpu.md``): the same Winograd won
+  on all three shapes at 32 in training (1.14-1.59x) and on two of three in inference
+  (1.09-1.43x; the third 1.55x, a tie), and tied or lost at 1 and 8, so it starts at 32;
+  im2col won on the stem (2.1x at 1 and 8 in training, 1.3x at 8 in inference) and on the
+  1x1 stride-2 convs (1.3-2.7x), and in training on the 8x8 256-channel stride-2 conv up
+  to batch 32 (1.10-1.62x; 0.88x at 128) and on the 4x4 512-channel conv at 1 and 8
+  (1.17-1.60x, where Winograd lost 2-3x). On ResNet-50 ImageNet-stem at batch 1 and 16
+  (same file) im2col won or tied on every 1x1 stride-2 conv (1.17-1.56x) and, in
+  training, on the 1x1 stride-1 convs (1.01-1.64x; one 0.93x tie at 16), never measured
+  above 16.
+- Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
 only the im2col rules apply; they were measured in float32 only, so those dtypes get none.
@@ -75,27 +87,44 @@ _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``.
 _IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32)
+# XLA rewrites a conv whose input is smaller than its kernel (a 3x3 conv on 2x2 or 1x1:
+# VGG-11's last block or an ImageNet-stem ResNet's layer4 on 32x32 images) into one with
+# input and kernel swapped (``dim_labels=01fb_o01i->f01b``), which XLA:CPU runs 5-100x
+# slower than im2col's dot at batch 16 and 128, in both strides and objectives, 64 to 512
+# channels (benchmarks/results/conv_tiny_inputs_cpu.md; batch 1 ties at 64 channels, 10x
+# at 512). The rewrite is XLA's, before any CPU-specific code, so both kinds get the rule.
+_TINY_INPUT = (
+    Rule("im2col", (3, 3), (1, 1), max_size=2),
+    Rule("im2col", (3, 3), (2, 2), max_size=2),
+)
 # (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
-# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256); AVX-512 was measured
-# at batch 128 only, so its rules start there (smaller batches run ``xla``: on AVX2 the same
-# Winograd rules lost up to 10x at batch 1 and 8).
+# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256), AVX-512 from
+# conv_autotune_small_batch_avx512_cpu.md (1, 8, 32) and the batch-128 run. A batch between
+# two measured ones where they disagree (the 4x4 conv at 9-31) runs ``xla``.
 DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx2", "train", "float32"): (
+        *_TINY_INPUT,
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
         Rule("im2col", (1, 1), (2, 2), max_in=128, min_size=16),
     ),
     ("avx2", "inference", "float32"): (
+        *_TINY_INPUT,
         Rule("winograd4_xla_dw", **{**_WINOGRAD_SMALL, "min_size": 8}, min_batch=32),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
     ),
     ("avx512", "train", "float32"): (
-        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
-        Rule("im2col", (1, 1), (2, 2), min_batch=128),
-        Rule("im2col", **_IM2COL_STEM, min_batch=128),
+        *_TINY_INPUT,
+        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
+        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
+        Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=8, max_batch=32),
+        Rule("im2col", (1, 1), (2, 2)),
+        Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=16),
+        Rule("im2col", **_IM2COL_STEM),
     ),
     ("avx512", "inference", "float32"): (
-        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
-        Rule("im2col", **_IM2COL_STEM, min_batch=128),
+        *_TINY_INPUT,
+        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
+        Rule("im2col", **_IM2COL_STEM),
     ),
 }
 
