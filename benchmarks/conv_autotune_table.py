@@ -5,9 +5,10 @@ fastest other candidate, with the paired per-round ratio and the autotuner's ver
         --mode train --repeats 8 --cache CACHE.json     # once per batch and mode
     python benchmarks/conv_autotune_table.py CACHE.json [...] --out benchmarks/results/NAME
 
-Writes ``NAME.md`` (the tables, with the machine fingerprint and versions the entries
-carry) and ``NAME.json`` (every entry as cached: per-round times, errors, verdicts). The
-ratio is ``bench.stats.paired_ratio(xla, best)``: above 1 the other candidate is faster.
+Writes ``NAME.md`` (the table, with the machine fingerprint and versions the entries carry)
+and ``NAME.json`` (every entry: per-round times, whether each candidate passed its check
+against float64 NumPy, verdicts). The ratio is ``bench.stats.paired_ratio(xla, best)``:
+above 1 the other candidate is faster.
 """
 
 from __future__ import annotations
@@ -66,7 +67,19 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(entries, indent=1) + "\n")
+    out.with_suffix(".json").write_text(json.dumps([_compact(e) for e in entries]) + "\n")
+
+
+def _compact(entry: dict) -> dict:
+    """``entry`` with times to 1 us, each candidate's numerics check as passed or its error,
+    and no cache key (the spec, options and machine are fields of their own)."""
+    out = {k: v for k, v in entry.items() if k not in ("cache_key", "fingerprint")}
+    out["rounds_ms"] = {a: [round(t, 3) for t in ts] for a, ts in entry["rounds_ms"].items()}
+    out["candidates"] = [
+        {"algorithm": c["algorithm"], "passed": c["passed"], "error": c.get("error")}
+        for c in entry.get("candidates", [])
+    ]
+    return out
 
 
 if __name__ == "__main__":

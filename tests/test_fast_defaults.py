@@ -188,10 +188,11 @@ def test_shipped_table_rules_depend_on_the_batch():
                 for b in (1, 32, 128)]  # fmt: skip
     assert by_batch == ["im2col", "im2col", "xla"]
     assert default_algorithm(layer4, "inference", "avx512")[0] == "xla"
-    # ResNet-50's 1x1 stride-1 convs (64+ channels): im2col up to batch 16 in training.
-    bottleneck = _spec(16, 14, 1024, 256, k=1)
+    # ResNet-50's 1x1 stride-1 convs (64+ channels): im2col at batch 1 in training, where the
+    # whole step gained 1.23x; at 16 it lost 2% though each conv alone won.
+    bottleneck = _spec(1, 14, 1024, 256, k=1)
     assert default_algorithm(bottleneck, "train", "avx512")[0] == "im2col"
-    assert default_algorithm(bottleneck._replace(batch=32), "train", "avx512")[0] == "xla"
+    assert default_algorithm(bottleneck._replace(batch=16), "train", "avx512")[0] == "xla"
     assert default_algorithm(bottleneck, "inference", "avx512")[0] == "xla"
     # A 3x3 conv on an input smaller than its kernel, which XLA rewrites into a 5-100x slower
     # conv, runs im2col at every batch on both CPU kinds; a 3x3 input keeps XLA's conv.

@@ -3,7 +3,8 @@
 On XLA:CPU a step gets
 
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
-  training also reductions and, except for Adam(W) on AVX-512, elementwise fusions), each
+  training also reductions and, except for Adam(W) on AVX-512, elementwise fusions; none
+  for a batch-1 training step on AVX-512), each
   first checked against the installed jaxlib: these are experimental XLA:CPU options, and one
   a jaxlib does not know is left out with a one-line notice (``accepted_cpu_options``),
   never an error;
@@ -58,14 +59,22 @@ CPU_FAST_OPTIONS = {
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 
 
-def cpu_fast_options(mode: str, optimizer: str | None = None, kind: str | None = None) -> dict:
+def cpu_fast_options(
+    mode: str, optimizer: str | None = None, kind: str | None = None, batch: int | None = None
+) -> dict:
     """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer") with
     ``optimizer`` (a train or bench optimizer name; None: ``layoutlab train``'s AdamW) on a
-    CPU of ``kind`` (``cpu_kind()``; None: this one)."""
+    CPU of ``kind`` (``cpu_kind()``; None: this one) at ``batch`` (None: not known)."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
     options = dict(CPU_FAST_OPTIONS[mode])
-    if mode == "train" and optimizer not in SGD_OPTIMIZERS and (kind or cpu_kind()) == "avx512":
+    avx512 = (kind or cpu_kind()) == "avx512"
+    if mode == "train" and batch == 1 and avx512:
+        # A batch-1 training step ran fastest on XLA's own defaults (convs on YNNPACK too):
+        # 1.16x with SGD, 1.05x with AdamW; at batch 8 and 32 the options won 1.07x and
+        # 1.48x (benchmarks/results/cpu_fast_options_small_batch_avx512_cpu.md).
+        return {}
+    if mode == "train" and optimizer not in SGD_OPTIMIZERS and avx512:
         kinds = options[_YNN_KEY].split(",")
         options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
     return options
@@ -105,15 +114,15 @@ def accepted_cpu_options(options: dict) -> dict:
 
 
 def fast_compile_options(
-    mode: str, backend: str | None = None, optimizer: str | None = None
+    mode: str, backend: str | None = None, optimizer: str | None = None, batch: int | None = None
 ) -> dict:
-    """The default compile options of a ``mode`` step with ``optimizer`` on ``backend``
-    (default: JAX's): ``cpu_fast_options(mode, optimizer)`` as far as this jaxlib accepts
-    them on CPU, none elsewhere."""
+    """The default compile options of a ``mode`` step with ``optimizer`` at ``batch`` on
+    ``backend`` (default: JAX's): ``cpu_fast_options(mode, optimizer, batch=batch)`` as far
+    as this jaxlib accepts them on CPU, none elsewhere."""
     backend = backend or default_backend()
     if backend != "cpu":
         return {}
-    return accepted_cpu_options(cpu_fast_options(mode, optimizer))
+    return accepted_cpu_options(cpu_fast_options(mode, optimizer, batch=batch))
 
 
 def default_kernel_storage(backend: str | None = None) -> str:
@@ -170,5 +179,6 @@ def compile_options_from_flags(args, mode: str | None = None) -> dict:
 
     backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
     fast = args.cpu_fast and mode is not None
-    base = fast_compile_options(mode, backend, optimizer) if fast else {}
+    batch = getattr(args, "batch_size", None)
+    base = fast_compile_options(mode, backend, optimizer, batch) if fast else {}
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}

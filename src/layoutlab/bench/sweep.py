@@ -72,7 +72,7 @@ def _groups(config: SweepConfig, torch_device: str | None):
         w: Workload = make_workload(
             config.model, config.model_kwargs, shape, config.num_classes, mode, batch
         )
-        options = tuple(sorted(options_for(config, mode, platform).items()))
+        options = tuple(sorted(options_for(config, mode, platform, batch).items()))
         storages = (config.kernel_storage, config.activation_storage)
         settings = [
             (algo, storages, options, defaults_label(config, algo, platform))

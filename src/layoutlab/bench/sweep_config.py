@@ -255,9 +255,12 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
     return opts
 
 
-def options_for(config: SweepConfig, mode: str, backend: str | None = None) -> dict:
-    """The XLA compile options of layoutlab's ``mode`` steps on ``backend`` (name)."""
-    base = fast_compile_options(mode, backend, _optimizer(config)) if config.cpu_fast else {}
+def options_for(
+    config: SweepConfig, mode: str, backend: str | None = None, batch: int | None = None
+) -> dict:
+    """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``."""
+    fast = config.cpu_fast
+    base = fast_compile_options(mode, backend, _optimizer(config), batch) if fast else {}
     return {**base, **config.xla_options}
 
 

@@ -247,7 +247,7 @@ def _compare(args, model, x, options, tolerance):
 def _compiler_options(args) -> dict:
     from layoutlab.fast_defaults import fast_compile_options
 
-    return fast_compile_options(args.mode) if args.cpu_fast else {}
+    return fast_compile_options(args.mode, batch=args.batch_size) if args.cpu_fast else {}
 
 
 def _conv_settings(model, specs: dict) -> dict:

@@ -21,7 +21,8 @@ __all__ = ["compile_options", "with_default_plan"]
 
 def compile_options(config: TrainConfig, mode: str) -> dict:
     """XLA compile options of the run's ``mode`` ("train" or "infer") programs."""
-    base = fast_compile_options(mode, optimizer=config.optimizer) if config.cpu_fast else {}
+    batch = config.batch_size if mode == "train" else None
+    base = fast_compile_options(mode, None, config.optimizer, batch) if config.cpu_fast else {}
     return {**base, **config.xla_options}
 
 

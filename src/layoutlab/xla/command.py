@@ -59,7 +59,9 @@ def _inspect(args: argparse.Namespace):
         backend=args.backend,
         flags={
             **(
-                fast_compile_options(args.mode, platform, args.optimizer) if args.cpu_fast else {}
+                fast_compile_options(args.mode, platform, args.optimizer, args.batch_size)
+                if args.cpu_fast
+                else {}
             ),
             **parse_assignments(args.xla_option, "--xla-option"),
         }

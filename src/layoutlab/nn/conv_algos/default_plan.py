@@ -32,8 +32,13 @@ with ``cpu_fast_options``:
   to batch 32 (1.10-1.62x; 0.88x at 128) and on the 4x4 512-channel conv at 1 and 8
   (1.17-1.60x, where Winograd lost 2-3x). On ResNet-50 ImageNet-stem at batch 1 and 16
   (same file) im2col won or tied on every 1x1 stride-2 conv (1.17-1.56x) and, in
-  training, on the 1x1 stride-1 convs (1.01-1.64x; one 0.93x tie at 16), never measured
-  above 16.
+  training, on the 1x1 stride-1 convs (1.01-1.64x; one 0.93x tie at 16). The whole
+  ResNet-50 training step with and without im2col on those 1x1 stride-1 convs, in one
+  interleaved run: 1.23x [1.21, 1.26] faster at batch 1, 0.98x [0.95, 0.99] at 16, so that
+  rule holds at batch 1 only. At 16 the same Winograd won on the 28x28 and 14x14 3x3 convs
+  (1.23-1.36x in both objectives) and tied on the 7x7 one (1.15-1.30x), so from 16 it
+  covers 7x7 to 28x28 in inference (the whole training step did not gain:
+  ``_WINOGRAD_MID``).
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
@@ -84,6 +89,11 @@ class Rule(NamedTuple):
 
 
 _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
+# ResNet-50's 28x28, 14x14 and 7x7 stage convs on AVX-512 at batch 16, inference only: in
+# training the same convs won one by one (1.15-1.28x) but the whole ResNet-50 step read
+# 0.96x [0.84, 1.02] with them, inference 1.02x [1.00, 1.04] (A/B in one run). No 4x4 input
+# (where Winograd lost at batch 8).
+_WINOGRAD_MID = dict(kernel=(3, 3), strides=(1, 1), min_in=128, min_size=7, max_size=28)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``.
 _IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32)
@@ -118,11 +128,12 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
         Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=8, max_batch=32),
         Rule("im2col", (1, 1), (2, 2)),
-        Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=16),
+        Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=1),
         Rule("im2col", **_IM2COL_STEM),
     ),
     ("avx512", "inference", "float32"): (
         *_TINY_INPUT,
+        Rule("winograd4_full", **_WINOGRAD_MID, min_batch=16),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
         Rule("im2col", **_IM2COL_STEM),
     ),

@@ -1,0 +1,93 @@
+"""A whole step with the shipped conv table against the same table without some rules.
+
+    python benchmarks/ab_table_rules.py --model resnet18 --batch 8 --drop small
+    python benchmarks/ab_table_rules.py --model resnet50 --batch 16 --drop 1x1s1
+    python benchmarks/ab_table_rules.py --model resnet50 --batch 16 --drop mid --mode infer
+
+A conv algorithm that wins on its own (``layoutlab autotune convs``) need not make the whole
+step faster: XLA:CPU overlaps a step's convs on the cores, and the conv's neighbours change.
+This times the two programs interleaved (``bench.sweep.run_group``, NHWC, fp32, SGD with
+momentum, the step's own compile options) and prints each median and the per-round ratio
+``without / with`` (above 1: the rules make the step faster). The second program is set up
+with the dropped rules removed from this CPU kind's table for the time of its set-up.
+
+``--drop``: ``small`` every rule of the training table that holds below batch 128 (the table
+before per-batch rules on this kind, but the tiny-input one), ``1x1s1`` the 1x1 stride-1
+rule, ``mid`` the 7x7-28x28 Winograd rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from layoutlab.bench.cases import JaxCase, make_workload
+from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.sweep import run_group
+from layoutlab.fast_defaults import cpu_fast_options, cpu_kind
+from layoutlab.nn.conv_algos import default_plan
+
+DROPS = {
+    "small": lambda r: r.min_batch < 128 and r.max_size != 2,
+    "1x1s1": lambda r: r.kernel == (1, 1) and r.strides == (1, 1),
+    "mid": lambda r: r.max_size == 28,
+}
+
+
+def _without(drop):
+    class Without(JaxRunner):
+        def setup(self):
+            saved = dict(default_plan.DEFAULT_RULES)
+            for key, rules in saved.items():
+                default_plan.DEFAULT_RULES[key] = tuple(r for r in rules if not drop(r))
+            try:
+                return super().setup()
+            finally:
+                default_plan.DEFAULT_RULES.update(saved)
+
+    return Without
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR, 32x32) or resnet50")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--mode", default="train", choices=("train", "infer"))
+    p.add_argument("--drop", default="small", choices=sorted(DROPS))
+    p.add_argument("--time-budget", type=float, default=30.0)
+    args = p.parse_args(argv)
+    stem, size, classes = ("cifar", 32, 10) if args.model == "resnet18" else ("imagenet", 224, 1000)
+    w = make_workload(args.model, {"stem": stem}, (size, size, 3), classes, args.mode, args.batch)
+    opts = cpu_fast_options(args.mode, "pytorch", batch=args.batch)
+    runners = [
+        cls(
+            JaxCase(
+                w,
+                "NHWC",
+                "fp32",
+                "auto",
+                "channels_last",
+                tuple(sorted(opts.items())),
+                label,
+                conv_tune="never",
+                activation_storage="channels_last",
+                optimizer="pytorch",
+            ),
+            backend="cpu",
+            steps=20,
+        )  # fmt: skip
+        for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))
+    ]
+    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
+    for r in rows:
+        ms = [r.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
+        print(cpu_kind(), args.model, args.mode, args.batch, r["defaults"], r["status"],
+              f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]", r.get("error") or "")  # fmt: skip
+    if all(r["status"] == "ok" for r in rows):
+        table, without = (json.loads(r["round_ms"]) for r in rows)
+        print(f"--drop {args.drop}: without / with per round", paired_ratio(without, table))
+
+
+if __name__ == "__main__":
+    main()
