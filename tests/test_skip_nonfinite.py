@@ -9,6 +9,7 @@ from flax import nnx
 
 from layoutlab.loss_scale import DynamicLossScale, StaticLossScale, all_finite
 from layoutlab.train.skip import (
+    BRANCHES,
     SkipNonFiniteState,
     apply_if_finite_updates,
     last_step_finite,
@@ -79,10 +80,47 @@ def _run(step, tx, poisons):
     return history
 
 
-@pytest.fixture(scope="module", params=sorted(_OPTIMIZERS))
+# Both ways of branching (``train.skip``): the CPU default "cond" and "select".
+@pytest.fixture(
+    scope="module",
+    params=[(name, branch) for name in sorted(_OPTIMIZERS) for branch in BRANCHES],
+    ids=lambda p: "-".join(p),
+)
 def optimizer(request):
-    tx = skip_nonfinite(_OPTIMIZERS[request.param]())
+    name, branch = request.param
+    tx = skip_nonfinite(_OPTIMIZERS[name](), branch=branch)
     return tx, _make_step(tx)
+
+
+@pytest.mark.parametrize("name", sorted(_OPTIMIZERS))
+def test_both_branches_agree(name):
+    """The "cond" branch runs the update only on finite gradients, "select" discards it:
+    the same steps are skipped and counted, and the params and optimizer state agree to
+    float32 rounding. Not bit for bit: XLA fuses the update differently inside a
+    conditional, and a multiply-add can round its last bit differently (seen: 1 ulp)."""
+    poisons = [np.nan if i in _BAD_STEPS else 0.0 for i in range(12)]
+    runs = []
+    for branch in BRANCHES:
+        tx = skip_nonfinite(_OPTIMIZERS[name](), branch=branch)
+        runs.append(_run(_make_step(tx), tx, poisons))
+    for a, b in zip(*runs, strict=True):
+        assert int(skipped_steps(a[1])) == int(skipped_steps(b[1]))
+        assert bool(last_step_finite(a[1])) == bool(last_step_finite(b[1]))
+        # 1e-6 relative, 1e-7 absolute: a few float32 ulps of O(0.1-1) values after 12 steps.
+        for x, y in zip(jax.tree.leaves(a[:2]), jax.tree.leaves(b[:2]), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+    params, updates = _init_params(), {"w": jnp.ones([4]), "b": jnp.asarray(np.inf)}
+    for finite in (True, False):
+        got = [apply_if_finite_updates(params, updates, jnp.asarray(finite), b) for b in BRANCHES]
+        _assert_bits_equal(got[0], got[1])
+    with pytest.raises(ValueError, match="branch must be one of"):
+        skip_nonfinite(optax.sgd(0.1), branch="if")
+
+
+def test_cpu_steps_branch_with_cond():
+    from layoutlab.fast_defaults import default_skip_branch
+
+    assert (default_skip_branch("cpu"), default_skip_branch("gpu")) == ("cond", "select")
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
@@ -218,9 +256,10 @@ def _accumulate(tx, grads_seq):
     return params, states
 
 
-def test_multisteps_inside_skip_ignores_the_bad_micro_step():
+@pytest.mark.parametrize("branch", BRANCHES)
+def test_multisteps_inside_skip_ignores_the_bad_micro_step(branch):
     k, lr = 3, 0.1
-    tx = skip_nonfinite(optax.MultiSteps(optax.sgd(lr), every_k_schedule=k))
+    tx = skip_nonfinite(optax.MultiSteps(optax.sgd(lr), every_k_schedule=k), branch=branch)
     g = _micro_grads(6)
     bad = {"w": g[0]["w"].at[1].set(np.inf)}
     faulty_params, faulty = _accumulate(tx, [g[0], g[1], bad, g[2], g[3], bad, g[4], g[5]])

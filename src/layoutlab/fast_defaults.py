@@ -33,6 +33,7 @@ __all__ = [
     "default_activation_storage",
     "default_backend",
     "default_kernel_storage",
+    "default_skip_branch",
     "fast_compile_options",
     "resolve_activation_storage",
     "resolve_kernel_storage",
@@ -123,6 +124,13 @@ def fast_compile_options(
     if backend != "cpu":
         return {}
     return accepted_cpu_options(cpu_fast_options(mode, optimizer, batch=batch))
+
+
+def default_skip_branch(backend: str | None = None) -> str:
+    """How a training step skips non-finite gradients (``train.skip``): ``"cond"`` on CPU,
+    where the selects of ``"select"`` cost extra passes over every parameter (ResNet-18 at
+    batch 1: 1.14-1.34x; ``benchmarks/results/skip_branch_cpu.md``), ``"select"`` elsewhere."""
+    return "cond" if (backend or default_backend()) == "cpu" else "select"
 
 
 def default_kernel_storage(backend: str | None = None) -> str:

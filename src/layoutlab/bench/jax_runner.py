@@ -17,6 +17,7 @@ from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.train import program as programs
 from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
+from layoutlab.xla.backends import resolve_backend
 
 __all__ = ["JaxRunner", "build_model", "case_spec", "layout_images", "tune_convs"]
 
@@ -141,7 +142,7 @@ class JaxRunner:
             )
             spec = spec.with_plan(plan)
         self.spec = spec
-        program = programs.build_program(spec, inputs)
+        program = programs.build_program(spec, inputs, resolve_backend(self.backend).platform)
         # One compiled init instead of an eager compile per initializer op.
         state = jax.jit(program.init, compiler_options=programs.INIT_COMPILER_OPTIONS)()
         name = f"{w.model}/{case.layout}/{case.precision}/{w.mode}/b{w.batch_size}"

@@ -165,12 +165,15 @@ def make_optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTrans
     return build_optimizer(optimizer_spec(config, total_steps))
 
 
-def build_optimizer(spec: OptimizerSpec) -> optax.GradientTransformation:
-    """``skip_nonfinite(MultiSteps(optimizer, accum_steps))``; with half-precision params
-    (``spec.float32_state``) the optimizer is wrapped in ``float32_state``."""
+def build_optimizer(
+    spec: OptimizerSpec, skip_branch: str = "select"
+) -> optax.GradientTransformation:
+    """``skip_nonfinite(MultiSteps(optimizer, accum_steps), branch=skip_branch)``; with
+    half-precision params (``spec.float32_state``) the optimizer is wrapped in
+    ``float32_state``."""
     inner = _inner(spec, _schedule(spec))
     if spec.float32_state:
         inner = float32_state(inner)
     if spec.accum_steps > 1:
         inner = optax.MultiSteps(inner, every_k_schedule=spec.accum_steps)
-    return skip_nonfinite(inner)
+    return skip_nonfinite(inner, branch=skip_branch)

@@ -17,6 +17,7 @@ from flax import nnx
 
 from layoutlab import models
 from layoutlab.data import augment as augment_images
+from layoutlab.fast_defaults import default_skip_branch
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import configure_convs, with_conv_plan
 from layoutlab.train.model_checks import builder_options
@@ -107,9 +108,12 @@ class Program(NamedTuple):
         return self.inputs.batch(self.spec.layout, batch_size, sharding)
 
 
-def build_program(spec: RunSpec, inputs: InputSpec) -> Program:
-    """The model, state and steps of ``spec`` on ``inputs`` (see ``Program``)."""
-    tx = build_optimizer(spec.optimizer)
+def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) -> Program:
+    """The model, state and steps of ``spec`` on ``inputs`` (see ``Program``) for
+    ``backend`` (None: JAX's default), which picks how a non-finite step is skipped
+    (``fast_defaults.default_skip_branch``)."""
+    branch = default_skip_branch(backend)
+    tx = build_optimizer(spec.optimizer, branch)
     defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))
 
     def init(model: nnx.Module | None = None) -> TrainState:
@@ -122,7 +126,7 @@ def build_program(spec: RunSpec, inputs: InputSpec) -> Program:
         defs=defs,
         tx=tx,
         init=init,
-        train_step=make_train_step(defs, tx, augment=_augment_fn(spec)),
+        train_step=make_train_step(defs, tx, augment=_augment_fn(spec), skip_branch=branch),
         eval_step=make_eval_step(defs),
         forward=make_forward(defs),
     )

@@ -34,11 +34,13 @@ def make_train_step(
     tx: optax.GradientTransformation,
     *,
     augment: Callable | None = None,
+    skip_branch: str = "select",
 ) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict]]:
     """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
 
     ``tx`` should be wrapped in ``layoutlab.train.skip.skip_nonfinite`` so its state also
     stays put on a skipped step. ``augment(key, images) -> images`` runs on device.
+    ``skip_branch``: how the params keep their values on such a step (``train.skip``).
     """
 
     def loss_fn(params, model_state, images, labels, loss_scale):
@@ -62,7 +64,7 @@ def make_train_step(
         # optax relies on standard promotion (e.g. ``decay ** count`` with an int count).
         with jax.numpy_dtype_promotion("standard"):
             updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = apply_if_finite_updates(state.params, updates, finite)
+        params = apply_if_finite_updates(state.params, updates, finite, skip_branch)
         new_state = TrainState(
             step=state.step + 1,
             params=params,
