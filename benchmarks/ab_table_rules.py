@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from layoutlab.bench.cases import JaxCase, make_workload
+from interleaved_steps import median_cell, runner, workload
+
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
@@ -57,33 +58,16 @@ def main(argv=None) -> None:
     p.add_argument("--drop", default="small", choices=sorted(DROPS))
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
-    stem, size, classes = ("cifar", 32, 10) if args.model == "resnet18" else ("imagenet", 224, 1000)
-    w = make_workload(args.model, {"stem": stem}, (size, size, 3), classes, args.mode, args.batch)
+    w = workload(args.model, args.mode, args.batch)
     opts = cpu_fast_options(args.mode, "pytorch", batch=args.batch)
     runners = [
-        cls(
-            JaxCase(
-                w,
-                "NHWC",
-                "fp32",
-                "auto",
-                "channels_last",
-                tuple(sorted(opts.items())),
-                label,
-                conv_tune="never",
-                activation_storage="channels_last",
-                optimizer="pytorch",
-            ),
-            backend="cpu",
-            steps=20,
-        )  # fmt: skip
+        runner(w, label, opts, cls=cls)
         for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))
     ]
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     for r in rows:
-        ms = [r.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
         print(cpu_kind(), args.model, args.mode, args.batch, r["defaults"], r["status"],
-              f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]", r.get("error") or "")  # fmt: skip
+              median_cell(r), r.get("error") or "")  # fmt: skip
     if all(r["status"] == "ok" for r in rows):
         table, without = (json.loads(r["round_ms"]) for r in rows)
         print(f"--drop {args.drop}: without / with per round", paired_ratio(without, table))

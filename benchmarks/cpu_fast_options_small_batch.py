@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from layoutlab.bench.cases import JaxCase, make_workload
-from layoutlab.bench.jax_runner import JaxRunner
+from interleaved_steps import median_cell, runner, workload
+
 from layoutlab.bench.sweep import run_group
 
 _Y = "LIBRARY_FUSION_TYPE_"
@@ -42,33 +42,17 @@ def main(argv=None) -> None:
     p.add_argument("--optimizer", default="pytorch", choices=("pytorch", "train"))
     p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR stem, 32x32) or resnet50")
     args = p.parse_args(argv)
-    stem, size, classes = ("cifar", 32, 10) if args.model == "resnet18" else ("imagenet", 224, 1000)
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        w = make_workload(args.model, {"stem": stem}, (size, size, 3), classes, "train", batch)
+        w = workload(args.model, "train", batch)
         runners = [
-            JaxRunner(
-                JaxCase(
-                    w,
-                    "NHWC",
-                    "fp32",
-                    algo,
-                    "channels_last",
-                    () if value is None else ((KEY, value),),
-                    name,
-                    conv_tune="never",
-                    activation_storage="channels_last",
-                    optimizer=args.optimizer,
-                ),
-                backend="cpu",
-                steps=20,
+            runner(
+                w, name, {} if value is None else {KEY: value}, optimizer=args.optimizer, algo=algo
             )  # fmt: skip
             for name, (algo, value) in SETS.items()
         ]
         for row in run_group(runners, repeats="auto", warmup=3, budget_s=args.time_budget):
-            ms = [row.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
-            print(batch, args.optimizer, row["defaults"], row["status"],
-                  f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]", row.get("unstable_reason") or "",
-                  flush=True)  # fmt: skip
+            print(batch, args.optimizer, row["defaults"], row["status"], median_cell(row),
+                  row.get("unstable_reason") or "", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

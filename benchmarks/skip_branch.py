@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from layoutlab.bench.cases import JaxCase, make_workload
+from interleaved_steps import median_cell, runner, workload
+
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
@@ -41,33 +42,16 @@ def main(argv=None) -> None:
     p.add_argument("--optimizer", default="pytorch", choices=("pytorch", "train"))
     p.add_argument("--time-budget", type=float, default=15.0)
     args = p.parse_args(argv)
-    kwargs = {"stem": "cifar"} if args.model.startswith("resnet") else {}
-    w = make_workload(args.model, kwargs, (32, 32, 3), 10, "train", args.batch)
-    opts = tuple(sorted(cpu_fast_options("train", args.optimizer, batch=args.batch).items()))
+    w = workload(args.model, "train", args.batch)
+    opts = cpu_fast_options("train", args.optimizer, batch=args.batch)
     runners = [
-        cls(
-            JaxCase(
-                w,
-                "NHWC",
-                "fp32",
-                "auto",
-                "channels_last",
-                opts,
-                label,
-                conv_tune="never",
-                activation_storage="channels_last",
-                optimizer=args.optimizer,
-            ),
-            backend="cpu",
-            steps=20,
-        )  # fmt: skip
+        runner(w, label, opts, optimizer=args.optimizer, cls=cls)
         for cls, label in ((JaxRunner, "cond"), (SelectRunner, "select"))
     ]
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     for r in rows:
-        ms = [r.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
         print(args.model, args.batch, args.optimizer, r["defaults"], r["status"],
-              f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]", r.get("error") or "")  # fmt: skip
+              median_cell(r), r.get("error") or "")  # fmt: skip
     if all(r["status"] == "ok" for r in rows):
         cond, select = (json.loads(r["round_ms"]) for r in rows)
         print("select / cond per round:", paired_ratio(select, cond))

@@ -1,0 +1,37 @@
+"""What the interleaved step benchmarks share: a workload by model name, a runner for one
+labelled NHWC fp32 case, and a row's median step time as a table cell.
+
+Imported by ``ab_table_rules.py``, ``cpu_fast_options_small_batch.py`` and
+``skip_branch.py`` (run from this folder, so a plain import finds it).
+"""
+
+from __future__ import annotations
+
+from layoutlab.bench.cases import JaxCase, Workload, make_workload
+from layoutlab.bench.jax_runner import JaxRunner
+
+# model -> (model kwargs, image size, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
+_INPUTS = {"resnet18": ({"stem": "cifar"}, 32, 10), "resnet50": ({"stem": "imagenet"}, 224, 1000)}
+
+
+def workload(model: str, mode: str, batch: int) -> Workload:
+    """``model``'s workload: ResNet-18 CIFAR at 32x32, ResNet-50 ImageNet at 224x224, any
+    other registered model at 32x32 with 10 classes."""
+    kwargs, size, classes = _INPUTS.get(model, ({}, 32, 10))
+    return make_workload(model, kwargs, (size, size, 3), classes, mode, batch)
+
+
+def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",
+           algo: str = "auto", cls=JaxRunner) -> JaxRunner:  # fmt: skip
+    """A ``cls`` runner of ``w`` in NHWC fp32 with HWIO kernels, conv algorithm ``algo`` (no
+    tuning), compile ``options`` and ``optimizer``, labelled ``label``; 20 steps."""
+    case = JaxCase(w, "NHWC", "fp32", algo, "channels_last", tuple(sorted(options.items())),
+                   label, conv_tune="never", activation_storage="channels_last",
+                   optimizer=optimizer)  # fmt: skip
+    return cls(case, backend="cpu", steps=20)
+
+
+def median_cell(row: dict) -> str:
+    """``"71.0 [70.4, 71.6]"``: a result row's median step ms with its 95% interval."""
+    ms = [row.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
+    return f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]"
