@@ -40,7 +40,8 @@ def main() -> None:
     p.add_argument("--show", action="append", default=[], metavar="NAME")
     args = p.parse_args()
     w = make_workload("resnet18", {"stem": "cifar"}, (32, 32, 3), 10, args.mode, args.batch)
-    options = tuple(sorted(fast_compile_options(args.mode, "cpu", args.optimizer).items()))
+    options = fast_compile_options(args.mode, "cpu", args.optimizer, args.batch)
+    options = tuple(sorted(options.items()))
     case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
                    conv_tune="never", activation_storage="channels_last",
                    optimizer=args.optimizer)  # fmt: skip

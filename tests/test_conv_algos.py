@@ -37,6 +37,7 @@ CASES = {
         (
             "im2col",
             "gemm_dw",
+            "col2im_dx",
             "winograd2",
             "winograd4",
             "winograd2_xla_dw",
@@ -44,7 +45,9 @@ CASES = {
             "winograd4_full",
         ),
     ),
-    "3x3s2": (((2, 9, 8, 4), (3, 3, 4, 6), 2, "SAME"), ("im2col", "gemm_dw", "s2d")),
+    # N * Ho * Wo <= O: im2col's weight gradient is one GEMM over the patches.
+    "3x3s1_wide": (((1, 3, 3, 4), (3, 3, 4, 16), 1, "SAME"), ("im2col", "col2im_dx")),
+    "3x3s2": (((2, 9, 8, 4), (3, 3, 4, 6), 2, "SAME"), ("im2col", "gemm_dw", "col2im_dx", "s2d")),
     "1x1s2": (((2, 8, 8, 4), (1, 1, 4, 6), 2, 0), ("im2col", "pointwise")),
     "7x7s2": (((1, 11, 11, 3), (7, 7, 3, 4), 2, 3), ("im2col", "s2d")),
 }

@@ -15,6 +15,7 @@ from layoutlab.train.skip import (
     last_step_finite,
     skip_nonfinite,
     skipped_steps,
+    update_and_apply,
 )
 
 
@@ -115,6 +116,69 @@ def test_both_branches_agree(name):
         _assert_bits_equal(got[0], got[1])
     with pytest.raises(ValueError, match="branch must be one of"):
         skip_nonfinite(optax.sgd(0.1), branch="if")
+
+
+def _make_fused_step(tx, branch):
+    """``_make_step`` with the optimizer and params updates through ``update_and_apply``
+    (what ``make_train_step`` runs), the gradients checked once."""
+
+    @jax.jit
+    def step(params, opt_state, loss_scale, poison):
+        grads = jax.grad(lambda p: loss_scale.scale(_loss(p)))(params)
+        grads = loss_scale.unscale(grads)
+        grads = {**grads, "w": grads["w"].at[0].add(poison)}
+        finite = all_finite(grads)
+        with jax.numpy_dtype_promotion("standard"):
+            params, opt_state = update_and_apply(tx, grads, opt_state, params, finite, branch)
+        return params, opt_state, loss_scale.adjust(finite)
+
+    return step
+
+
+@pytest.mark.parametrize("branch", BRANCHES)
+@pytest.mark.parametrize("name", sorted(_OPTIMIZERS))
+def test_update_and_apply_skips_like_update_then_apply(name, branch):
+    """One conditional around the optimizer and params updates (``update_and_apply``) against
+    ``tx.update`` then ``apply_updates`` (the path checked bit for bit above): the same steps
+    skipped and counted, a skipped step bit-identical, the rest equal to float32 rounding
+    (1e-6 relative, 1e-7 absolute, as in ``test_both_branches_agree``: XLA may fuse the
+    update differently inside the conditional)."""
+    poisons = [np.nan if i in _BAD_STEPS else 0.0 for i in range(12)]
+    tx = skip_nonfinite(_OPTIMIZERS[name](), branch=branch)
+    fused = _run(_make_fused_step(tx, branch), tx, poisons)
+    plain = _run(_make_step(tx), tx, poisons)
+    for i, (a, b) in enumerate(zip(fused, plain, strict=True)):
+        assert int(skipped_steps(a[1])) == int(skipped_steps(b[1]))
+        assert bool(last_step_finite(a[1])) == bool(last_step_finite(b[1]))
+        for x, y in zip(jax.tree.leaves(a[:2]), jax.tree.leaves(b[:2]), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+        if i in _BAD_STEPS:
+            _assert_bits_equal(fused[i + 1][0], a[0])
+            _assert_bits_equal(fused[i + 1][1].inner_state, a[1].inner_state)
+    assert int(skipped_steps(fused[-1][1])) == sum(p != 0.0 for p in poisons) == 2
+
+
+def test_a_verdict_passed_in_replaces_the_check():
+    """``grads_finite`` decides in place of ``all_finite(updates)``: a Python bool (a branch
+    of the caller's own conditional) or a traced one."""
+    params = {"w": jnp.asarray([1.0, -0.0], jnp.float32)}
+    grads = {"w": jnp.asarray([0.5, 0.5], jnp.float32)}
+    for branch in BRANCHES:
+        tx = skip_nonfinite(optax.sgd(0.1, momentum=0.9), branch=branch)
+        state = tx.init(params)
+        for verdict in (False, jnp.asarray(False)):
+            updates, new = tx.update(grads, state, params, grads_finite=verdict)
+            assert np.all(np.signbit(np.asarray(updates["w"]))) and int(skipped_steps(new)) == 1
+            _assert_bits_equal(new.inner_state, state.inner_state)
+        updates, new = tx.update(grads, state, params, grads_finite=True)
+        np.testing.assert_array_equal(updates["w"], np.asarray([-0.05, -0.05], np.float32))
+        assert int(skipped_steps(new)) == 0 and bool(last_step_finite(new))
+    # A transformation without the skip wrapper is updated and applied the plain way.
+    plain = optax.sgd(0.1)
+    new_params, _ = update_and_apply(
+        plain, grads, plain.init(params), params, jnp.asarray(False), "cond"
+    )
+    _assert_bits_equal(new_params, params)
 
 
 def test_cpu_steps_branch_with_cond():

@@ -15,6 +15,7 @@ BUILTIN_ALGORITHMS = (
     "xla",
     "im2col",
     "gemm_dw",
+    "col2im_dx",
     "winograd2",
     "winograd4",
     "winograd2_xla_dw",

@@ -48,6 +48,7 @@ __all__ = [
     "skipped_steps",
     "last_step_finite",
     "apply_if_finite_updates",
+    "update_and_apply",
 ]
 
 
@@ -93,8 +94,12 @@ def skip_nonfinite(inner, *, branch: str = "select") -> optax.GradientTransforma
             inner_state=inner.init(params),
         )
 
-    def update(updates, state, params=None, **extra_args):
-        finite = all_finite(updates)
+    def update(updates, state, params=None, *, grads_finite=None, **extra_args):
+        # A caller that has checked the gradients already passes the verdict (a traced bool,
+        # or a Python bool inside its own branch) instead of a second pass over them.
+        finite = all_finite(updates) if grads_finite is None else grads_finite
+        if finite is True or finite is False:
+            return _decided_update(inner, finite, updates, state, params, extra_args)
         if branch == "cond":
             return _cond_update(inner, finite, updates, state, params, extra_args)
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
@@ -108,6 +113,16 @@ def skip_nonfinite(inner, *, branch: str = "select") -> optax.GradientTransforma
         )
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _decided_update(inner, finite: bool, updates, state, params, extra_args):
+    """The update once the verdict is known at trace time (a branch of the caller's cond)."""
+    if finite:
+        new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+        return new_updates, SkipNonFiniteState(state.skipped_steps, jnp.asarray(True), new_inner)
+    zeros = jax.tree.map(_negative_zero_like, updates)
+    skipped = state.skipped_steps + 1
+    return zeros, SkipNonFiniteState(skipped, jnp.asarray(False), state.inner_state)
 
 
 def _cond_update(inner, finite, updates, state, params, extra_args):
@@ -152,6 +167,35 @@ def skipped_steps(opt_state) -> jax.Array:
 def last_step_finite(opt_state) -> jax.Array:
     """Whether the latest step's gradients were finite (so its updates were applied)."""
     return _value(_find_state(opt_state).last_finite)
+
+
+def update_and_apply(tx, grads, opt_state, params, finite, branch: str = "select"):
+    """``tx.update`` then ``optax.apply_updates``, skipped where ``finite`` is False:
+    ``(new_params, new_opt_state)``.
+
+    ``tx`` is a ``skip_nonfinite`` transformation and ``finite`` the caller's
+    ``all_finite(grads)``, handed over so the gradients are checked once. With ``"cond"``
+    the optimizer update and the params update share one ``lax.cond``, so XLA fuses them
+    into one pass over each parameter (two conditionals kept them apart: the momentum, the
+    scaled update and the add were separate passes).
+    """
+    if not isinstance(opt_state, SkipNonFiniteState):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return apply_if_finite_updates(params, updates, finite, branch), opt_state
+    if _check_branch(branch) == "select":
+        updates, opt_state = tx.update(grads, opt_state, params, grads_finite=finite)
+        return apply_if_finite_updates(params, updates, finite, branch), opt_state
+
+    def apply(operands):
+        g, state, p = operands
+        updates, new_state = tx.update(g, state, p, grads_finite=True)
+        return optax.apply_updates(p, updates), new_state
+
+    def skip(operands):
+        g, state, p = operands
+        return p, tx.update(g, state, p, grads_finite=False)[1]
+
+    return lax.cond(finite, apply, skip, (grads, opt_state, params))
 
 
 def apply_if_finite_updates(params, updates, finite, branch: str = "select"):

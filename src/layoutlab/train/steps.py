@@ -14,7 +14,7 @@ import optax
 from flax import nnx
 
 from layoutlab.loss_scale import all_finite
-from layoutlab.train.skip import apply_if_finite_updates
+from layoutlab.train.skip import update_and_apply
 from layoutlab.train.state import ModelDefs, TrainState
 
 
@@ -63,8 +63,9 @@ def make_train_step(
         finite = all_finite(grads)
         # optax relies on standard promotion (e.g. ``decay ** count`` with an int count).
         with jax.numpy_dtype_promotion("standard"):
-            updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = apply_if_finite_updates(state.params, updates, finite, skip_branch)
+            params, opt_state = update_and_apply(
+                tx, grads, state.opt_state, state.params, finite, skip_branch
+            )
         new_state = TrainState(
             step=state.step + 1,
             params=params,

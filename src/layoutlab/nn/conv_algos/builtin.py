@@ -35,6 +35,15 @@ BUILTIN = (
         plain_2d,
         "XLA forward and input gradient, weight gradient by per-offset GEMMs",
     ),
+    # XLA's forward and weight gradient; the input gradient as dY @ W^T (a GEMM reading the
+    # HWIO kernel where it is) scattered back by col2im. XLA's own input gradient copies a
+    # flipped, in/out-swapped kernel first, which at batch 1 costs as much as the conv.
+    Algorithm(
+        "col2im_dx",
+        core(Methods("native", "col2im", "native")),
+        plain_2d,
+        "XLA forward and weight gradient, input gradient by dY W^T GEMM + col2im",
+    ),
     *(
         _winograd(
             m, "", "gemm", f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs"

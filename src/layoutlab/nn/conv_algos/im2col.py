@@ -56,28 +56,58 @@ def im2col_forward(x, w, geom: Geometry, preferred):
 
 
 def weight_grad(x, g, geom: Geometry, w_shape, preferred):
-    """``dW[i, j] = X_ij^T dY``: one GEMM per kernel offset over all ``N * Ho * Wo`` positions.
+    """``dW = P^T dY`` in one GEMM while the patches ``P`` are no larger than ``dW``
+    (``N * Ho * Wo <= O``: small batches on small maps), else one GEMM per kernel offset.
 
-    ``X_ij`` is the strided slice of the input seen by offset ``(i, j)``, taken from a
-    channel-major copy of the input so each GEMM reads a ``(C, N*Ho*Wo)`` row-major matrix
-    (XLA:CPU hands that form to its GEMM library, and the slices fuse into its operands
-    instead of materialising ``kh * kw`` copies of the input).
+    The single GEMM writes ``dW`` in place, while the per-offset GEMMs are stacked
+    afterwards, a copy of the whole kernel gradient: on ResNet-18's 3x3x512x512 kernels at
+    batch 1 the copies cost more than the GEMMs (11 of a 70 ms step,
+    benchmarks/results/train_step_b1_avx512_cpu.md). Past that size the patches would be
+    the larger copy.
     """
+    if g.shape[0] * g.shape[1] * g.shape[2] <= w_shape[-1]:
+        return one_gemm_weight_grad(x, g, geom, w_shape, preferred)
+    return per_offset_weight_grad(x, g, geom, w_shape, preferred)
+
+
+def one_gemm_weight_grad(x, g, geom: Geometry, w_shape, preferred):
+    """``dW = P^T dY``, with ``P^T`` (``kh * kw * C`` rows of ``N * Ho * Wo``) gathered from
+    a channel-major copy of the input, so the GEMM reads both operands row-major and XLA:CPU
+    hands it to YNNPACK (``P`` contracted over its rows went to Eigen's dot; the whole
+    batch-1 step measured even, 1.01x [0.99, 1.04])."""
+    g2 = g.reshape(-1, g.shape[-1])
+    return _matmul(
+        _channel_major_slices(x, geom, g.shape[1:3], concat=True), g2, preferred
+    ).reshape(w_shape)
+
+
+def _channel_major_slices(x, geom: Geometry, out_size, concat: bool = False):
+    """The ``kh * kw`` strided input slices each kernel offset sees, as ``(C, N*Ho*Wo)``
+    row-major matrices taken from a channel-major copy of the input (the slices fuse into
+    their consumers instead of materialising ``kh * kw`` copies of the input); ``concat``:
+    stacked into one ``(kh * kw * C, N*Ho*Wo)`` matrix in HWIO's row order."""
     xt = jnp.transpose(pad_input(x, geom.padding), (3, 0, 1, 2))  # (C, N, Hp, Wp)
     (kh, kw), (sh, sw) = geom.kernel_size, geom.strides
-    ho, wo = g.shape[1:3]
-    g2 = g.reshape(-1, g.shape[-1])
+    ho, wo = out_size
     c = xt.shape[0]
-    parts = []
-    for i in range(kh):
-        for j in range(kw):
-            xs = lax.slice(
-                xt,
-                (0, 0, i, j),
-                (c, xt.shape[1], i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1),
-                (1, 1, sh, sw),
-            )
-            parts.append(_matmul(xs.reshape(c, -1), g2, preferred))
+    parts = [
+        lax.slice(
+            xt,
+            (0, 0, i, j),
+            (c, xt.shape[1], i + (ho - 1) * sh + 1, j + (wo - 1) * sw + 1),
+            (1, 1, sh, sw),
+        ).reshape(c, -1)
+        for i in range(kh)
+        for j in range(kw)
+    ]
+    return jnp.concatenate(parts) if concat else parts
+
+
+def per_offset_weight_grad(x, g, geom: Geometry, w_shape, preferred):
+    """``dW[i, j] = X_ij^T dY``: one GEMM per kernel offset over all ``N * Ho * Wo``
+    positions, stacked."""
+    g2 = g.reshape(-1, g.shape[-1])
+    parts = [_matmul(xs, g2, preferred) for xs in _channel_major_slices(x, geom, g.shape[1:3])]
     return jnp.stack(parts).reshape(w_shape)
 
 
