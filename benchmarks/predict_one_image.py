@@ -4,7 +4,8 @@
         [--rounds 30] [--out benchmarks/results/predict_one_image_resnet18_cifar_cpu]
 
 Trains a run for one step on synthetic 32x32x3 data (the weights do not change the
-time), writes one PNG, then times in interleaved rounds (A B C ... A B C ...):
+time), writes one PNG, then times in interleaved rounds, each starting one call later (A B
+C, B C A, ...: each call follows every other equally often):
 
 - ``layoutlab predict_files``: what `layoutlab predict` runs after loading the run: read
   and normalize the image, the run's forward (compiled once, with the run's inference XLA
@@ -135,7 +136,7 @@ def main(argv=None) -> None:
 
     calls["torch eager contiguous, 1 thread"] = one_thread
     meter = OtherLoad()
-    rounds = interleaved_rounds(calls, args.rounds, warmup=3)
+    rounds = interleaved_rounds(calls, args.rounds, warmup=3, rotate=True)
     others = meter.cores()
     torch_rows = [k for k in rounds if k.startswith("torch")]
     best = min(torch_rows, key=lambda k: np.median(rounds[k]))

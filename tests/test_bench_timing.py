@@ -55,3 +55,18 @@ def test_summarize_median_min_max_in_ms():
     assert (stats.min_ms, stats.max_ms, stats.repeats) == (pytest.approx(1.0), 10.0, 4)
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_interleaved_rounds_rotate_the_order_when_asked():
+    from layoutlab.bench.timing import interleaved_rounds
+
+    seen = []
+    calls = {k: (lambda k=k: seen.append(k)) for k in "ABC"}
+    rounds = interleaved_rounds(calls, repeats=4, warmup=0)
+    assert "".join(seen) == "ABC" * 4 and all(len(v) == 4 for v in rounds.values())
+    seen.clear()
+    rounds = interleaved_rounds(calls, repeats=4, warmup=1, rotate=True)
+    # One warm-up call each, then rounds A B C, B C A, C A B, A B C: each call follows every
+    # other one equally often, and round i of every call is still its i-th time.
+    assert "".join(seen) == "ABC" + "ABC" + "BCA" + "CAB" + "ABC"
+    assert list(rounds) == ["A", "B", "C"] and all(len(v) == 4 for v in rounds.values())

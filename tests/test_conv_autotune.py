@@ -69,6 +69,10 @@ def test_autotune_picks_a_passing_candidate_caches_and_reloads(tmp_path, monkeyp
     every = cat.candidates_for(spec)
     assert every[0] == "xla" and {"im2col", "gemm_dw", "winograd2", "winograd4"} <= set(every)
     assert "pointwise" not in every and "s2d" not in every  # 1x1 / stride-2 only
+    # In inference an algorithm whose forward is XLA's conv would time the same program.
+    forward = cat.candidates_for(spec, objective="inference")
+    assert {"gemm_dw", "col2im_dx"} <= set(every) and not {"gemm_dw", "col2im_dx"} & set(forward)
+    assert forward == [n for n in every if n not in ("gemm_dw", "col2im_dx")]
     result = cat.autotune_conv(
         spec, algorithms=["xla", "im2col", "winograd2"], cache=path, repeats=1, warmup=0
     )

@@ -66,20 +66,27 @@ K = TypeVar("K", bound=Hashable)
 
 
 def interleaved_rounds(
-    calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1
+    calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1, rotate: bool = False
 ) -> dict[K, list[float]]:
     """Milliseconds of each blocking call in each round, all called in turn each round (A B
     C A B C ...) after ``warmup`` unmeasured calls each, so every one sees the same machine
-    load and round ``i`` of one pairs with round ``i`` of another."""
+    load and round ``i`` of one pairs with round ``i`` of another.
+
+    ``rotate``: round ``i`` starts at call ``i mod n`` (A B C, B C A, C A B, ...), so each
+    call follows every other one equally often. Without it a call always runs after the
+    same neighbour, and inherits what that one leaves behind (its data in the caches, or
+    other memory in them)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"Need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}.")
     for call in calls.values():
         for _ in range(warmup):
             call()
+    order = list(calls)
     times: dict[K, list[float]] = {k: [] for k in calls}
-    for _ in range(repeats):
-        for k, call in calls.items():
-            times[k].append(1e3 * timed(call))
+    for i in range(repeats):
+        shift = i % len(order) if rotate else 0
+        for k in order[shift:] + order[:shift]:
+            times[k].append(1e3 * timed(calls[k]))
     return times
 
 

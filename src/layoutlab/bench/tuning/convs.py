@@ -118,12 +118,25 @@ def _cache_key(spec_key, platform, device_kind, versions, objective, names, opti
     )
 
 
-def candidates_for(spec: ConvSpec, algorithms: Iterable[str] | None = None) -> list[str]:
-    """Registered algorithms (or ``algorithms``) that support ``spec``; ``xla`` first."""
+def _forward_is_xla(name: str) -> bool:
+    methods = getattr(ca.get_algorithm(name).core, "methods", None)
+    return methods is not None and methods.forward == "native"
+
+
+def candidates_for(
+    spec: ConvSpec, algorithms: Iterable[str] | None = None, objective: str = "train"
+) -> list[str]:
+    """Registered algorithms (or ``algorithms``) that support ``spec``; ``xla`` first.
+
+    For ``"inference"`` the algorithms whose forward is XLA's own conv (``gemm_dw``,
+    ``col2im_dx``) are left out: they run the same program as ``xla`` there, and timing them
+    could only pick one by noise (at batch 1 such twins read 0.73-1.24x of ``xla``)."""
     names = list(algorithms) if algorithms is not None else list(ca.algorithm_names())
     for name in names:
         ca.get_algorithm(name)  # unknown names raise with the list of known ones
     ok = [n for n in names if ca.get_algorithm(n).supports(spec) is None]
+    if objective == "inference":
+        ok = [n for n in ok if n == ca.XLA or not _forward_is_xla(n)]
     return sorted(set(ok), key=lambda n: (n != ca.XLA, names.index(n)))
 
 
@@ -161,7 +174,7 @@ def autotune_conv(
     cache = AutotuneCache.at(cache)
     device = device_for(backend)
     here = versions()
-    names = candidates_for(spec, algorithms)
+    names = candidates_for(spec, algorithms, objective)
     key = _cache_key(
         spec.key(),
         device.platform,
