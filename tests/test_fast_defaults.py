@@ -194,6 +194,12 @@ def test_shipped_table_rules_depend_on_the_batch():
     assert default_algorithm(bottleneck, "train", "avx512")[0] == "im2col"
     assert default_algorithm(bottleneck._replace(batch=16), "train", "avx512")[0] == "xla"
     assert default_algorithm(bottleneck, "inference", "avx512")[0] == "xla"
+    # ResNet-50's 7x7x512 3x3 conv and its 14x14/28x28 stride-2 3x3 convs: im2col at batch 1
+    # in training (the whole step 1.05x and 1.04x), XLA's conv from batch 2 and in inference.
+    for spec in (_spec(1, 7, 512, 512), _spec(1, 28, 256, 256, stride=2)):
+        assert default_algorithm(spec, "train", "avx512")[0] == "im2col"
+        assert default_algorithm(spec._replace(batch=2), "train", "avx512")[0] == "xla"
+        assert default_algorithm(spec, "inference", "avx512")[0] == "xla"
     # A 3x3 conv on an input smaller than its kernel, which XLA rewrites into a 5-100x slower
     # conv, runs im2col at every batch on both CPU kinds; a 3x3 input keeps XLA's conv.
     for kind in ("avx2", "avx512"):

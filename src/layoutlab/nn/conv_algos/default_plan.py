@@ -38,7 +38,12 @@ with ``cpu_fast_options``:
   rule holds at batch 1 only. At 16 the same Winograd won on the 28x28 and 14x14 3x3 convs
   (1.23-1.36x in both objectives) and tied on the 7x7 one (1.15-1.30x), so from 16 it
   covers 7x7 to 28x28 in inference (the whole training step did not gain:
-  ``_WINOGRAD_MID``).
+  ``_WINOGRAD_MID``). After im2col's weight gradient became one GEMM at small work sizes,
+  ResNet-50 at batch 1 again (``benchmarks/results/train_step_b1_avx512_cpu.md``): im2col
+  won on the 7x7 512-channel 3x3 conv (2.6x) and the 14x14 and 28x28 stride-2 ones
+  (1.7-2.6x), and the whole training step with each rule against without it was 1.05x and
+  1.04x faster; Winograd on the 28x28-56x56 64-128-channel convs (1.5x each) was even on
+  ResNet-50's step and 0.94x on ResNet-18's (its 32x32 convs), so it has no rule.
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
@@ -126,6 +131,10 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         *_TINY_INPUT,
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
+        # ResNet-50's 7x7 and 14x14/28x28 stride-2 3x3 convs at batch 1: 2.6x and 1.7-2.6x
+        # one by one, the whole step 1.05x and 1.04x faster (train_step_b1_avx512_cpu.md).
+        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=7, max_batch=1),
+        Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=28, max_batch=1),
         Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=8, max_batch=32),
         Rule("im2col", (1, 1), (2, 2)),
         Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=1),
