@@ -2,9 +2,10 @@
 
 Forward: ``Y[(n,h,w), o] = P[(n,h,w), (i,j,c)] @ W[(i,j,c), o]``, ``P`` built from
 ``kh * kw`` strided slices of the padded input. The gradients are GEMM-shaped too:
-``dW = P^T @ dY`` (one GEMM, or one per kernel offset: ``weight_grad``), and ``dX`` is ``dY @ W^T`` scattered back
-(col2im) with ``lax.pad``, whose interior padding places stride-``s`` rows without the
-``lhs_dilation`` convolution XLA would otherwise use for a strided conv's input gradient.
+``dW = P^T @ dY`` (one GEMM, or one per kernel offset: ``weight_grad``), and ``dX`` is
+``dY @ W^T`` scattered back (col2im) with ``lax.pad``, whose interior padding places
+stride-``s`` rows without the ``lhs_dilation`` convolution XLA would otherwise use for a
+strided conv's input gradient.
 
 Half precision: operands stay in their dtype and the products accumulate in
 ``preferred_element_type`` (float32); the backward casts the cotangent to the operands'
