@@ -2,16 +2,20 @@
 
     python benchmarks/ab_update_and_dw.py --batch 1 --optimizer pytorch
     python benchmarks/ab_update_and_dw.py --batch 32 --optimizer train
+    python benchmarks/ab_update_and_dw.py --model resnet50 --batch 1 --variants channel_major_1x1
 
-The changes (ResNet-18 CIFAR, NHWC, fp32, the shipped conv table, the step's own compile
-options):
+The changes (ResNet-18 CIFAR or ``--model resnet50`` on ImageNet, NHWC, fp32, the shipped
+conv table, the step's own compile options):
 
 - ``two_conds``: the optimizer update and the params update in two ``lax.cond``s with the
   gradients checked twice, as before ``train.skip.update_and_apply`` put them in one
   conditional (``cond`` skip branch, the CPU default);
 - ``per_offset_dw``: im2col's weight gradient always by per-offset GEMMs and a stack, as
   before ``im2col.weight_grad`` took one GEMM over the patches at small work sizes;
-- ``before``: both.
+- ``before``: both;
+- ``channel_major_1x1``: im2col's 1x1 weight gradient through a channel-major copy of the
+  input (the one-GEMM or per-offset forms), as before it contracted the input over its
+  rows.
 
 Timed interleaved (``bench.sweep.run_group``); prints each median and the per-round ratio
 ``variant / now`` (above 1: the change makes the step faster). Each variant's program is
@@ -33,6 +37,12 @@ from layoutlab.nn.conv_algos import im2col
 from layoutlab.train import skip, steps
 
 
+def _channel_major_weight_grad(x, g, geom, w_shape, preferred):
+    if g.shape[0] * g.shape[1] * g.shape[2] <= w_shape[-1]:
+        return im2col.one_gemm_weight_grad(x, g, geom, w_shape, preferred)
+    return im2col.per_offset_weight_grad(x, g, geom, w_shape, preferred)
+
+
 def _two_conds(tx, grads, opt_state, params, finite, branch="select"):
     updates, opt_state = tx.update(grads, opt_state, params)
     return skip.apply_if_finite_updates(params, updates, finite, branch), opt_state
@@ -43,6 +53,7 @@ PATCHES = {
     "per_offset_dw": ((im2col, "weight_grad", im2col.per_offset_weight_grad),),
 }
 PATCHES["before"] = PATCHES["two_conds"] + PATCHES["per_offset_dw"]
+PATCHES["channel_major_1x1"] = ((im2col, "weight_grad", _channel_major_weight_grad),)
 
 
 def _patched(patches):

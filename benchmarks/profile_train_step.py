@@ -1,4 +1,5 @@
-"""Where a CPU training (or inference) step of ResNet-18 CIFAR spends its time, per XLA op.
+"""Where a CPU training (or inference) step of ResNet-18 CIFAR (or ``--model resnet50``, ImageNet
+stem) spends its time, per XLA op.
 
     python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch
 
@@ -24,14 +25,16 @@ import tempfile
 import time
 
 import jax
+from interleaved_steps import workload
 
-from layoutlab.bench.cases import JaxCase, make_workload
+from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.fast_defaults import fast_compile_options
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR) or resnet50 (ImageNet)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", default="train", choices=("train", "infer"))
     p.add_argument("--optimizer", default="pytorch", choices=("train", "pytorch"))
@@ -39,7 +42,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--show", action="append", default=[], metavar="NAME")
     args = p.parse_args()
-    w = make_workload("resnet18", {"stem": "cifar"}, (32, 32, 3), 10, args.mode, args.batch)
+    w = workload(args.model, args.mode, args.batch)
     options = fast_compile_options(args.mode, "cpu", args.optimizer, args.batch)
     options = tuple(sorted(options.items()))
     case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
