@@ -14,7 +14,8 @@ with the dropped rules removed from this CPU kind's table for the time of its se
 ``--drop``: ``small`` every rule of the training table that holds below batch 128 (the table
 before per-batch rules on this kind, but the tiny-input one), ``1x1s1`` the 1x1 stride-1
 rule, ``mid`` the 7x7-28x28 Winograd rule, ``b1_7x7`` im2col on the 3x3 stride-1 convs up
-to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at batch 1.
+to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at batch 1,
+``phase`` the stride-phase input gradient (``phase_dx``) on 3x3 stride-2 convs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ DROPS = {
     "mid": lambda r: r.max_size == 28,
     "b1_7x7": lambda r: r.max_batch == 1 and r.max_size == 7,
     "b1_s2": lambda r: r.max_batch == 1 and r.strides == (2, 2) and r.max_size == 28,
+    "phase": lambda r: r.algorithm == "phase_dx",
 }
 
 

@@ -38,6 +38,7 @@ CASES = {
             "im2col",
             "gemm_dw",
             "col2im_dx",
+            "phase_dx",
             "winograd2",
             "winograd4",
             "winograd2_xla_dw",
@@ -47,10 +48,16 @@ CASES = {
     ),
     # N * Ho * Wo <= O: im2col's weight gradient is one GEMM over the patches.
     "3x3s1_wide": (((1, 3, 3, 4), (3, 3, 4, 16), 1, "SAME"), ("im2col", "col2im_dx")),
-    "3x3s2": (((2, 9, 8, 4), (3, 3, 4, 6), 2, "SAME"), ("im2col", "gemm_dw", "col2im_dx", "s2d")),
-    "1x1s2": (((2, 8, 8, 4), (1, 1, 4, 6), 2, 0), ("im2col", "pointwise")),
+    "3x3s2": (
+        ((2, 9, 8, 4), (3, 3, 4, 6), 2, "SAME"),
+        ("im2col", "gemm_dw", "col2im_dx", "phase_dx", "s2d"),
+    ),
+    "1x1s2": (((2, 8, 8, 4), (1, 1, 4, 6), 2, 0), ("im2col", "pointwise", "phase_dx")),
     "1x1s1": (((2, 5, 6, 4), (1, 1, 4, 6), 1, 0), ("im2col", "col2im_dx", "pointwise")),
-    "7x7s2": (((1, 11, 11, 3), (7, 7, 3, 4), 2, 3), ("im2col", "s2d")),
+    "7x7s2": (((1, 11, 11, 3), (7, 7, 3, 4), 2, 3), ("im2col", "s2d", "phase_dx")),
+    # Odd sizes, "VALID" and stride 3: phases of unequal length, one past the kernel's reach.
+    "3x3s2_valid": (((2, 10, 7, 4), (3, 3, 4, 5), 2, "VALID"), ("phase_dx",)),
+    "2x2s3": (((1, 8, 9, 3), (2, 2, 3, 4), 3, "SAME"), ("phase_dx",)),
 }
 PARAMS = [
     pytest.param(case, alg, layout, id=f"{case}-{alg}-{layout}")

@@ -179,14 +179,15 @@ def test_shipped_table_rules_depend_on_the_batch():
     assert default_algorithm(_spec(128, 4, 512, 512), "inference", "avx2")[0] != "xla"
     # On AVX-512 ResNet-18 CIFAR's layer4 convs change hands with the batch in training:
     # im2col at 1 and 8, where Winograd ran 2-3x slower than XLA's conv; XLA's conv between
-    # the measured batches; Winograd from 32. The stride-2 one: im2col up to 32, not at 128.
+    # the measured batches; Winograd from 32. The stride-2 one: im2col up to 32; at 128 its
+    # input gradient by stride phases (phase_dx, below).
     layer4, down = _spec(1, 4, 512, 512), _spec(1, 8, 256, 512, stride=2)
     by_batch = [default_algorithm(layer4._replace(batch=b), "train", "avx512")[0]
                 for b in (1, 8, 16, 32, 128)]  # fmt: skip
     assert by_batch == ["im2col", "im2col", "xla", "winograd4_full", "winograd4_full"]
     by_batch = [default_algorithm(down._replace(batch=b), "train", "avx512")[0]
                 for b in (1, 32, 128)]  # fmt: skip
-    assert by_batch == ["im2col", "im2col", "xla"]
+    assert by_batch == ["im2col", "im2col", "phase_dx"]
     assert default_algorithm(layer4, "inference", "avx512")[0] == "xla"
     # ResNet-50's 1x1 stride-1 convs (64+ channels): im2col at batch 1 in training, where the
     # whole step gained 1.23x; at 16 it lost 2% though each conv alone won.
@@ -200,6 +201,14 @@ def test_shipped_table_rules_depend_on_the_batch():
         assert default_algorithm(spec, "train", "avx512")[0] == "im2col"
         assert default_algorithm(spec._replace(batch=2), "train", "avx512")[0] == "xla"
         assert default_algorithm(spec, "inference", "avx512")[0] == "xla"
+    # A stride-2 3x3 conv's input gradient by stride phases, at every batch, in training on
+    # AVX-512 (1.1-1.8x each, batch 1-128), where no im2col rule took the conv first.
+    strided = _spec(16, 56, 128, 128, stride=2)
+    for batch in (1, 16, 128):
+        assert default_algorithm(strided._replace(batch=batch), "train", "avx512")[0] == "phase_dx"
+    assert default_algorithm(strided, "train", "avx2")[0] == "xla"
+    assert default_algorithm(strided, "inference", "avx512")[0] == "xla"
+    assert default_algorithm(_spec(1, 28, 256, 256, stride=2), "train", "avx512")[0] == "im2col"
     # A 3x3 conv on an input smaller than its kernel, which XLA rewrites into a 5-100x slower
     # conv, runs im2col at every batch on both CPU kinds; a 3x3 input keeps XLA's conv.
     for kind in ("avx2", "avx512"):

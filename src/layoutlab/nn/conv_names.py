@@ -16,6 +16,7 @@ BUILTIN_ALGORITHMS = (
     "im2col",
     "gemm_dw",
     "col2im_dx",
+    "phase_dx",
     "winograd2",
     "winograd4",
     "winograd2_xla_dw",

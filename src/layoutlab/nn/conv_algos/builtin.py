@@ -44,6 +44,14 @@ BUILTIN = (
         plain_2d,
         "XLA forward and weight gradient, input gradient by dY W^T GEMM + col2im",
     ),
+    # XLA's forward and weight gradient; a strided conv's input gradient as one stride-1
+    # conv per stride phase instead of XLA's conv over a zero-dilated output gradient.
+    Algorithm(
+        "phase_dx",
+        core(Methods("native", "phase", "native")),
+        plain_2d,
+        "XLA forward and weight gradient, input gradient by one stride-1 conv per stride phase",
+    ),
     *(
         _winograd(
             m, "", "gemm", f"Winograd F({m}x{m},3x3) batched GEMMs; dX by Winograd, dW by GEMMs"

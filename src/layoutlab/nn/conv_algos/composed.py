@@ -5,7 +5,8 @@ training step is computed:
 
 - forward: ``native`` (XLA), ``gemm`` (im2col), ``winograd2`` / ``winograd4``;
 - input gradient: ``native`` (XLA's transpose of its conv), ``col2im`` (GEMM + scatter),
-  ``winograd2`` / ``winograd4`` (stride-1 3x3 only);
+  ``phase`` (one stride-1 conv per stride phase, ``conv_algos.phase``), ``winograd2`` /
+  ``winograd4`` (stride-1 3x3 only);
 - weight gradient: ``native``, ``gemm`` (one GEMM per kernel offset) or ``winograd2`` /
   ``winograd4`` (F(3x3, m x m), stride-1 3x3 only).
 
@@ -27,7 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from layoutlab.nn.conv_algos import im2col, winograd
+from layoutlab.nn.conv_algos import im2col, phase, winograd
 from layoutlab.nn.conv_algos.geometry import Geometry
 from layoutlab.nn.conv_algos.native import native_conv
 
@@ -80,6 +81,10 @@ def input_grad(g, x, w, geom: Geometry, method: str, acc, layout: str = "NHWC"):
         in_size = _to_nhwc(x, layout).shape[1:3]
         dx = im2col.input_grad(_to_nhwc(g, layout), w, geom, in_size, acc)
         return _from_nhwc(dx, layout)
+    if method == "phase":
+        in_size = _to_nhwc(x, layout).shape[1:3]
+        dx = phase.phase_input_grad(_to_nhwc(g, layout), w, geom, in_size, acc)
+        return _from_nhwc(dx, layout)
     if method.startswith("winograd"):
         kh, kw = geom.kernel_size
         pads = tuple(
@@ -87,7 +92,9 @@ def input_grad(g, x, w, geom: Geometry, method: str, acc, layout: str = "NHWC"):
         )
         m = _winograd_m(method)
         return winograd.winograd_forward(g, _flipped(w), pads, m, acc, layout)
-    raise ValueError(f"Unknown input-gradient method {method!r}; use native, col2im, winograd.")
+    raise ValueError(
+        f"Unknown input-gradient method {method!r}; use native, col2im, phase, winograd."
+    )
 
 
 def weight_grad(g, x, w, geom: Geometry, method: str, acc, layout: str = "NHWC"):
