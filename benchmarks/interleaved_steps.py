@@ -1,8 +1,9 @@
 """What the interleaved step benchmarks share: a workload by model name, a runner for one
 labelled NHWC fp32 case, and a row's median step time as a table cell.
 
-Imported by ``ab_table_rules.py``, ``cpu_fast_options_small_batch.py`` and
-``skip_branch.py`` (run from this folder, so a plain import finds it).
+Imported by ``ab_table_rules.py``, ``ab_update_and_dw.py``, ``cpu_fast_options_small_batch.py``,
+``profile_train_step.py`` and ``skip_branch.py`` (scripts of this folder, so a plain import
+finds it).
 """
 
 from __future__ import annotations

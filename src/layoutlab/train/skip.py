@@ -31,7 +31,7 @@ to float32 rounding, not bit for bit: XLA fuses the update differently in a cond
 
 A training step calls ``update_and_apply``: it hands its own ``all_finite`` verdict to the
 wrapper (``grads_finite``), so the gradients are checked once, and with ``"cond"`` the
-optimizer update and ``apply_updates`` run in one conditional, where XLA fuses the two.
+optimizer update and ``apply_updates`` run in one conditional, where XLA fuses across them.
 Against two conditionals and two checks: ResNet-18 CIFAR 1.09x (SGD) and 1.11x (AdamW)
 faster at batch 1, even at 8 and 32 (benchmarks/results/train_step_b1_avx512_cpu.md).
 """
@@ -181,9 +181,9 @@ def update_and_apply(tx, grads, opt_state, params, finite, branch: str = "select
 
     ``tx`` is a ``skip_nonfinite`` transformation and ``finite`` the caller's
     ``all_finite(grads)``, handed over so the gradients are checked once. With ``"cond"``
-    the optimizer update and the params update share one ``lax.cond``, so XLA fuses them
-    into one pass over each parameter (two conditionals kept them apart: the momentum, the
-    scaled update and the add were separate passes).
+    the optimizer update and the params update share one ``lax.cond``, where XLA fuses
+    across them: SGD with momentum makes two passes over each parameter, where two
+    conditionals made three (the momentum, the scaled update and the add).
     """
     if not isinstance(opt_state, SkipNonFiniteState):
         updates, opt_state = tx.update(grads, opt_state, params)
