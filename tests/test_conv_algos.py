@@ -261,6 +261,8 @@ def test_unsupported_reason_api():
     [
         ({"groups": 2}, "im2col", "groups"),
         ({"groups": 4}, "gemm_dw", "groups"),  # depthwise
+        ({"groups": 2, "strides": 2}, "phase_dx", "groups"),
+        ({"dilation": 2}, "col2im_dx", "dilation"),
         ({"dilation": 2}, "im2col", "dilation"),
         ({"strides": 2}, "winograd4", "stride"),
         ({}, "pointwise", "kernel"),

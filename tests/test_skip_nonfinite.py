@@ -173,6 +173,8 @@ def test_a_verdict_passed_in_replaces_the_check():
         updates, new = tx.update(grads, state, params, grads_finite=True)
         np.testing.assert_array_equal(updates["w"], np.asarray([-0.05, -0.05], np.float32))
         assert int(skipped_steps(new)) == 0 and bool(last_step_finite(new))
+    with pytest.raises(ValueError, match="branch must be one of"):
+        update_and_apply(tx, grads, tx.init(params), params, jnp.asarray(True), "if")
     # A transformation without the skip wrapper is updated and applied the plain way.
     plain = optax.sgd(0.1)
     new_params, _ = update_and_apply(

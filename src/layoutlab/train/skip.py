@@ -122,31 +122,23 @@ def skip_nonfinite(inner, *, branch: str = "select") -> optax.GradientTransforma
 
 
 def _decided_update(inner, finite: bool, updates, state, params, extra_args):
-    """The update once the verdict is known at trace time (a branch of the caller's cond)."""
+    """The update once the verdict is known at trace time: a branch of a ``lax.cond``."""
     if finite:
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
         return new_updates, SkipNonFiniteState(state.skipped_steps, jnp.asarray(True), new_inner)
-    zeros = jax.tree.map(_negative_zero_like, updates)
-    skipped = state.skipped_steps + 1
-    return zeros, SkipNonFiniteState(skipped, jnp.asarray(False), state.inner_state)
+    # -0.0 in the shapes and dtypes the inner update would return, so both branches match.
+    shapes = jax.eval_shape(
+        lambda: inner.update(updates, state.inner_state, params, **extra_args)[0]
+    )
+    zeros = jax.tree.map(lambda a: _negative_zero_like(jnp.zeros(a.shape, a.dtype)), shapes)
+    return zeros, SkipNonFiniteState(state.skipped_steps + 1, jnp.asarray(False), state.inner_state)
 
 
 def _cond_update(inner, finite, updates, state, params, extra_args):
-    def apply(operands):
-        grads, inner_state, p = operands
-        new_updates, new_inner = inner.update(grads, inner_state, p, **extra_args)
-        return new_updates, state.skipped_steps, new_inner
+    def branch(verdict):
+        return lambda ops: _decided_update(inner, verdict, *ops, extra_args)
 
-    def skip(operands):
-        grads, inner_state, p = operands
-        shapes = jax.eval_shape(lambda: inner.update(grads, inner_state, p, **extra_args)[0])
-        zeros = jax.tree.map(lambda a: _negative_zero_like(jnp.zeros(a.shape, a.dtype)), shapes)
-        return zeros, state.skipped_steps + 1, inner_state
-
-    new_updates, skipped, new_inner = lax.cond(
-        finite, apply, skip, (updates, state.inner_state, params)
-    )
-    return new_updates, SkipNonFiniteState(skipped, finite, new_inner)
+    return lax.cond(finite, branch(True), branch(False), (updates, state, params))
 
 
 def _find_state(opt_state) -> SkipNonFiniteState:

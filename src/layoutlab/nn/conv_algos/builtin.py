@@ -10,6 +10,11 @@ from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
 
 
+def _composed(name: str, methods: Methods, description: str) -> Algorithm:
+    """A ``composed_conv`` algorithm for ungrouped, undilated convs."""
+    return Algorithm(name, core(methods), plain_2d, description)
+
+
 def _winograd(m: int, suffix: str, weight_grad: str, description: str) -> Algorithm:
     """F(m x m, 3 x 3) forward and input gradient; refuses dtypes past its error bar."""
     return Algorithm(
@@ -23,33 +28,29 @@ def _winograd(m: int, suffix: str, weight_grad: str, description: str) -> Algori
 
 BUILTIN = (
     Algorithm(XLA, native_conv, supports_all, "XLA's native convolution (the default)"),
-    Algorithm(
+    _composed(
         "im2col",
-        core(Methods("gemm", "col2im", "gemm")),
-        plain_2d,
-        "patches @ kernel GEMM; dW by per-offset GEMMs, dX = col2im(dY W^T)",
+        Methods("gemm", "col2im", "gemm"),
+        "patches @ kernel GEMM; dW = P^T dY GEMM(s), dX = col2im(dY W^T)",
     ),
-    Algorithm(
+    _composed(
         "gemm_dw",
-        core(Methods("native", "native", "gemm")),
-        plain_2d,
-        "XLA forward and input gradient, weight gradient by per-offset GEMMs",
+        Methods("native", "native", "gemm"),
+        "XLA forward and input gradient, weight gradient by im2col's GEMM(s)",
     ),
     # XLA's forward and weight gradient; the input gradient as dY @ W^T (a GEMM reading the
     # HWIO kernel where it is) scattered back by col2im. XLA's own input gradient copies a
     # flipped, in/out-swapped kernel first, which at batch 1 costs as much as the conv.
-    Algorithm(
+    _composed(
         "col2im_dx",
-        core(Methods("native", "col2im", "native")),
-        plain_2d,
+        Methods("native", "col2im", "native"),
         "XLA forward and weight gradient, input gradient by dY W^T GEMM + col2im",
     ),
     # XLA's forward and weight gradient; a strided conv's input gradient as one stride-1
     # conv per stride phase instead of XLA's conv over a zero-dilated output gradient.
-    Algorithm(
+    _composed(
         "phase_dx",
-        core(Methods("native", "phase", "native")),
-        plain_2d,
+        Methods("native", "phase", "native"),
         "XLA forward and weight gradient, input gradient by one stride-1 conv per stride phase",
     ),
     *(

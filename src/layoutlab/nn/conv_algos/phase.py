@@ -36,7 +36,7 @@ def _axis_plan(n: int, n_out: int, k: int, s: int, lo: int):
 def phase_input_grad(g, w, geom: Geometry, in_size, preferred):
     """``dX`` of an NHWC x HWIO conv from the NHWC output gradient ``g``."""
     (kh, kw), (sh, sw) = geom.kernel_size, geom.strides
-    n, _, _, c_in = g.shape[0], None, None, w.shape[2]
+    n, c_in = g.shape[0], w.shape[2]
     plans = [
         _axis_plan(size, out, k, s, lo)
         for size, out, k, s, (lo, _) in zip(
