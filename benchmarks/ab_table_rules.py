@@ -15,7 +15,9 @@ with the dropped rules removed from this CPU kind's table for the time of its se
 before per-batch rules on this kind, but the tiny-input one), ``1x1s1`` the 1x1 stride-1
 rule, ``mid`` the 7x7-28x28 Winograd rule, ``b1_7x7`` im2col on the 3x3 stride-1 convs up
 to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at batch 1,
-``phase`` the stride-phase input gradient (``phase_dx``) on 3x3 stride-2 convs.
+``phase`` the stride-phase input gradient (``phase_dx``) on 3x3 stride-2 convs,
+``4x4_512`` im2col on the 3x3 stride-1 convs of 512+ channels at 4x4 and below (up to batch
+32; without it Winograd takes them at 32, XLA's conv at 9-31).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ DROPS = {
     "b1_7x7": lambda r: r.max_batch == 1 and r.max_size == 7,
     "b1_s2": lambda r: r.max_batch == 1 and r.strides == (2, 2) and r.max_size == 28,
     "phase": lambda r: r.algorithm == "phase_dx",
+    "4x4_512": lambda r: r.algorithm == "im2col" and r.max_size == 4 and r.min_in == 512,
 }
 
 

@@ -44,6 +44,13 @@ with ``cpu_fast_options``:
   (1.7-2.6x), and the whole training step with each rule against without it was 1.05x and
   1.04x faster; Winograd on the 28x28-56x56 64-128-channel convs (1.5x each) was even on
   ResNet-50's step and 0.94x on ResNet-18's (its 32x32 convs), so it has no rule.
+  On ResNet-18's 4x4 512-channel convs at batch 32 the Winograd rule pays a kernel
+  transform of 2.4 M weights per pass (forward, input gradient, weight gradient) for 32
+  tiles of 4x4; im2col there made the whole training step 1.02x faster in two interleaved
+  runs (1.02 [1.01, 1.03] and 1.02 [1.00, 1.03]) and tied at 16 (1.005 [0.97, 1.01]), so
+  im2col holds to 32 and Winograd takes over above it
+  (``python benchmarks/ab_table_rules.py --batch 32 --drop 4x4_512``;
+  ``benchmarks/results/table_4x4_512_avx512_cpu.md``).
   ``phase_dx`` (a stride-2 conv's input gradient by stride phases instead of XLA's conv
   over a zero-dilated gradient) ran 1.06-1.82x XLA's conv on every 3x3 stride-2 conv of
   ResNet-18 and ResNet-50 at batch 1, 16 and 128 (training; inference never runs it), and
@@ -135,8 +142,8 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ),
     ("avx512", "train", "float32"): (
         *_TINY_INPUT,
+        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=32),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
-        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
         # ResNet-50's 7x7 and 14x14/28x28 stride-2 3x3 convs at batch 1: 2.6x and 1.7-2.6x
         # one by one, the whole step 1.05x and 1.04x faster (train_step_b1_avx512_cpu.md).
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=7, max_batch=1),
