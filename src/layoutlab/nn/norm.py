@@ -16,10 +16,11 @@ from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.dtypes import channel_shape
 from layoutlab.precision import Policy
 
-# Below this many elements an activation takes the centred form. The affine form made the
-# training step 1.03-1.13x faster wherever its activations are larger (ResNet-18 at batch 8
-# and 32, ResNet-50 at 1 and 16), but ResNet-18 CIFAR at batch 1, whose BatchNorms all
-# hold 65536 elements or fewer, ran 0.95x (benchmarks/results/batch_norm_passes_cpu.md).
+# Below this many elements an activation takes the centred form. With this threshold the
+# training step ran 1.04-1.12x faster on ResNet-18 at batch 8-128 and ResNet-50 at 1 and 16;
+# the affine form everywhere made ResNet-18 CIFAR at batch 1, whose BatchNorms all hold
+# 65536 elements or fewer, 0.95x (benchmarks/results/batch_norm_passes_cpu.md). Measured on
+# CPU only; the arithmetic is the same on every backend.
 AFFINE_MIN_ELEMENTS = 2**17
 
 
