@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.fast_defaults import cpu_fast_options
 from layoutlab.nn import norm
 
@@ -57,13 +57,9 @@ def _layer(args) -> None:
 
     compiled = {"centred": program(norm.batch_norm_train_centred),
                 "affine": program(norm.batch_norm_train_affine)}  # fmt: skip
-    times = {name: [] for name in compiled}
-    for i in range(args.rounds + 2):
-        for name, c in compiled.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(c(x, scale, bias, g))
-            if i >= 2:  # two warm-up rounds
-                times[name].append(1e3 * (time.perf_counter() - t0))
+    calls = {name: (lambda c=c: jax.block_until_ready(c(x, scale, bias, g)))
+             for name, c in compiled.items()}  # fmt: skip
+    times = interleaved_rounds(calls, args.rounds, warmup=2)
     for name, c in compiled.items():
         fusions = c.as_text().count(" fusion(")
         print(f"{name:8s} {np.median(times[name]):8.2f} ms  ({fusions} fusions)")

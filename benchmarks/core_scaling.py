@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layoutlab.bench.report import markdown_grid
+from layoutlab.bench.report import markdown_grid, ratio_text
 
 # `layoutlab ...` through the running interpreter (no reliance on the script being on PATH).
 _CLI = "import sys; from layoutlab.cli import main; sys.exit(main())"
@@ -65,15 +65,6 @@ def _cells(result: dict) -> dict:
     return cells
 
 
-def _ratio(row: dict) -> str:
-    if row.get("ratio_vs_torch_best") is None:
-        return "-"
-    text = "{:.2f} [{:.2f}, {:.2f}]".format(
-        row["ratio_vs_torch_best"], row["ratio_ci_low"], row["ratio_ci_high"]
-    )
-    return text + (" (unstable)" if row.get("unstable") else "")
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18")
@@ -87,7 +78,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="folder for the runs; also writes OUT.md/.json")
     args = p.parse_args(argv)
     usable = sorted(os.sched_getaffinity(0))
-    counts = [int(c) for c in args.cores.split(",")] if args.cores else [1, len(usable)]
+    try:
+        counts = [int(c) for c in args.cores.split(",")] if args.cores else [1, len(usable)]
+    except ValueError:
+        counts = []
     if len(counts) < 2 or min(counts) < 1 or max(counts) > len(usable):
         p.error(f"--cores needs two or more counts from 1 to {len(usable)} (the usable CPUs).")
     out = Path(args.out)
@@ -105,8 +99,8 @@ def main(argv=None) -> None:
         for n in counts:
             cells = [run["cells"].get((mode, batch)) for run in runs if run["cores"] == n]
             ratio_rows.append((mode, batch, n, "; ".join(
-                f"{c[0]['step_ms_median']:.1f} vs {c[1]['step_ms_median']:.1f}: {_ratio(c[0])}"
-                for c in cells if c and c[1]) or "-"))  # fmt: skip
+                f"{d['step_ms_median']:.1f} vs {t['step_ms_median']:.1f}: {ratio_text(d) or '-'}"
+                for d, t in (c for c in cells if c and c[1])) or "-"))  # fmt: skip
         for rep in range(args.repeats):
             pair = {r["cores"]: r["cells"].get((mode, batch)) for r in runs if r["repeat"] == rep}
             if not (pair.get(lo) and pair.get(hi) and pair[lo][1] and pair[hi][1]):

@@ -68,6 +68,7 @@ def test_pairs_the_default_row_with_the_faster_torch_row_and_divides_adjacent_ru
 def test_rejects_core_counts_this_process_cannot_use(tmp_path):
     module = _load()
     usable = len(os.sched_getaffinity(0))
-    with pytest.raises(SystemExit) as exit_info:
-        module.main(["--cores", f"1,{usable + 1}", "--out", str(tmp_path / "x")])
-    assert exit_info.value.code == 2
+    for cores in (f"1,{usable + 1}", "1,two", "1", "0,1"):
+        with pytest.raises(SystemExit) as exit_info:
+            module.main(["--cores", cores, "--out", str(tmp_path / "x")])
+        assert exit_info.value.code == 2, cores

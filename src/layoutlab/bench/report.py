@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from layoutlab.bench.results import UNTRUSTED, variant
 
-__all__ = ["markdown_grid", "markdown_table"]
+__all__ = ["markdown_grid", "markdown_table", "ratio_text"]
 
 
 def markdown_grid(header, rows) -> list[str]:
@@ -24,7 +24,7 @@ def _num(value, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
-def _ratio(r) -> str:
+def ratio_text(r) -> str:
     """``1.12 [1.05, 1.19]``; ``(same)`` when the interval contains 1; ``(not trustworthy:
     unstable)`` when this row or the PyTorch row it is compared with is unstable."""
     ratio = _num(r.get("ratio_vs_torch_best"), ".2f")
@@ -84,7 +84,7 @@ def markdown_table(rows, *, frameworks: tuple[str, ...] | None = None) -> str:
         lines.append(
             f"| {r['framework']} | {r['mode']} | {r['batch_size']} | {r['layout']} | "
             f"{r['precision']} | {variant(r)} | {_num(r.get('images_per_sec'), '.1f')} | {ms} | "
-            f"{spread} | {_rate(r)} | {_num(r.get('compile_s'), '.1f')} | {_ratio(r)} | "
+            f"{spread} | {_rate(r)} | {_num(r.get('compile_s'), '.1f')} | {ratio_text(r)} | "
             f"{_status(r)} |"
         )
     return "\n".join(lines)
