@@ -16,7 +16,10 @@ from layoutlab.bench.report import markdown_table
 from layoutlab.bench.results import add_torch_ratios
 from layoutlab.bench.stats import (
     MIN_REPEATS,
+    UNSTABLE_DISPERSION,
+    Interval,
     dispersion,
+    imprecise,
     median_interval,
     paired_ratio,
     unstable_reason,
@@ -173,10 +176,15 @@ def test_ratios_carry_intervals_and_say_when_they_cannot_tell():
     # Clearly faster: 20% less time in every round.
     faster = _pair([t * 0.8 for t in torch_ms], torch_ms)
     assert faster["ratio_verdict"] == "faster" and faster["ratio_ci_low"] > 1.2
-    # The same times up to noise much larger than any difference: no verdict.
-    same = _pair([t * rng.uniform(0.8, 1.25) for t in torch_ms], torch_ms)
+    # The same times up to noise larger than any difference: no verdict.
+    same = _pair([t * rng.uniform(0.9, 1.11) for t in torch_ms], torch_ms)
     assert same["ratio_verdict"] == "indistinguishable"
     assert same["ratio_ci_low"] <= 1.0 <= same["ratio_ci_high"]
+    # Noise of +-20-25% per round: the interval reaches past 20%, too wide to call it even.
+    factors = [0.7, 0.75, 0.8, 0.9, 1.0, 1.0, 1.0, 1.05, 1.15, 1.25, 1.3, 1.35]
+    noisy = _pair([t * f for t, f in zip(torch_ms, factors, strict=True)], torch_ms)
+    assert noisy["ratio_ci_high"] > 1.2 * noisy["ratio_vs_torch_best"]
+    assert noisy["ratio_verdict"] == "not trustworthy (imprecise)"
     interval = paired_ratio(torch_ms, [t * 0.8 for t in torch_ms])
     assert interval.value == pytest.approx(1.25)
 
@@ -217,6 +225,26 @@ def test_an_unstable_row_prints_its_ratio_as_not_trustworthy():
     assert add_torch_ratios([ll, torch_row])[0]["ratio_verdict"] == "not trustworthy (unstable)"
     stable = {**row, "ratio_verdict": "faster"}
     assert "not trustworthy" not in markdown_table([stable])
+
+
+def test_a_ratio_made_of_outlier_rounds_is_flagged_imprecise():
+    # Two stable rows (spread well under 10%), six rounds, one PyTorch round 36x slow: the
+    # order-statistics interval of 6 rounds is the minimum to the maximum, so it reaches
+    # 36x. The rows are not unstable, but the ratio must not be quoted.
+    torch_ms = [100.0, 101.0, 99.0, 100.0, 3600.0, 100.0]
+    layoutlab_ms = [100.0, 99.0, 100.0, 101.0, 98.0, 100.0]
+    assert dispersion(torch_ms) < UNSTABLE_DISPERSION
+    row = _pair(layoutlab_ms, torch_ms)
+    assert row["ratio_ci_high"] > 30 and row["ratio_verdict"] == "not trustworthy (imprecise)"
+    table = markdown_table([{**row, "layout": "NHWC", "precision": "fp32",
+                             "step_ms_median": 100.0}])  # fmt: skip
+    assert "(not trustworthy: interval too wide" in table
+    # The same rounds without the outlier: a tight interval keeps its verdict.
+    torch_ms[4] = 100.0
+    assert _pair(layoutlab_ms, torch_ms)["ratio_verdict"] == "indistinguishable"
+    # The bound: 20% either side of the median, twice the spread that makes a row unstable.
+    assert not imprecise(Interval(1.0, 0.81, 1.19)) and imprecise(Interval(1.0, 0.95, 1.21))
+    assert imprecise(Interval(1.0, 0.79, 1.0))
 
 
 def test_the_table_shows_intervals_and_unstable_rows():

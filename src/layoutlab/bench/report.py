@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from layoutlab.bench.results import UNTRUSTED, variant
+from layoutlab.bench.results import IMPRECISE, UNTRUSTED, variant
 
 __all__ = ["markdown_grid", "markdown_table", "ratio_text"]
 
@@ -26,7 +26,8 @@ def _num(value, fmt: str) -> str:
 
 def ratio_text(r) -> str:
     """``1.12 [1.05, 1.19]``; ``(same)`` when the interval contains 1; ``(not trustworthy:
-    unstable)`` when this row or the PyTorch row it is compared with is unstable."""
+    unstable)`` when this row or the PyTorch row it is compared with is unstable; ``(not
+    trustworthy: interval too wide, ...)`` when outlier rounds made the interval imprecise."""
     ratio = _num(r.get("ratio_vs_torch_best"), ".2f")
     if ratio and r.get("ratio_ci_low") is not None:
         ratio += f" [{r['ratio_ci_low']:.2f}, {r['ratio_ci_high']:.2f}]"
@@ -34,6 +35,8 @@ def ratio_text(r) -> str:
             ratio += " (same)"
     if ratio and (r.get("unstable") or r.get("ratio_verdict") == UNTRUSTED):
         ratio += " (not trustworthy: unstable)"
+    elif ratio and r.get("ratio_verdict") == IMPRECISE:
+        ratio += " (not trustworthy: interval too wide, rerun with a longer --time-budget)"
     return ratio
 
 

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.stats import imprecise, paired_ratio
 
 __all__ = [
     "BenchResults",
@@ -79,7 +79,8 @@ _SCHEMA: dict[str, type] = {
     "threads": int,
     "ratio_vs_torch_best": float,
     # The ratio's 95% interval from the per-round paired ratios (interleaved rounds), and
-    # "faster", "slower", "indistinguishable" (the interval contains 1) or UNTRUSTED (this
+    # "faster", "slower", "indistinguishable" (the interval contains 1), IMPRECISE (the
+    # interval reaches more than 20% from the ratio: outlier rounds) or UNTRUSTED (this
     # row or the PyTorch row it is compared with is unstable).
     "ratio_ci_low": float,
     "ratio_ci_high": float,
@@ -90,6 +91,7 @@ _SCHEMA: dict[str, type] = {
 }
 FIELDS: tuple[str, ...] = tuple(_SCHEMA)
 UNTRUSTED = "not trustworthy (unstable)"
+IMPRECISE = "not trustworthy (imprecise)"
 _HALF_TORCH = {"amp_bf16", "amp_fp16"}
 
 
@@ -220,7 +222,12 @@ def _ratio_interval(slow: dict, fast: dict) -> dict:
     ci = paired_ratio(a, b)
     if ci is None:
         return {"ratio_verdict": "too few rounds"}
-    verdict = "indistinguishable" if ci.contains(1.0) else ("faster" if ci.low > 1 else "slower")
+    if imprecise(ci):
+        verdict = IMPRECISE
+    elif ci.contains(1.0):
+        verdict = "indistinguishable"
+    else:
+        verdict = "faster" if ci.low > 1 else "slower"
     return {
         "ratio_vs_torch_best": ci.value,
         "ratio_ci_low": ci.low,

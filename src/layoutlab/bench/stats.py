@@ -33,6 +33,7 @@ __all__ = [
     "other_cores",
     "paired_ratio",
     "parse_proc_stat",
+    "imprecise",
     "precise_enough",
     "unstable_reason",
 ]
@@ -44,6 +45,12 @@ UNSTABLE_DISPERSION = 0.10
 # No verdict (stable, precise, faster) before this many measured rounds: fewer cannot give a
 # 95% interval of a median from order statistics at all (0.5**5 * 2 > 0.05).
 MIN_REPEATS = 6
+# A paired ratio whose interval reaches further than this (relative) from its median on
+# either side is imprecise: two stable rows (spread <= UNSTABLE_DISPERSION each) give
+# per-round ratios within about twice that, so a wider interval is made of outlier rounds,
+# which with few rounds are its ends (at 6-8 rounds the interval is the minimum to the
+# maximum): a ResNet-50 row printed 1.01 [1.00, 36.79] from one slow PyTorch round.
+IMPRECISE_RATIO = 2 * UNSTABLE_DISPERSION
 
 
 class Interval(NamedTuple):
@@ -100,6 +107,11 @@ def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | Non
     n = min(len(slow), len(fast))
     ratios = [s / f for s, f in zip(slow[:n], fast[:n], strict=True) if f > 0]
     return median_interval(ratios)
+
+
+def imprecise(ci: Interval) -> bool:
+    """Whether ``ci`` reaches further than ``IMPRECISE_RATIO`` from its median."""
+    return max(ci.value - ci.low, ci.high - ci.value) > IMPRECISE_RATIO * ci.value
 
 
 # Other processes using or waiting for more than this many cores while a group ran make
