@@ -350,11 +350,10 @@ def test_bad_input_is_a_clear_error(kwargs, match):
         inspect_model("small_cnn", **kwargs)
 
 
-def test_unknown_model_and_segmentation_train():
+def test_unknown_model():
+    # (A segmentation model's training step compiles: tests/test_segmentation_training.py.)
     with pytest.raises(ValueError, match="Unknown model 'resnet19'.*resnet18"):
         inspect_model("resnet19")
-    with pytest.raises(ValueError, match="segmentation model; inspect it with mode='infer'"):
-        inspect_model("unet", mode="train")
 
 
 def test_gpu_without_gpu_is_a_clear_error():

@@ -64,8 +64,13 @@ class Workload:
         return rng.standard_normal((self.batch_size, *self.input_shape), dtype=np.float32)
 
     def labels(self, seed: int = 0) -> np.ndarray:
+        """Random classes: one per image, or one per pixel for a segmentation model."""
+        from layoutlab import models
+
+        per_pixel = models.spec(self.model).task == "segmentation"
+        shape = (self.batch_size, *self.spatial) if per_pixel else (self.batch_size,)
         rng = np.random.default_rng(seed + 1)
-        return rng.integers(0, self.num_classes, self.batch_size).astype(np.int32)
+        return rng.integers(0, self.num_classes, shape).astype(np.int32)
 
     def row(self) -> dict:
         return {

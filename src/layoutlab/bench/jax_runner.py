@@ -52,7 +52,8 @@ def case_spec(
         xla_options=dict(case.xla_options),
         cpu_fast=False,  # the case's options are already the ones to compile with
     )
-    return resolve_spec(config, total_steps), InputSpec(w.input_shape, w.num_classes, w.batch_size)
+    inputs = InputSpec.for_model(w.model, w.input_shape, w.num_classes, w.batch_size)
+    return resolve_spec(config, total_steps), inputs
 
 
 def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:

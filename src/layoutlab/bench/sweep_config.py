@@ -148,11 +148,6 @@ def validate(config: SweepConfig) -> SweepConfig:
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"Unknown modes {bad or modes!r}; use any of: {', '.join(MODES)}.")
-    if "train" in modes and spec.task != "classification":
-        raise ValueError(
-            f"{config.model} is a {spec.task} model; the benchmark's train step is for "
-            "classification. Use --modes infer for it."
-        )
     batches = _positive_ints(config.batch_sizes, "batch_sizes")
     if config.max_step_s is not None and not config.max_step_s > 0:
         raise ValueError(

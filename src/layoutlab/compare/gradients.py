@@ -10,9 +10,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from layoutlab.compare.decisions import Decision, FlipSite, probe_decisions
@@ -32,6 +30,7 @@ from layoutlab.compare.layer_report import (
 )
 from layoutlab.layout import Layout
 from layoutlab.nn.convert import convert_layout
+from layoutlab.train.steps import cross_entropy
 
 __all__ = [
     "loss_fn",
@@ -46,10 +45,7 @@ __all__ = [
 def loss_fn(logits: jax.Array, labels: jax.Array, layout: Layout) -> jax.Array:
     """Mean softmax cross-entropy in float32; per-pixel logits have their class axis moved
     last first, so classification and segmentation models share one loss."""
-    logits = logits.astype(jnp.float32)
-    if logits.ndim == layout.rank:
-        logits = jnp.moveaxis(logits, layout.channel_axis, -1)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return cross_entropy(logits, labels, layout.channel_axis if logits.ndim == layout.rank else -1)
 
 
 def parameter_grads(

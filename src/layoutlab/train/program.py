@@ -115,6 +115,9 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     branch = default_skip_branch(backend)
     tx = build_optimizer(spec.optimizer, branch)
     defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))
+    # A segmentation model's logits are per pixel, with the classes on the channel axis.
+    per_pixel = models.spec(spec.model).task == "segmentation"
+    class_axis = spec.layout.channel_axis if per_pixel else -1
 
     def init(model: nnx.Module | None = None) -> TrainState:
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)
@@ -126,7 +129,9 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         defs=defs,
         tx=tx,
         init=init,
-        train_step=make_train_step(defs, tx, augment=_augment_fn(spec), skip_branch=branch),
-        eval_step=make_eval_step(defs),
+        train_step=make_train_step(
+            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=class_axis
+        ),
+        eval_step=make_eval_step(defs, class_axis),
         forward=make_forward(defs),
     )

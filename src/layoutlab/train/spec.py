@@ -65,16 +65,25 @@ _PYTORCH_SGD = {
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
     """What a program's batch is: images of ``image_shape`` (H, W, C; or D, H, W, C) in the
-    run's layout, ``num_classes`` classes, ``batch_size`` rows."""
+    run's layout, ``num_classes`` classes, ``batch_size`` rows; ``per_pixel``: a label per
+    pixel (a segmentation model's), else one per image."""
 
     image_shape: tuple[int, ...]
     num_classes: int
     batch_size: int
+    per_pixel: bool = False
 
     @classmethod
     def of(cls, dataset, batch_size: int) -> InputSpec:
         """The batches of a ``data.Dataset``."""
         return cls(tuple(dataset.image_shape), dataset.num_classes, batch_size)
+
+    @classmethod
+    def for_model(cls, model: str, image_shape, num_classes: int, batch_size: int) -> InputSpec:
+        """Synthetic batches for registered ``model``: per-pixel labels for a segmentation
+        model, one per image otherwise."""
+        per_pixel = models.spec(model).task == "segmentation"
+        return cls(tuple(image_shape), num_classes, batch_size, per_pixel)
 
     @property
     def channels(self) -> int:
@@ -87,7 +96,9 @@ class InputSpec:
         shape = (n, *spatial, c) if layout.is_channels_last else (n, c, *spatial)
         return (
             jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding),
-            jax.ShapeDtypeStruct((n,), jnp.int32, sharding=sharding),
+            jax.ShapeDtypeStruct(
+                (n, *spatial) if self.per_pixel else (n,), jnp.int32, sharding=sharding
+            ),
         )
 
 

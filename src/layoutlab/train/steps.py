@@ -18,10 +18,21 @@ from layoutlab.train.skip import update_and_apply
 from layoutlab.train.state import ModelDefs, TrainState
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy, always in float32 (see ``precision.FP32_OPS``)."""
+def class_last(logits: jax.Array, class_axis: int = -1) -> jax.Array:
+    """``logits`` in float32 with their class axis last: a segmentation model's per-pixel
+    logits in a channels-first layout carry their classes on axis 1."""
+    logits = logits.astype(jnp.float32)
+    if class_axis % logits.ndim != logits.ndim - 1:
+        logits = jnp.moveaxis(logits, class_axis, -1)
+    return logits
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, class_axis: int = -1) -> jax.Array:
+    """Mean softmax cross-entropy, always in float32 (see ``precision.FP32_OPS``), over
+    every label: one per image, or one per pixel (``labels`` shaped like ``logits`` without
+    the class axis ``class_axis``)."""
     return optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), labels
+        class_last(logits, class_axis), labels
     ).mean()
 
 
@@ -35,18 +46,21 @@ def make_train_step(
     *,
     augment: Callable | None = None,
     skip_branch: str = "select",
+    class_axis: int = -1,
 ) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict]]:
     """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
 
     ``tx`` should be wrapped in ``layoutlab.train.skip.skip_nonfinite`` so its state also
     stays put on a skipped step. ``augment(key, images) -> images`` runs on device.
     ``skip_branch``: how the params keep their values on such a step (``train.skip``).
+    ``class_axis``: the logits' class axis (a segmentation model's per-pixel logits: the
+    layout's channel axis); the labels have the logits' shape without it.
     """
 
     def loss_fn(params, model_state, images, labels, loss_scale):
         model = nnx.merge(defs.train, params, model_state, copy=True)
         logits = model(images)
-        loss = cross_entropy(logits, labels)
+        loss = cross_entropy(logits, labels, class_axis)
         _, _, new_model_state = nnx.split(model, nnx.Param, ...)
         return loss_scale.scale(loss), (loss, logits, new_model_state)
 
@@ -75,7 +89,9 @@ def make_train_step(
         )
         metrics = {
             "loss": loss,
-            "accuracy": jnp.mean((jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)),
+            "accuracy": jnp.mean(
+                (jnp.argmax(logits, axis=class_axis) == labels).astype(jnp.float32)
+            ),
             "grads_finite": finite,
             "loss_scale": state.loss_scale.loss_scale,
         }
@@ -84,17 +100,20 @@ def make_train_step(
     return step
 
 
-def make_eval_step(defs: ModelDefs) -> Callable[[TrainState, jax.Array, jax.Array], dict]:
-    """Summed loss and correct count over a batch (sums, so batches of any size average)."""
+def make_eval_step(
+    defs: ModelDefs, class_axis: int = -1
+) -> Callable[[TrainState, jax.Array, jax.Array], dict]:
+    """Summed loss and correct count over a batch (sums, so batches of any size average);
+    per-pixel labels count each pixel (``class_axis`` as in ``make_train_step``)."""
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
         model = nnx.merge(defs.eval, state.params, state.model_state)
-        logits = model(images).astype(jnp.float32)
+        logits = class_last(model(images), class_axis)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         return {
             "loss_sum": jnp.sum(losses),
             "correct": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.int32)),
-            "count": jnp.asarray(labels.shape[0], jnp.int32),
+            "count": jnp.asarray(labels.size, jnp.int32),
         }
 
     return step

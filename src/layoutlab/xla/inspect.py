@@ -137,7 +137,7 @@ def inspect_spec(
         cpu_fast=False,
         num_steps=num_steps,
     )
-    return resolve_spec(config), InputSpec(tuple(image_shape), num_classes, batch_size)
+    return resolve_spec(config), InputSpec.for_model(s.name, image_shape, num_classes, batch_size)
 
 
 def build_abstract(spec: RunSpec, inputs: InputSpec, *, table=None):
@@ -212,11 +212,6 @@ def inspect_model(
     kwargs = dict(model_kwargs or {})
     if stem is not None:
         kwargs["stem"] = stem
-    if mode == "train" and s.task != "classification":
-        raise ValueError(
-            f"mode='train' compiles the classification training step, and {s.name!r} is a "
-            f"{s.task} model; inspect it with mode='infer'."
-        )
     spec, inputs = inspect_spec(
         s.name,
         layout=layout,
