@@ -8,18 +8,23 @@ finds it).
 
 from __future__ import annotations
 
+from layoutlab import models
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 
-# model -> (model kwargs, image size, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
-_INPUTS = {"resnet18": ({"stem": "cifar"}, 32, 10), "resnet50": ({"stem": "imagenet"}, 224, 1000)}
+# model -> (model kwargs, input shape, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
+_INPUTS = {
+    "resnet18": ({"stem": "cifar"}, (32, 32, 3), 10),
+    "resnet50": ({"stem": "imagenet"}, (224, 224, 3), 1000),
+}
 
 
 def workload(model: str, mode: str, batch: int) -> Workload:
     """``model``'s workload: ResNet-18 CIFAR at 32x32, ResNet-50 ImageNet at 224x224, any
-    other registered model at 32x32 with 10 classes."""
-    kwargs, size, classes = _INPUTS.get(model, ({}, 32, 10))
-    return make_workload(model, kwargs, (size, size, 3), classes, mode, batch)
+    other registered model at its default input (``layoutlab models``; U-Net's training
+    step with a label per pixel, the 3D CNN on clips) with 10 classes."""
+    kwargs, shape, classes = _INPUTS.get(model, ({}, models.spec(model).default_input, 10))
+    return make_workload(model, kwargs, shape, classes, mode, batch)
 
 
 def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",

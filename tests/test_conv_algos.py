@@ -1,6 +1,6 @@
-"""Conv algorithms (im2col, GEMM weight gradient, Winograd, pointwise, space-to-depth):
-forward and both gradients against float64 NumPy references, in NHWC and NCHW; fallbacks;
-the ``Conv`` layer's algorithm and kernel-storage options.
+"""Conv algorithms (im2col, GEMM weight gradient, Winograd, pointwise, space-to-depth,
+depthwise): forward and both gradients against float64 NumPy references, in NHWC and
+NCHW; fallbacks; the ``Conv`` layer's algorithm and kernel-storage options.
 
 Tolerance: ``conv_tolerance(dtype, K)`` from ``layoutlab.bench.tuning.conv_reference``, applied as
 ``|a - e| <= rtol * (|e| + max|e|)`` with ``rtol = u(dtype) + u(float32) * sqrt(K)``:
@@ -58,6 +58,10 @@ CASES = {
     # Odd sizes, "VALID" and stride 3: phases of unequal length, one past the kernel's reach.
     "3x3s2_valid": (((2, 10, 7, 4), (3, 3, 4, 5), 2, "VALID"), ("phase_dx",)),
     "2x2s3": (((1, 8, 9, 3), (2, 2, 3, 4), 3, "SAME"), ("phase_dx",)),
+    # Depthwise (groups = channels, the fifth entry): both strides, odd sizes, explicit pads.
+    "dw3x3s1": (((2, 7, 9, 6), (3, 3, 1, 6), 1, "SAME", 6), ("depthwise",)),
+    "dw3x3s2": (((2, 9, 8, 5), (3, 3, 1, 5), 2, 1, 5), ("depthwise",)),
+    "dw5x5s2_valid": (((1, 11, 10, 4), (5, 5, 1, 4), 2, "VALID", 4), ("depthwise",)),
 }
 PARAMS = [
     pytest.param(case, alg, layout, id=f"{case}-{alg}-{layout}")
@@ -68,11 +72,13 @@ PARAMS = [
 
 
 def _spec(case, layout, dtype="float32"):
-    (xs, ws, s, p), _ = CASES[case]
+    (xs, ws, s, p, *groups), _ = CASES[case]
     if layout == "NCHW":
         xs = (xs[0], xs[3], xs[1], xs[2])
         ws = (ws[3], ws[2], ws[0], ws[1])
-    return ca.conv_spec(xs, ws, strides=s, padding=p, layout=layout, dtype=dtype)
+    return ca.conv_spec(
+        xs, ws, strides=s, padding=p, groups=groups[0] if groups else 1, layout=layout, dtype=dtype
+    )
 
 
 def _run(spec, algorithm, inputs, dtype, grads=True):
@@ -85,6 +91,7 @@ def _run(spec, algorithm, inputs, dtype, grads=True):
             b,
             strides=spec.geometry.strides,
             padding=spec.geometry.padding,
+            groups=spec.geometry.groups,
             layout=spec.layout,
             algorithm=algorithm,
             preferred_element_type=preferred,
@@ -104,8 +111,8 @@ def _check(spec, outs, refs, dtype):
     kh, kw = spec.geometry.kernel_size
     ho, wo = spec.out_size
     reductions = {
-        "y": kh * kw * spec.in_features,
-        "dx": kh * kw * spec.out_features,
+        "y": spec.reduction,  # kh * kw * in_features / groups
+        "dx": kh * kw * spec.out_features // spec.geometry.groups,
         "dw": spec.batch * ho * wo,
     }
     errors = {}
@@ -137,6 +144,7 @@ def test_algorithm_matches_float64_reference(case, algorithm, layout):
         ("3x3s1", "winograd2"),
         ("3x3s2", "s2d"),
         ("1x1s2", "pointwise"),
+        ("dw3x3s2", "depthwise"),
     ],
 )
 def test_bfloat16_operands_accumulate_in_float32(case, algorithm):
@@ -267,6 +275,9 @@ def test_unsupported_reason_api():
         ({"strides": 2}, "winograd4", "stride"),
         ({}, "pointwise", "kernel"),
         ({}, "s2d", "stride"),
+        ({}, "depthwise", "one kernel per channel"),  # ungrouped
+        ({"groups": 2}, "depthwise", "one kernel per channel"),  # grouped, not depthwise
+        ({"groups": 4, "dilation": 2}, "depthwise", "dilation"),
     ],
 )
 def test_unsupported_shapes_fall_back_to_native(kwargs, algorithm, why):

@@ -238,16 +238,30 @@ def test_default_cache_path_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_convs_only_xla_takes_are_planned_without_measuring(tmp_path):
-    """A depthwise conv (MobileNetV2's) has no other candidate and no float64 reference:
-    tuning a model with one gives it ``xla`` and says why, instead of failing the whole run."""
-    depthwise = ca.conv_spec((2, 6, 6, 4), (3, 3, 1, 4), groups=4, **TINY)
+    """A grouped conv that is not depthwise has no other candidate: tuning a model with one
+    gives it ``xla`` and says why, instead of failing the whole run."""
+    grouped = ca.conv_spec((2, 6, 6, 4), (3, 3, 2, 4), groups=2, **TINY)
     results = cat.autotune_convs(
-        [depthwise, _tiny_spec()], algorithms=["xla", "im2col"], cache=tmp_path / "c.json",
-        repeats=1, warmup=0,
+        [grouped, _tiny_spec()], algorithms=["xla", "im2col", "depthwise"],
+        cache=tmp_path / "c.json", repeats=1, warmup=0,
     )  # fmt: skip
     alone = results[0]
     assert (alone.choice, alone.candidates, alone.rounds_ms) == ("xla", [], {})
-    assert alone.verdict.startswith("only xla takes this conv: ") and "groups=4" in alone.verdict
+    assert alone.verdict.startswith("only xla takes this conv: ") and "groups=2" in alone.verdict
     assert results[1].candidates and results[1].spec_key == _tiny_spec().key()
-    again = cat.autotune_convs([depthwise], cache=tmp_path / "c.json")
+    again = cat.autotune_convs([grouped], cache=tmp_path / "c.json")
     assert again[0].from_cache and again[0].choice == "xla"
+
+
+def test_a_depthwise_conv_is_checked_against_float64_and_measured(tmp_path):
+    """A depthwise conv (MobileNetV2's) has a candidate besides XLA's: the shifted
+    multiply-adds, checked against the grouped float64 reference before it is timed."""
+    depthwise = ca.conv_spec((2, 6, 6, 4), (3, 3, 1, 4), groups=4, **TINY)
+    (result,) = cat.autotune_convs(
+        [depthwise], algorithms=["xla", "depthwise"], cache=tmp_path / "c.json", repeats=2,
+        warmup=0,
+    )  # fmt: skip
+    checked = {c.algorithm: c for c in result.candidates}
+    assert set(checked) == {"xla", "depthwise"}
+    assert all(c.passed for c in checked.values()), result.candidates
+    assert set(result.rounds_ms) == {"xla", "depthwise"}

@@ -139,10 +139,28 @@ def test_unknown_fast_option_is_left_out_with_one_notice(monkeypatch, capsys):
     assert fast_defaults.default_activation_storage("gpu") == "layout"
 
 
-def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32"):
+def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32", groups=1):
     pad = "SAME"
-    geom = resolve_geometry((size, size), k, stride, pad)
+    geom = resolve_geometry((size, size), k, stride, pad, groups=groups)
     return make_spec((n, size, size, cin), cout, geom, dtype=dtype, layout="NHWC")
+
+
+def test_depthwise_convs_take_the_shifted_multiply_adds_on_avx512():
+    # MobileNetV2's 3x3 depthwise convs, both strides, at every batch and in both
+    # objectives: the whole step 2.2-5.3x faster at batch 1-32
+    # (benchmarks/results/depthwise_avx512_cpu.md). Evidence on AVX-512 only, float32 only.
+    for stride in (1, 2):
+        for batch in (1, 8, 32, 128):
+            spec = _spec(batch, 16, 144, 144, stride=stride, groups=144)
+            for objective in ("train", "inference"):
+                assert default_algorithm(spec, objective, "avx512")[0] == "depthwise"
+                assert default_algorithm(spec, objective, "avx2")[0] == "xla"
+            assert default_algorithm(spec._replace(dtype="bfloat16"), "train", "avx512")[0] == "xla"
+    # Grouped but not depthwise, and a channel multiplier of 2: XLA's conv.
+    assert default_algorithm(_spec(8, 16, 144, 144, groups=2), "train", "avx512")[0] == "xla"
+    assert default_algorithm(_spec(8, 16, 72, 144, groups=72), "train", "avx512")[0] == "xla"
+    # The depthwise rules never take an ungrouped conv: ResNet-18's 32x32x64 one keeps XLA's.
+    assert default_algorithm(_spec(128, 32, 64, 64), "train", "avx512")[0] == "xla"
 
 
 def test_shipped_table_follows_its_measurements():
@@ -230,7 +248,10 @@ def test_shipped_table_rules_depend_on_the_batch():
             size = max(rule.min_size, min(rule.max_size or 16, 16))
             k = rule.kernel[0]
             cin = max(rule.min_in, min(rule.max_in or 128, 128))
-            spec = _spec(rule.min_batch, size, cin, 64, k=k, stride=rule.strides[0], dtype=dtype)
+            # A depthwise rule's class: one group per channel, as many out as in.
+            cout, groups = (cin, cin) if rule.depthwise else (64, 1)
+            spec = _spec(rule.min_batch, size, cin, cout, k=k, stride=rule.strides[0],
+                         dtype=dtype, groups=groups)  # fmt: skip
             assert rule.matches(spec), (kind, objective, rule)
             if rule.min_batch > 1:
                 assert not rule.matches(spec._replace(batch=rule.min_batch - 1))

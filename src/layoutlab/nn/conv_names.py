@@ -24,4 +24,5 @@ BUILTIN_ALGORITHMS = (
     "winograd4_full",
     "pointwise",
     "s2d",
+    "depthwise",
 )

@@ -46,6 +46,7 @@ def _compiled_fns(
             w,
             strides=g.strides,
             padding=g.padding,
+            groups=g.groups,
             layout=spec.layout,
             algorithm=name,
             preferred_element_type=preferred,

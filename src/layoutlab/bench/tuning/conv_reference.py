@@ -62,9 +62,10 @@ def conv_tolerance(dtype, reduction: int) -> Tolerance:
 def _reductions(spec: ConvSpec) -> dict[str, int]:
     kh, kw = spec.geometry.kernel_size
     ho, wo = spec.out_size
+    groups = spec.geometry.groups
     return {
-        "y": kh * kw * spec.in_features,
-        "dx": kh * kw * spec.out_features,
+        "y": spec.reduction,
+        "dx": kh * kw * spec.out_features // groups,
         "dw": spec.batch * ho * wo,
     }
 
@@ -106,18 +107,38 @@ def reference_conv(
     """Float64 ``{"y", "dx", "dw"}`` of ``spec``'s conv from NumPy alone, in its layout.
 
     ``dx`` is the transposed conv of ``dy``; ``dw`` is a conv of the (padded) input, batch
-    and channels swapped, with ``dy`` as the kernel dilated by the stride.
+    and channels swapped, with ``dy`` as the kernel dilated by the stride. A grouped conv
+    is its groups' ungrouped convs side by side (channels, kernels and ``dy`` split alike).
     """
     g: Geometry = spec.geometry
-    if g.groups != 1 or g.dilation != (1, 1):
+    if g.dilation != (1, 1):
         raise ValueError(
-            "reference_conv covers ungrouped, undilated convs (the ones the custom "
-            f"algorithms handle); got groups={g.groups}, dilation={g.dilation}."
+            "reference_conv covers undilated convs (the ones the custom algorithms handle); "
+            f"got dilation={g.dilation}."
         )
     xc = _to_cf(np.asarray(x, np.float64), spec.layout)
     dyc = _to_cf(np.asarray(dy, np.float64), spec.layout)
     wk = np.asarray(w, np.float64)
     oihw = np.transpose(wk, (3, 2, 0, 1)) if spec.layout == "NHWC" else wk
+    parts = [
+        _ungrouped_reference(xs, ws, dys, g)
+        for xs, ws, dys in zip(
+            np.split(xc, g.groups, axis=1),
+            np.split(oihw, g.groups, axis=0),
+            np.split(dyc, g.groups, axis=1),
+            strict=True,
+        )
+    ]
+    y, dx, dw_oihw = (
+        np.concatenate([part[k] for part in parts], axis=axis)
+        for k, axis in enumerate((1, 1, 0))
+    )
+    dw = np.transpose(dw_oihw, (2, 3, 1, 0)) if spec.layout == "NHWC" else dw_oihw
+    return {"y": _from_cf(y, spec.layout), "dx": _from_cf(dx, spec.layout), "dw": dw}
+
+
+def _ungrouped_reference(xc, oihw, dyc, g: Geometry):
+    """``(y, dx, dw)`` of one ungrouped conv, NCHW and OIHW, float64."""
     y = nr.conv(xc, oihw, strides=g.strides, padding=g.padding, layout="NCHW")
     # Input gradient: the full transposed conv, then the padding cut away.
     ct = nr.conv_transpose(dyc, oihw, strides=g.strides, padding=0, layout="NCHW")
@@ -137,9 +158,7 @@ def reference_conv(
         layout="NCHW",
     )  # (C, O, >=kh, >=kw)
     kh, kw = g.kernel_size
-    dw_oihw = np.transpose(dwc[:, :, :kh, :kw], (1, 0, 2, 3))
-    dw = np.transpose(dw_oihw, (2, 3, 1, 0)) if spec.layout == "NHWC" else dw_oihw
-    return {"y": _from_cf(y, spec.layout), "dx": _from_cf(dx, spec.layout), "dw": dw}
+    return y, dx, np.transpose(dwc[:, :, :kh, :kw], (1, 0, 2, 3))
 
 
 def candidate_errors(

@@ -1,12 +1,13 @@
 """Selectable 2D convolution algorithms for CPU speed.
 
 - ``conv2d(x, kernel, ..., algorithm="xla"|"im2col"|"winograd2"|"winograd4"|"pointwise"|
-  "s2d"|"auto")``; ``nn.Conv(..., algorithm=...)`` calls it.
+  "s2d"|"depthwise"|"auto")``; ``nn.Conv(..., algorithm=...)`` calls it.
 - ``"auto"`` runs the conv's entry in a ``ConvPlan`` (``conv_config.with_conv_plan``), which
   ``layoutlab.bench.tuning`` produces; a conv without one runs XLA's native conv.
 - ``set_conv_algorithm(model, name)`` / ``set_kernel_storage(model, storage)``: per-model.
-- Grouped, depthwise and dilated convs, and shapes an algorithm does not handle (Winograd:
-  stride-1 3x3 only; pointwise: 1x1; s2d: stride 2), fall back to XLA's native conv;
+- Grouped and dilated convs, and shapes an algorithm does not handle (Winograd: stride-1
+  3x3 only; pointwise: 1x1; s2d: stride 2; depthwise: depthwise only), fall back to XLA's
+  native conv;
   ``select_algorithm(spec, name)`` says what runs and why.
 - Compute dtypes where an algorithm's error exceeds the dtype's bar are refused the same
   way (``winograd4*``: float32 only); ``unsupported_reason(name, dtype)`` says so up front.

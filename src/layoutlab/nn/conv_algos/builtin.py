@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from layoutlab.nn.conv_algos import pointwise, space_to_depth, winograd
+from layoutlab.nn.conv_algos import depthwise, pointwise, space_to_depth, winograd
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
@@ -89,6 +89,12 @@ BUILTIN = (
         space_to_depth.space_to_depth_conv,
         space_to_depth.supports,
         "stride-2 conv as a stride-1 conv on a space-to-depth input (JAX autodiff)",
+    ),
+    Algorithm(
+        "depthwise",
+        depthwise.depthwise_conv,
+        depthwise.supports,
+        "depthwise conv as shifted multiply-adds, one kernel tap per channel (JAX autodiff)",
     ),
 )
 

@@ -57,6 +57,11 @@ with ``cpu_fast_options``:
   the whole step with it 1.05x faster on ResNet-50 at 16, 1.02x on ResNet-18 at 128, even
   on ResNet-18 at 8 and 32, ResNet-50 at 1 and MobileNetV2 at 16; where an im2col rule
   holds, im2col keeps the conv (it won at batch 1).
+- AVX-512, depthwise (2026-11-26, ``benchmarks/results/depthwise_avx512_cpu.md``): every
+  3x3 depthwise conv runs ``depthwise`` (shifted multiply-adds) in both objectives at every
+  batch: MobileNetV2's whole step 3.4-5.3x faster in inference and 2.2-3.8x in training at
+  batch 1, 8 and 32. The first measurement of any model but the ResNets and VGG found it:
+  there XLA:CPU's grouped conv had made the defaults slower than plain XLA.
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
@@ -76,7 +81,8 @@ class Rule(NamedTuple):
     """A shape class: kernel, strides, in-channel bounds, spatial size bounds and the batch
     sizes it was measured to win at (``min_batch`` to ``max_batch``, inclusive): the same
     conv at batch 1 and at batch 128 is a different amount of work, and what wins at one
-    can lose at the other."""
+    can lose at the other. ``depthwise``: the class holds depthwise convs (one group per
+    input channel) instead of ungrouped ones."""
 
     algorithm: str
     kernel: tuple[int, int]
@@ -87,10 +93,12 @@ class Rule(NamedTuple):
     min_size: int = 1
     min_batch: int = 1
     max_batch: int | None = None
+    depthwise: bool = False
 
     def matches(self, spec: ConvSpec) -> bool:
         g = spec.geometry
-        if g.kernel_size != self.kernel or g.strides != self.strides or g.groups != 1:
+        groups = spec.in_features if self.depthwise else 1
+        if g.kernel_size != self.kernel or g.strides != self.strides or g.groups != groups:
             return False
         if g.dilation != (1, 1) or spec.in_features < self.min_in:
             return False
@@ -125,6 +133,14 @@ _TINY_INPUT = (
     Rule("im2col", (3, 3), (1, 1), max_size=2),
     Rule("im2col", (3, 3), (2, 2), max_size=2),
 )
+# MobileNetV2's 3x3 depthwise convs, both strides: XLA:CPU's grouped conv ran them 3-15x
+# slower than the shifted multiply-adds in inference and 2.4-20x in training, one by one at
+# batch 8; the whole step with the rules 3.4-5.3x faster in inference and 2.2-3.8x in
+# training at batch 1-32 (benchmarks/results/depthwise_avx512_cpu.md).
+_DEPTHWISE = (
+    Rule("depthwise", (3, 3), (1, 1), depthwise=True),
+    Rule("depthwise", (3, 3), (2, 2), depthwise=True),
+)
 # (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
 # benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256), AVX-512 from
 # conv_autotune_small_batch_avx512_cpu.md (1, 8, 32) and the batch-128 run. A batch between
@@ -154,9 +170,11 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("im2col", **_IM2COL_STEM),
         # After the im2col rules: at batch 1 im2col beat it on the stride-2 convs it takes.
         Rule("phase_dx", (3, 3), (2, 2)),
+        *_DEPTHWISE,
     ),
     ("avx512", "inference", "float32"): (
         *_TINY_INPUT,
+        *_DEPTHWISE,
         Rule("winograd4_full", **_WINOGRAD_MID, min_batch=16),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
         Rule("im2col", **_IM2COL_STEM),
