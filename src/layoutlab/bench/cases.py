@@ -67,7 +67,7 @@ class Workload:
         """Random classes: one per image, or one per pixel for a segmentation model."""
         from layoutlab import models
 
-        per_pixel = models.spec(self.model).task == "segmentation"
+        per_pixel = models.spec(self.model).per_pixel
         shape = (self.batch_size, *self.spatial) if per_pixel else (self.batch_size,)
         rng = np.random.default_rng(seed + 1)
         return rng.integers(0, self.num_classes, shape).astype(np.int32)

@@ -71,6 +71,12 @@ class ModelSpec:
     # Numeric builder arguments and the Range each must lie in (checked before a run builds).
     ranges: dict = dataclasses.field(default_factory=dict)
 
+    @property
+    def per_pixel(self) -> bool:
+        """Whether the model's logits and labels are per pixel (segmentation), the classes
+        on the layout's channel axis, rather than one row per image."""
+        return self.task == "segmentation"
+
     def input_shape(self, batch: int, layout: Layout | str, spatial=None, channels=None):
         lay = resolve_layout(layout, self.num_spatial)
         spatial = tuple(spatial) if spatial is not None else self.default_input[:-1]

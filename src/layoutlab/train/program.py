@@ -116,8 +116,7 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     tx = build_optimizer(spec.optimizer, branch)
     defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))
     # A segmentation model's logits are per pixel, with the classes on the channel axis.
-    per_pixel = models.spec(spec.model).task == "segmentation"
-    class_axis = spec.layout.channel_axis if per_pixel else -1
+    class_axis = spec.layout.channel_axis if models.spec(spec.model).per_pixel else -1
 
     def init(model: nnx.Module | None = None) -> TrainState:
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)

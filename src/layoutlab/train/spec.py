@@ -82,8 +82,7 @@ class InputSpec:
     def for_model(cls, model: str, image_shape, num_classes: int, batch_size: int) -> InputSpec:
         """Synthetic batches for registered ``model``: per-pixel labels for a segmentation
         model, one per image otherwise."""
-        per_pixel = models.spec(model).task == "segmentation"
-        return cls(tuple(image_shape), num_classes, batch_size, per_pixel)
+        return cls(tuple(image_shape), num_classes, batch_size, models.spec(model).per_pixel)
 
     @property
     def channels(self) -> int:

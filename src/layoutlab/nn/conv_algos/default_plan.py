@@ -60,8 +60,8 @@ with ``cpu_fast_options``:
 - AVX-512, depthwise (2026-11-26, ``benchmarks/results/depthwise_avx512_cpu.md``): every
   3x3 depthwise conv runs ``depthwise`` (shifted multiply-adds) in both objectives at every
   batch: MobileNetV2's whole step 3.4-5.3x faster in inference and 2.2-3.8x in training at
-  batch 1, 8 and 32. The first measurement of any model but the ResNets and VGG found it:
-  there XLA:CPU's grouped conv had made the defaults slower than plain XLA.
+  batch 1, 8 and 32. The first measurement of MobileNetV2 beside plain XLA found it: there
+  XLA:CPU's grouped conv had made the defaults slower than plain XLA.
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
