@@ -5,6 +5,7 @@ The positive checks run in fresh interpreters: the setting has to come before JA
 backend, and this test process started it at collection (conftest).
 """
 
+import argparse
 import json
 import os
 import platform
@@ -138,3 +139,16 @@ def test_train_bench_and_conv_autotune_take_the_flag():
         # Not given: None, the default (kept unless the batches are known to be small).
         assert parser.parse_args(argv[:-1]).keep_host_memory is None
         assert parser.parse_args([*argv[:-1], "--no-keep-host-memory"]).keep_host_memory is False
+
+
+def test_a_bench_sweep_keeps_host_memory_only_if_its_smallest_batch_is_large():
+    # The setting is process-wide: a sweep from batch 1 to 256 would run its batch-1 and
+    # batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
+    # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md).
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, _batch_pixels
+
+    def bench(*batches):
+        return argparse.Namespace(command="bench", image_size=(32,), batch_sizes=batches)
+
+    assert _batch_pixels(bench(1, 8, 32, 128, 256)) == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
+    assert _batch_pixels(bench(32, 128)) == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS

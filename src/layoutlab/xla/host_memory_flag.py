@@ -14,7 +14,9 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 # Below this many input pixels per batch the temp buffer is small, and one malloc arena for
 # every thread measured slower: the built-in digits job (32 x 8 x 8 = 2,048 pixels per
 # batch) took 15.1-16.1 s with it against 13.1-14.6 s without (three interleaved runs
-# each). The ResNet-18 CIFAR step at batch 128 (131,072) gains about 0.5 s a step.
+# each), and MobileNetV2 CIFAR's training step at batch 8 (8,192) 125-162 against 61-72 ms
+# (benchmarks/results/host_memory_small_batch_avx512_cpu.md). The ResNet-18 CIFAR step at
+# batch 128 (131,072) gained about 0.5 s a step on the AVX2 machine.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 
 
@@ -43,14 +45,16 @@ def add_keep_host_memory(subparsers) -> None:
 
 
 def _batch_pixels(args: argparse.Namespace) -> int | None:
-    """Input pixels of the largest batch the command runs, when the flags say (else None)."""
+    """Input pixels of the smallest batch the command runs, when the flags say (else None):
+    the setting is process-wide, so a sweep from batch 1 to 256 would run its small batches
+    with it too, where it measured slower."""
     if args.command == "train":
         from layoutlab.train.launch import batch_pixels
 
         return batch_pixels(args)
     if args.command == "bench" and args.image_size:
         h, w = (args.image_size * 2)[:2]  # N: N x N
-        return max(args.batch_sizes) * h * w
+        return min(args.batch_sizes) * h * w
     return None
 
 

@@ -1,0 +1,64 @@
+"""One malloc arena (``keep_host_memory``) at a small batch, with PyTorch in the process.
+
+    python benchmarks/host_memory_small_batch.py --mode train --batch 8 --keep
+    python benchmarks/host_memory_small_batch.py --mode train --batch 8
+
+Sets the malloc settings or not (``--keep``; or run either under ``GLIBC_TUNABLES``), then
+builds MobileNetV2 CIFAR's default layoutlab step (NHWC, fp32, SGD with momentum) and the
+PyTorch mirror's (channels_last). It times, in three passes: layoutlab's step alone, the two
+alternating (each timed), and PyTorch's alone. Processes differ in machine state, so run the
+variants alternately and compare them across several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mobilenet_v2")
+    p.add_argument("--mode", default="train", choices=("train", "infer"))
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--keep", action="store_true", help="call keep_host_memory() first")
+    args = p.parse_args(argv)
+    if args.keep:
+        from layoutlab.xla import keep_host_memory
+
+        keep_host_memory()  # before JAX starts
+    from interleaved_steps import runner, workload
+
+    from layoutlab.bench.cases import TorchCase
+    from layoutlab.bench.torch_runner import TorchRunner
+    from layoutlab.fast_defaults import cpu_fast_options
+
+    w = workload(args.model, args.mode, args.batch)
+    jax_step = runner(w, "defaults", cpu_fast_options(args.mode, "pytorch", batch=args.batch))
+    jax_step.setup()
+    torch_step = TorchRunner(TorchCase(w, "channels_last", "fp32"))
+    torch_step.setup()
+
+    def ms(times):
+        return f"{1e3 * statistics.median(times):.1f}"
+
+    def timed(step):
+        t0 = time.perf_counter()
+        step()
+        return time.perf_counter() - t0
+
+    for _ in range(3):
+        jax_step.step()
+        torch_step.step()
+    alone = [timed(jax_step.step) for _ in range(args.steps)]
+    mixed = [(timed(torch_step.step), timed(jax_step.step)) for _ in range(args.steps)]
+    torch_alone = [timed(torch_step.step) for _ in range(args.steps)]
+    print(f"{args.model} {args.mode} b{args.batch} keep={args.keep}: layoutlab alone "
+          f"{ms(alone)} ms, alternating {ms([j for _, j in mixed])} ms; PyTorch alternating "
+          f"{ms([t for t, _ in mixed])} ms, alone {ms(torch_alone)} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
