@@ -147,7 +147,7 @@ def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32", groups=1):
 
 def test_depthwise_convs_take_the_shifted_multiply_adds_on_avx512():
     # MobileNetV2's 3x3 depthwise convs, both strides, at every batch and in both
-    # objectives: the whole step 2.2-5.3x faster at batch 1-32
+    # objectives: the whole step 2.2-9.1x faster at batch 1-128
     # (benchmarks/results/depthwise_avx512_cpu.md). Evidence on AVX-512 only, float32 only.
     for stride in (1, 2):
         for batch in (1, 8, 32, 128):

@@ -59,8 +59,8 @@ with ``cpu_fast_options``:
   holds, im2col keeps the conv (it won at batch 1).
 - AVX-512, depthwise (2026-11-26, ``benchmarks/results/depthwise_avx512_cpu.md``): every
   3x3 depthwise conv runs ``depthwise`` (shifted multiply-adds) in both objectives at every
-  batch: MobileNetV2's whole step 3.4-5.3x faster in inference and 2.2-3.8x in training at
-  batch 1, 8 and 32. The first measurement of MobileNetV2 beside plain XLA found it: there
+  batch: MobileNetV2's whole step 3.4-9.1x faster in inference and 2.2-3.8x in training at
+  batch 1, 8, 32 and 128. The first measurement of MobileNetV2 beside plain XLA found it: there
   XLA:CPU's grouped conv had made the defaults slower than plain XLA.
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
@@ -135,8 +135,8 @@ _TINY_INPUT = (
 )
 # MobileNetV2's 3x3 depthwise convs, both strides: XLA:CPU's grouped conv ran them 3-15x
 # slower than the shifted multiply-adds in inference and 2.4-20x in training, one by one at
-# batch 8; the whole step with the rules 3.4-5.3x faster in inference and 2.2-3.8x in
-# training at batch 1-32 (benchmarks/results/depthwise_avx512_cpu.md).
+# batch 8; the whole step with the rules 3.4-9.1x faster in inference and 2.2-3.8x in
+# training at batch 1-128 (benchmarks/results/depthwise_avx512_cpu.md).
 _DEPTHWISE = (
     Rule("depthwise", (3, 3), (1, 1), depthwise=True),
     Rule("depthwise", (3, 3), (2, 2), depthwise=True),
