@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 
 def main(argv=None) -> None:
@@ -32,6 +31,7 @@ def main(argv=None) -> None:
     from interleaved_steps import runner, workload
 
     from layoutlab.bench.cases import TorchCase
+    from layoutlab.bench.timing import timed
     from layoutlab.bench.torch_runner import TorchRunner
     from layoutlab.fast_defaults import cpu_fast_options
 
@@ -43,11 +43,6 @@ def main(argv=None) -> None:
 
     def ms(times):
         return f"{1e3 * statistics.median(times):.1f}"
-
-    def timed(step):
-        t0 = time.perf_counter()
-        step()
-        return time.perf_counter() - t0
 
     for _ in range(3):
         jax_step.step()
