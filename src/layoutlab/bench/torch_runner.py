@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 _LR, _MOMENTUM = 0.01, 0.9  # as layoutlab.train.spec's "pytorch" optimizer (bench --torch)
+_RECOMPILE_LIMIT = 1024  # torch.compile cases one process may hold (see ``_compiled``)
 
 
 class TorchUnavailable(ImportError):
@@ -98,6 +99,20 @@ def torch_tf32(torch, device: str) -> str:
     return f"conv {conv}, matmul {matmul}"
 
 
+def _compiled(torch, model, **compile_kwargs):
+    """``torch.compile(model)`` that stays compiled for a whole sweep.
+
+    Dynamo caches graphs per code object, and each case (model instance, batch, mode) adds
+    one: past ``recompile_limit`` (8) it silently runs eager, so a sweep's ninth
+    torch.compile case would be timed as eager under torch.compile's name. The limit is
+    raised, and reaching it is an error rather than a mislabelled row."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, _RECOMPILE_LIMIT)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, _RECOMPILE_LIMIT)
+    config.fail_on_recompile_limit_hit = True
+    return torch.compile(model, **compile_kwargs)
+
+
 class TorchRunner:
     """Same protocol as ``JaxRunner``: ``setup``, ``step``, ``finish``, ``close``."""
 
@@ -143,7 +158,7 @@ class TorchRunner:
         opt = torch.optim.SGD(model.parameters(), lr=_LR, momentum=_MOMENTUM) if train else None
         use_scaler = train and case.precision == "amp_fp16"
         scaler = torch.amp.GradScaler(self.device) if use_scaler else None
-        runnable = torch.compile(model) if case.compile else model
+        runnable = _compiled(torch, model) if case.compile else model
         self._state = (torch, runnable, x, y, opt, scaler, amp[case.precision])
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
