@@ -83,12 +83,19 @@ def test_conv_1d_3d(num_spatial):
         assert_close(y, expected, rtol=RTOL, atol=ATOL, name=f"conv {layout}")
 
 
+TRANSPOSE_CASES = {
+    # 2x2 stride 2 (U-Net's up-sampling): "auto" runs the one-dot "matmul" form.
+    "k2s2_auto": dict(kernel_size=2, strides=2),
+    "k2s2_xla": dict(kernel_size=2, strides=2, algorithm="xla"),
+    "k3s3_matmul": dict(kernel_size=3, strides=3, algorithm="matmul"),
+    "k3s2_overlapping": dict(kernel_size=3, strides=2, padding=1, output_padding=1),
+}
+
+
 @pytest.mark.parametrize("layout", _cases(2))
-@pytest.mark.parametrize(
-    "kw",
-    [dict(kernel_size=2, strides=2), dict(kernel_size=3, strides=2, padding=1, output_padding=1)],
-)
-def test_conv_transpose(kw, layout):
+@pytest.mark.parametrize("case", TRANSPOSE_CASES)
+def test_conv_transpose(case, layout):
+    kw = TRANSPOSE_CASES[case]
     factory = lambda: nn.ConvTranspose(4, 3, layout="NHWC", rngs=nnx.Rngs(0), **kw)
     layer, x, y = _run(factory, layout, _input((2, 5, 6, 4)))
     expected = ref.conv_transpose(

@@ -27,6 +27,8 @@ from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
 
+MATMUL = "matmul"
+TRANSPOSE_ALGORITHMS = (AUTO, XLA, MATMUL)  # ConvTranspose's; see its docstring
 # torchvision initialises convs with kaiming_normal(mode="fan_out", relu).
 default_kernel_init = flat_kaiming_normal_fan_out
 
@@ -220,6 +222,13 @@ class ConvTranspose(LayoutModule):
     ``(n - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1``.
     The kernel is ``(in, out, k...)`` (``IOHW``, as PyTorch stores it) in channels-first
     layouts and ``(k..., in, out)`` (``HWIO``) in channels-last ones.
+
+    ``algorithm``: ``"auto"`` (default) runs ``"matmul"`` where the taps do not overlap
+    (stride equal to the kernel, no padding, output padding or dilation: U-Net's 2x2
+    stride-2 up-sampling) and ``"xla"`` elsewhere. ``"xla"`` is XLA's conv over the
+    stride-dilated input, which on XLA:CPU multiplies the inserted zeros too; ``"matmul"``
+    is one dot over the input channels followed by a depth-to-space, the same products
+    summed in the same way (``benchmarks/results/conv_transpose_avx512_cpu.md``).
     """
 
     def __init__(
@@ -236,6 +245,7 @@ class ConvTranspose(LayoutModule):
         layout: Layout | str = Layout.NHWC,
         policy: Policy | str | None = None,
         kernel_init=None,
+        algorithm: str = AUTO,
         rngs: nnx.Rngs,
     ):
         self._set_layout_policy(layout, policy)
@@ -253,6 +263,7 @@ class ConvTranspose(LayoutModule):
                     f"ConvTranspose: output_padding {self.output_padding} must be smaller "
                     f"than stride or dilation ({self.strides}, {self.dilation})."
                 )
+        self.algorithm = self._check_transpose_algorithm(algorithm)
         dtype = self.policy.param_dtype
         hwio = (*self.kernel_size, in_features, out_features)
         # PyTorch computes fan_in of a transposed conv from weight.size(1) = out_features.
@@ -266,6 +277,31 @@ class ConvTranspose(LayoutModule):
             if use_bias
             else None
         )
+
+    @property
+    def taps_overlap(self) -> bool:
+        """Whether an output element gathers more than one input position (``"matmul"``
+        needs them not to)."""
+        return (
+            self.strides != self.kernel_size
+            or any(self.padding)
+            or any(self.output_padding)
+            or any(d != 1 for d in self.dilation)
+        )
+
+    def _check_transpose_algorithm(self, algorithm: str) -> str:
+        if algorithm not in TRANSPOSE_ALGORITHMS:
+            raise ValueError(
+                f"Unknown ConvTranspose algorithm {algorithm!r}; use one of "
+                f"{', '.join(TRANSPOSE_ALGORITHMS)}."
+            )
+        if algorithm == MATMUL and self.taps_overlap:
+            raise ValueError(
+                f"ConvTranspose algorithm 'matmul' needs non-overlapping taps (strides equal "
+                f"to the kernel {self.kernel_size}, no padding, output padding or dilation); "
+                "use 'auto' or 'xla'."
+            )
+        return algorithm
 
     def _kernel_spec(self) -> str:
         spatial = self.layout.kernel_layout.replace("I", "").replace("O", "")
@@ -290,19 +326,48 @@ class ConvTranspose(LayoutModule):
             x.shape, self.in_features, f"ConvTranspose({self.in_features}->{self.out_features})"
         )
         dtype = self.policy.compute_dtype
+        if self.algorithm == MATMUL or (self.algorithm == AUTO and not self.taps_overlap):
+            y = self._matmul(x.astype(dtype), self.kernel[...].astype(dtype))
+        else:
+            y = self._dilated_conv(x.astype(dtype), self.kernel[...].astype(dtype))
+        if self.bias is not None:
+            bias = self.bias[...].astype(y.dtype)
+            y = y + bias.reshape(channel_shape(y.ndim, self.layout.channel_axis, bias.shape[0]))
+        return y.astype(dtype)
+
+    def _matmul(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
+        # Non-overlapping taps: output position s * i + a is x[i] . kernel[a], so one dot
+        # over the input channels gives every (i, a) and a reshape interleaves them.
+        n = self.layout.num_spatial
+        s, k = "hwdxyz"[:n], "abcuvt"[:n]
+        x_spec = f"n{s}i" if self.layout.is_channels_last else f"ni{s}"
+        k_spec = f"{k}io" if self.layout.is_channels_last else f"io{k}"
+        interleaved = "".join(p + q for p, q in zip(s, k, strict=True))
+        out_spec = f"n{interleaved}o" if self.layout.is_channels_last else f"no{interleaved}"
+        y = jnp.einsum(
+            f"{x_spec},{k_spec}->{out_spec}",
+            x,
+            kernel,
+            preferred_element_type=accumulation_dtype(self.policy),
+        )
+        sizes = self.layout.spatial_shape(x.shape)
+        up = tuple(size * st for size, st in zip(sizes, self.strides, strict=True))
+        return y.reshape(self.layout.shape(x.shape[0], self.out_features, up))
+
+    def _dilated_conv(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
         n = self.layout.num_spatial
         spec = self._kernel_spec()
         spatial_axes = tuple(spec.index(c) for c in spec if c not in "IO")
         # A transposed conv is a conv over the stride-dilated input with the kernel flipped.
-        kernel = jnp.flip(self.kernel[...].astype(dtype), axis=spatial_axes)
+        kernel = jnp.flip(kernel, axis=spatial_axes)
         pads = tuple(
             (d * (k - 1) - p, d * (k - 1) - p + op)
             for k, p, op, d in zip(
                 self.kernel_size, self.padding, self.output_padding, self.dilation, strict=True
             )
         )
-        y = lax.conv_general_dilated(
-            x.astype(dtype),
+        return lax.conv_general_dilated(
+            x,
             kernel,
             window_strides=(1,) * n,
             padding=pads,
@@ -311,7 +376,3 @@ class ConvTranspose(LayoutModule):
             dimension_numbers=(self.layout.value, spec, self.layout.value),
             preferred_element_type=accumulation_dtype(self.policy),
         )
-        if self.bias is not None:
-            bias = self.bias[...].astype(y.dtype)
-            y = y + bias.reshape(channel_shape(y.ndim, self.layout.channel_axis, bias.shape[0]))
-        return y.astype(dtype)
