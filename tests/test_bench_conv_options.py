@@ -342,3 +342,43 @@ def test_batch_one_training_on_avx512_runs_without_the_options():
     assert compile_options(TrainConfig(batch_size=1), "infer") == cpu_fast_options("infer")
     sweep = SweepConfig(model="small_cnn", model_kwargs=TINY, batch_sizes=(1,), cpu_fast=True)
     assert options_for(sweep, "train", "cpu", 1) == want
+
+
+def test_depthwise_models_train_without_elementwise_fusions_on_avx512(monkeypatch):
+    # MobileNetV2's SGD step ran 1.59-1.64x slower with YNNPACK's elementwise fusions at
+    # batch 8 and 32 on AVX-512 (its depthwise convs' multiply-adds are split apart), while
+    # ResNet-50's ran 1.57x faster with them
+    # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md). AVX2 was not measured.
+    from layoutlab import models
+    from layoutlab.bench.sweep_config import options_for
+    from layoutlab.fast_defaults import fast_compile_options
+    from layoutlab.train.config import TrainConfig
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.xla import cpu_fast_options
+
+    key = "xla_cpu_experimental_ynn_fusion_type"
+    no_eltwise = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    assert cpu_fast_options("train", "pytorch", "avx512", 8, depthwise=True)[key] == no_eltwise
+    assert cpu_fast_options("train", "pytorch", "avx512", 8)[key] != no_eltwise
+    assert cpu_fast_options("train", "pytorch", "avx2", 8, depthwise=True) == cpu_fast_options(
+        "train", "pytorch", "avx2", 8
+    )
+    assert cpu_fast_options("infer", kind="avx512", depthwise=True) == cpu_fast_options(
+        "infer", kind="avx512"
+    )
+    assert cpu_fast_options("train", "pytorch", "avx512", 1, depthwise=True) == {}
+    # Which models have them: found by building the model abstractly.
+    assert models.has_depthwise_convs("mobilenet_v2", {"width_mult": 0.25})
+    assert not models.has_depthwise_convs("resnet18", {"stem": "cifar"})
+    assert not models.has_depthwise_convs("unet")
+    # Wired through a run's config and bench's sweeps, on this machine's CPU kind.
+    mobilenet = dict(model="mobilenet_v2", model_kwargs={"width_mult": 0.25})
+    want = fast_compile_options("train", "cpu", "pytorch", 8, depthwise=True)
+    sweep = SweepConfig(**mobilenet, batch_sizes=(8,), cpu_fast=True, torch=True)
+    assert options_for(sweep, "train", "cpu", 8) == want
+    config = TrainConfig(**mobilenet, optimizer="momentum", batch_size=8)
+    assert compile_options(config, "train") == fast_compile_options(
+        "train", "cpu", "momentum", 8, depthwise=True
+    )
+    monkeypatch.setattr("layoutlab.fast_defaults.cpu_kind", lambda: "avx512")
+    assert options_for(sweep, "train", "cpu", 8)[key] == no_eltwise

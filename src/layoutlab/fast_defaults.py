@@ -3,11 +3,11 @@
 On XLA:CPU a step gets
 
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
-  training also reductions and, except for Adam(W) on AVX-512, elementwise fusions; none
-  for a batch-1 training step on AVX-512), each
-  first checked against the installed jaxlib: these are experimental XLA:CPU options, and one
-  a jaxlib does not know is left out with a one-line notice (``accepted_cpu_options``),
-  never an error;
+  training also reductions and, except for Adam(W) or a model with depthwise convs on
+  AVX-512, elementwise fusions; none for a batch-1 training step on AVX-512), each first
+  checked against the installed jaxlib: these are experimental XLA:CPU options, and one a
+  jaxlib does not know is left out with a one-line notice (``accepted_cpu_options``), never
+  an error;
 - conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
   the kernel transpose XLA:CPU runs per conv per call in a channels-first model;
 - channels-first models computing channels-last inside (``default_activation_storage``):
@@ -61,11 +61,16 @@ SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 
 
 def cpu_fast_options(
-    mode: str, optimizer: str | None = None, kind: str | None = None, batch: int | None = None
+    mode: str,
+    optimizer: str | None = None,
+    kind: str | None = None,
+    batch: int | None = None,
+    depthwise: bool = False,
 ) -> dict:
     """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer") with
     ``optimizer`` (a train or bench optimizer name; None: ``layoutlab train``'s AdamW) on a
-    CPU of ``kind`` (``cpu_kind()``; None: this one) at ``batch`` (None: not known)."""
+    CPU of ``kind`` (``cpu_kind()``; None: this one) at ``batch`` (None: not known), for a
+    model with ``depthwise`` convs or not (``models.has_depthwise_convs``)."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
     options = dict(CPU_FAST_OPTIONS[mode])
@@ -75,7 +80,10 @@ def cpu_fast_options(
         # 1.16x with SGD, 1.05x with AdamW; at batch 8 and 32 the options won 1.07x and
         # 1.48x (benchmarks/results/cpu_fast_options_small_batch_avx512_cpu.md).
         return {}
-    if mode == "train" and optimizer not in SGD_OPTIMIZERS and avx512:
+    # A depthwise model's SGD step too: MobileNetV2's ran 1.59-1.64x slower with them at batch
+    # 8 and 32, while ResNet-50's ran 1.57x faster at 16 and ResNet-18's 0.99-1.06x
+    # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md).
+    if mode == "train" and avx512 and (depthwise or optimizer not in SGD_OPTIMIZERS):
         kinds = options[_YNN_KEY].split(",")
         options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
     return options
@@ -115,15 +123,19 @@ def accepted_cpu_options(options: dict) -> dict:
 
 
 def fast_compile_options(
-    mode: str, backend: str | None = None, optimizer: str | None = None, batch: int | None = None
+    mode: str,
+    backend: str | None = None,
+    optimizer: str | None = None,
+    batch: int | None = None,
+    depthwise: bool = False,
 ) -> dict:
     """The default compile options of a ``mode`` step with ``optimizer`` at ``batch`` on
-    ``backend`` (default: JAX's): ``cpu_fast_options(mode, optimizer, batch=batch)`` as far
-    as this jaxlib accepts them on CPU, none elsewhere."""
+    ``backend`` (default: JAX's), for a model with ``depthwise`` convs or not:
+    ``cpu_fast_options`` as far as this jaxlib accepts them on CPU, none elsewhere."""
     backend = backend or default_backend()
     if backend != "cpu":
         return {}
-    return accepted_cpu_options(cpu_fast_options(mode, optimizer, batch=batch))
+    return accepted_cpu_options(cpu_fast_options(mode, optimizer, batch=batch, depthwise=depthwise))
 
 
 def default_skip_branch(backend: str | None = None) -> str:
@@ -180,13 +192,14 @@ def table_cpu_kind(platform: str) -> str | None:
     return cpu_kind() if platform == "cpu" else None
 
 
-def compile_options_from_flags(args, mode: str | None = None) -> dict:
-    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
-    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
+def compile_options_from_flags(args, mode: str | None = None, depthwise: bool = False) -> dict:
+    """``--xla-option`` values, over the fast CPU options of ``mode`` for a model with
+    ``depthwise`` convs or not, unless ``--no-cpu-fast`` (only on CPU: other backends never
+    get them)."""
     from layoutlab.arguments import parse_assignments
 
     backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
     fast = args.cpu_fast and mode is not None
     batch = getattr(args, "batch_size", None)
-    base = fast_compile_options(mode, backend, optimizer, batch) if fast else {}
+    base = fast_compile_options(mode, backend, optimizer, batch, depthwise) if fast else {}
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}

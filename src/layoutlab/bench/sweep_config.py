@@ -254,8 +254,12 @@ def options_for(
     config: SweepConfig, mode: str, backend: str | None = None, batch: int | None = None
 ) -> dict:
     """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``."""
-    fast = config.cpu_fast
-    base = fast_compile_options(mode, backend, _optimizer(config), batch) if fast else {}
+    base = {}
+    if config.cpu_fast:
+        depthwise = mode == "train" and models.has_depthwise_convs(
+            config.model, config.model_kwargs
+        )
+        base = fast_compile_options(mode, backend, _optimizer(config), batch, depthwise)
     return {**base, **config.xla_options}
 
 

@@ -246,8 +246,12 @@ def _compare(args, model, x, options, tolerance):
 
 def _compiler_options(args) -> dict:
     from layoutlab.fast_defaults import fast_compile_options
+    from layoutlab.models import has_depthwise_convs
 
-    return fast_compile_options(args.mode, batch=args.batch_size) if args.cpu_fast else {}
+    if not args.cpu_fast:
+        return {}
+    depthwise = args.mode == "train" and has_depthwise_convs(args.model, model_kwargs(args))
+    return fast_compile_options(args.mode, batch=args.batch_size, depthwise=depthwise)
 
 
 def _conv_settings(model, specs: dict) -> dict:

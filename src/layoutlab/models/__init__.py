@@ -16,6 +16,7 @@ from layoutlab.lazy import lazy_exports
 _EXPORTS = {
     "ModelSpec": "registry",
     "create": "registry",
+    "has_depthwise_convs": "registry",
     "names": "registry",
     "register": "registry",
     "resolve_layout": "registry",
@@ -26,6 +27,7 @@ _EXPORTS = {
 __all__ = [
     "ModelSpec",
     "create",
+    "has_depthwise_convs",
     "names",
     "register",
     "resolve_layout",

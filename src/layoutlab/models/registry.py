@@ -18,7 +18,7 @@ from layoutlab.models.registration import (
     add_spec,
     resolve_layout,
 )
-from layoutlab.nn.conv_config import check_conv_options, configure_convs
+from layoutlab.nn.conv_config import check_conv_options, configure_convs, has_depthwise
 from layoutlab.precision import get_policy
 
 # POSITIVE, PROBABILITY and Range: the argument ranges a registered model may declare.
@@ -28,6 +28,7 @@ __all__ = [
     "ModelSpec",
     "Range",
     "create",
+    "has_depthwise_convs",
     "names",
     "register",
     "resolve_layout",
@@ -125,3 +126,19 @@ def create(
     return configure_convs(
         model, kernel_storage=kernel_storage, activation_storage=activation_storage
     )
+
+
+def has_depthwise_convs(name: str, model_kwargs: dict | None = None) -> bool:
+    """Whether model ``name`` built with ``model_kwargs`` has depthwise convs (built
+    abstractly, once per name and options): the CPU compile options depend on it
+    (``fast_defaults.cpu_fast_options``)."""
+    items = tuple(sorted((model_kwargs or {}).items()))
+    try:
+        return _has_depthwise(name, items)
+    except TypeError:  # an unhashable option value: build it uncached
+        return _has_depthwise.__wrapped__(name, items)
+
+
+@functools.cache
+def _has_depthwise(name: str, items: tuple) -> bool:
+    return has_depthwise(nnx.eval_shape(lambda: create(name, **dict(items))))

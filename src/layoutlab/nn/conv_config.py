@@ -29,6 +29,11 @@ def convs(model: nnx.Module) -> list[tuple[str, Conv]]:
     return out
 
 
+def has_depthwise(model: nnx.Module) -> bool:
+    """Whether ``model`` has a depthwise ``Conv`` (one group per input channel)."""
+    return any(1 < c.groups == c.in_features for _, c in convs(model))
+
+
 def _require_convs(model: nnx.Module, what: str) -> list[tuple[str, Conv]]:
     found = convs(model)
     if not found:

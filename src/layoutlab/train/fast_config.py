@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from layoutlab.fast_defaults import default_backend, fast_compile_options, table_cpu_kind
+from layoutlab.models import has_depthwise_convs
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, default_conv_plan
 from layoutlab.train.config import TrainConfig
@@ -22,7 +23,10 @@ __all__ = ["compile_options", "with_default_plan"]
 def compile_options(config: TrainConfig, mode: str) -> dict:
     """XLA compile options of the run's ``mode`` ("train" or "infer") programs."""
     batch = config.batch_size if mode == "train" else None
-    base = fast_compile_options(mode, None, config.optimizer, batch) if config.cpu_fast else {}
+    base = {}
+    if config.cpu_fast:
+        depthwise = mode == "train" and has_depthwise_convs(config.model, config.model_kwargs)
+        base = fast_compile_options(mode, None, config.optimizer, batch, depthwise)
     return {**base, **config.xla_options}
 
 

@@ -43,6 +43,7 @@ def _inspect(args: argparse.Namespace):
         resolve_activation_storage,
         resolve_kernel_storage,
     )
+    from layoutlab.models import has_depthwise_convs
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
@@ -59,7 +60,13 @@ def _inspect(args: argparse.Namespace):
         backend=args.backend,
         flags={
             **(
-                fast_compile_options(args.mode, platform, args.optimizer, args.batch_size)
+                fast_compile_options(
+                    args.mode,
+                    platform,
+                    args.optimizer,
+                    args.batch_size,
+                    args.mode == "train" and has_depthwise_convs(args.model, _model_kwargs(args)),
+                )
                 if args.cpu_fast
                 else {}
             ),

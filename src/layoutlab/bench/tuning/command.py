@@ -109,6 +109,7 @@ def run_layout(args: argparse.Namespace) -> int:
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
+    from layoutlab.models import has_depthwise_convs
 
     try:
         tuning = autotune_registry_model(
@@ -120,7 +121,11 @@ def run_convs(args: argparse.Namespace) -> int:
             objective="train" if args.mode == "train" else "inference",
             kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
             activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
-            compiler_options=compile_options_from_flags(args, args.mode),
+            compiler_options=compile_options_from_flags(
+                args,
+                args.mode,
+                args.mode == "train" and has_depthwise_convs(args.model, model_kwargs(args)),
+            ),
             model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,
