@@ -29,7 +29,7 @@ def dense_matmul(x: jax.Array, kernel: jax.Array, preferred=None) -> jax.Array:
     gradient contracts the kernel over its minor axis, ``kernel . dy``: JAX's own rule
     writes ``dy @ kernel.T``, which XLA:CPU turns, for one row, into a multiply and a
     reduction down the kernel's major axis. VGG-11's 25088x4096 layer took 257 ms there
-    against 17 ms, and VGG-11-BN's batch-1 training step ran 1.61x faster; from 8 rows both
+    against 17 ms, and VGG-11-BN's batch-1 training step ran 1.58-1.61x faster; from 8 rows both
     forms ran even, so those keep JAX's rule
     (``benchmarks/results/dense_input_gradient_avx512_cpu.md``)."""
     if math.prod(x.shape[:-1]) == 1:
