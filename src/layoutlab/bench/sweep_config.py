@@ -17,7 +17,6 @@ from layoutlab.bench.cases import MODES
 from layoutlab.fast_defaults import (
     default_activation_storage,
     default_kernel_storage,
-    fast_compile_options,
     resolve_activation_storage,
     resolve_kernel_storage,
 )
@@ -256,10 +255,9 @@ def options_for(
     """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``."""
     base = {}
     if config.cpu_fast:
-        depthwise = mode == "train" and models.has_depthwise_convs(
-            config.model, config.model_kwargs
+        base = models.model_compile_options(
+            config.model, config.model_kwargs, mode, backend, _optimizer(config), batch
         )
-        base = fast_compile_options(mode, backend, _optimizer(config), batch, depthwise)
     return {**base, **config.xla_options}
 
 

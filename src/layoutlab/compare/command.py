@@ -245,13 +245,11 @@ def _compare(args, model, x, options, tolerance):
 
 
 def _compiler_options(args) -> dict:
-    from layoutlab.fast_defaults import fast_compile_options
-    from layoutlab.models import has_depthwise_convs
+    from layoutlab.models import model_compile_options
 
     if not args.cpu_fast:
         return {}
-    depthwise = args.mode == "train" and has_depthwise_convs(args.model, model_kwargs(args))
-    return fast_compile_options(args.mode, batch=args.batch_size, depthwise=depthwise)
+    return model_compile_options(args.model, model_kwargs(args), args.mode, batch=args.batch_size)
 
 
 def _conv_settings(model, specs: dict) -> dict:

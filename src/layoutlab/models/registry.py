@@ -7,7 +7,12 @@ import inspect
 
 from flax import nnx
 
-from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
+from layoutlab.fast_defaults import (
+    default_backend,
+    fast_compile_options,
+    resolve_activation_storage,
+    resolve_kernel_storage,
+)
 from layoutlab.layout import Layout
 from layoutlab.models.registration import (
     POSITIVE,
@@ -29,6 +34,7 @@ __all__ = [
     "Range",
     "create",
     "has_depthwise_convs",
+    "model_compile_options",
     "names",
     "register",
     "resolve_layout",
@@ -142,3 +148,19 @@ def has_depthwise_convs(name: str, model_kwargs: dict | None = None) -> bool:
 @functools.cache
 def _has_depthwise(name: str, items: tuple) -> bool:
     return has_depthwise(nnx.eval_shape(lambda: create(name, **dict(items))))
+
+
+def model_compile_options(
+    name: str,
+    model_kwargs: dict | None,
+    mode: str,
+    backend: str | None = None,
+    optimizer: str | None = None,
+    batch: int | None = None,
+) -> dict:
+    """``fast_defaults.fast_compile_options`` of model ``name``'s ``mode`` step: they depend
+    on whether it has depthwise convs, asked only where that can matter (a CPU training
+    step)."""
+    backend = backend or default_backend()
+    depthwise = mode == "train" and backend == "cpu" and has_depthwise_convs(name, model_kwargs)
+    return fast_compile_options(mode, backend, optimizer, batch, depthwise)

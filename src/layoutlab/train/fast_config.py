@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from layoutlab.fast_defaults import default_backend, fast_compile_options, table_cpu_kind
-from layoutlab.models import has_depthwise_convs
+from layoutlab.fast_defaults import default_backend, table_cpu_kind
+from layoutlab.models import model_compile_options
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, default_conv_plan
 from layoutlab.train.config import TrainConfig
@@ -25,8 +25,9 @@ def compile_options(config: TrainConfig, mode: str) -> dict:
     batch = config.batch_size if mode == "train" else None
     base = {}
     if config.cpu_fast:
-        depthwise = mode == "train" and has_depthwise_convs(config.model, config.model_kwargs)
-        base = fast_compile_options(mode, None, config.optimizer, batch, depthwise)
+        base = model_compile_options(
+            config.model, config.model_kwargs, mode, None, config.optimizer, batch
+        )
     return {**base, **config.xla_options}
 
 

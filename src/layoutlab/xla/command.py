@@ -39,11 +39,10 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _inspect(args: argparse.Namespace):
     from layoutlab.fast_defaults import (
-        fast_compile_options,
         resolve_activation_storage,
         resolve_kernel_storage,
     )
-    from layoutlab.models import has_depthwise_convs
+    from layoutlab.models import model_compile_options
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
@@ -60,12 +59,13 @@ def _inspect(args: argparse.Namespace):
         backend=args.backend,
         flags={
             **(
-                fast_compile_options(
+                model_compile_options(
+                    args.model,
+                    _model_kwargs(args),
                     args.mode,
                     platform,
                     args.optimizer,
                     args.batch_size,
-                    args.mode == "train" and has_depthwise_convs(args.model, _model_kwargs(args)),
                 )
                 if args.cpu_fast
                 else {}
