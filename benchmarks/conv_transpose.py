@@ -2,6 +2,7 @@
 
     python benchmarks/conv_transpose.py --part layers
     python benchmarks/conv_transpose.py --part steps --mode train --batch 32
+    python benchmarks/conv_transpose.py --part layers --backend gpu   # no compile options
 
 ``layers``: U-Net's two 2x2 stride-2 transposed convs (width 16 at 32x32: 8x8x64 -> 32 and
 16x16x32 -> 16 channels, NHWC, fp32) at batch 1, 8 and 32, in inference (the conv) and
@@ -38,11 +39,18 @@ from layoutlab.nn import conv as conv_module
 SHAPES = ((8, 64, 32), (16, 32, 16))  # (input size, in channels, out channels)
 
 
-def _compiled(algorithm, mode, batch, size, cin, cout):
+def _options(backend, mode, batch) -> dict:
+    """The mode's CPU options on the CPU; none elsewhere (layoutlab sets none on a GPU)."""
+    return cpu_fast_options(mode, "pytorch", batch=batch) if backend == "cpu" else {}
+
+
+def _compiled(algorithm, mode, batch, size, cin, cout, backend):
+    device = jax.devices(backend)[0]
     layer = nn.ConvTranspose(cin, cout, 2, strides=2, algorithm=algorithm, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(layer)
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((batch, size, size, cin)),
-                    jnp.float32)  # fmt: skip
+    params = jax.device_put(params, device)
+    x = jax.device_put(np.random.default_rng(0).standard_normal((batch, size, size, cin))
+                       .astype(np.float32), device)  # fmt: skip
 
     def forward(p, x):
         return jnp.sin(nnx.merge(graphdef, p)(x))
@@ -51,7 +59,7 @@ def _compiled(algorithm, mode, batch, size, cin, cout):
         return jax.grad(lambda p, x: jnp.sum(forward(p, x)), argnums=(0, 1))(p, x)
 
     fn = grads if mode == "train" else forward
-    compiled = jax.jit(fn).lower(params, x).compile(cpu_fast_options(mode, "pytorch", batch=batch))
+    compiled = jax.jit(fn).lower(params, x).compile(_options(backend, mode, batch))
     return lambda: jax.block_until_ready(compiled(params, x))
 
 
@@ -59,13 +67,14 @@ def _cell(ci) -> str:
     return f"{ci.value:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
 
 
-def layers(rounds: int) -> None:
+def layers(rounds: int, backend: str) -> None:
     print("| mode | batch | shape (NHWC) | xla ms | matmul ms | xla / matmul [95%] |")
     print("|---|---|---|---|---|---|")
     for mode in ("infer", "train"):
-        for batch in (1, 8, 32):
+        for batch in (1, 8, 32) + ((128,) if backend != "cpu" else ()):
             for size, cin, cout in SHAPES:
-                runs = [_compiled(a, mode, batch, size, cin, cout) for a in ("xla", "matmul")]
+                runs = [_compiled(a, mode, batch, size, cin, cout, backend)
+                        for a in ("xla", "matmul")]  # fmt: skip
                 for run in runs:
                     run()
                 times = [[], []]
@@ -96,13 +105,15 @@ def _with_algorithm(algorithm):
     return Runner
 
 
-def steps(mode: str, batch: int, budget: float) -> None:
+def steps(mode: str, batch: int, budget: float, backend: str) -> None:
     w = workload("unet", mode, batch)
-    opts = cpu_fast_options(mode, "pytorch", batch=batch)
-    runners = [runner(w, a, opts, cls=_with_algorithm(a)) for a in ("matmul", "xla")]
+    opts = _options(backend, mode, batch)
+    runners = [runner(w, a, opts, cls=_with_algorithm(a), backend=backend)
+               for a in ("matmul", "xla")]  # fmt: skip
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=budget)
+    where = cpu_kind() if backend == "cpu" else backend
     for r in rows:
-        print(cpu_kind(), "unet", mode, batch, r["defaults"], r["status"], median_cell(r),
+        print(where, "unet", mode, batch, r["defaults"], r["status"], median_cell(r),
               r.get("error") or "")  # fmt: skip
     if all(r["status"] == "ok" for r in rows):
         matmul, xla = (json.loads(r["round_ms"]) for r in rows)
@@ -116,11 +127,12 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=15, help="layers: interleaved rounds")
     p.add_argument("--time-budget", type=float, default=30.0, help="steps: seconds")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
     args = p.parse_args(argv)
     if args.part == "layers":
-        layers(args.rounds)
+        layers(args.rounds, args.backend)
     else:
-        steps(args.mode, args.batch, args.time_budget)
+        steps(args.mode, args.batch, args.time_budget, args.backend)
 
 
 if __name__ == "__main__":

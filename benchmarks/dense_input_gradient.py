@@ -3,6 +3,7 @@
 
     python benchmarks/dense_input_gradient.py --part layer
     python benchmarks/dense_input_gradient.py --part steps --batch 1
+    python benchmarks/dense_input_gradient.py --part layer --backend gpu   # no options
 
 ``layer``: VGG-11's 25088x4096 classifier layer, the input gradient alone at 1, 8 and 32
 rows, each form compiled with no options and with the training options' dots
@@ -36,8 +37,9 @@ from layoutlab.nn import linear
 _DOTS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
-def layer() -> None:
-    kernel = jnp.full((25088, 4096), 1e-3, jnp.float32)
+def layer(backend: str) -> None:
+    device = jax.devices(backend)[0]
+    kernel = jax.device_put(jnp.full((25088, 4096), 1e-3, jnp.float32), device)
     forms = {
         "dy @ kernel.T": lambda dy, k: dy @ k.T,
         "kernel . dy": lambda dy, k: jnp.moveaxis(
@@ -47,8 +49,9 @@ def layer() -> None:
     print("| rows | options | dy @ kernel.T ms | kernel . dy ms |")
     print("|---|---|---|---|")
     for rows in (1, 8, 32):
-        dy = jnp.ones((rows, 4096), jnp.float32)
-        for name, options in (("none", {}), ("dots on YNNPACK", _DOTS)):
+        dy = jax.device_put(jnp.ones((rows, 4096), jnp.float32), device)
+        settings = (("none", {}), ("dots on YNNPACK", _DOTS))[: 2 if backend == "cpu" else 1]
+        for name, options in settings:
             ms = []
             for form in forms.values():
                 compiled = jax.jit(form).lower(dy, kernel).compile(options)
@@ -75,10 +78,11 @@ class _JaxRule(JaxRunner):
             linear.dense_matmul = saved
 
 
-def steps(model: str, batch: int, budget: float) -> None:
+def steps(model: str, batch: int, budget: float, backend: str) -> None:
     w = workload(model, "train", batch)
-    opts = cpu_fast_options("train", "pytorch", batch=batch)
-    runners = [runner(w, "dense_matmul", opts), runner(w, "jax rule", opts, cls=_JaxRule)]
+    opts = cpu_fast_options("train", "pytorch", batch=batch) if backend == "cpu" else {}
+    runners = [runner(w, "dense_matmul", opts, backend=backend),
+               runner(w, "jax rule", opts, cls=_JaxRule, backend=backend)]  # fmt: skip
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=budget)
     for r in rows:
         print(model, "train", batch, r["defaults"], r["status"], median_cell(r))
@@ -94,11 +98,12 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="vgg11_bn")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--time-budget", type=float, default=40.0)
+    p.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
     args = p.parse_args(argv)
     if args.part == "layer":
-        layer()
+        layer(args.backend)
     else:
-        steps(args.model, args.batch, args.time_budget)
+        steps(args.model, args.batch, args.time_budget, args.backend)
 
 
 if __name__ == "__main__":

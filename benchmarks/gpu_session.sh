@@ -81,7 +81,7 @@ W=$(mktemp -d)
 # a user does with its run, inspect in both layouts, compare of the policies, and the CPU
 # suite under this machine's newer jax.
 step gpu_tests 200 python3 -m pytest -q -o addopts="-ra -p no:benchmark" -W default \
-    -m gpu tests/test_xla_inspect.py tests/test_xla_cli.py tests/test_remat.py &
+    -m gpu tests/test_xla_inspect.py tests/test_xla_cli.py tests/test_remat.py tests/test_train_cli.py &
 pids=($!)
 {
     step train 150 "${LL[@]}" train --backend "$BACKEND" --workdir "$W/digits" --quiet "${TRAIN[@]}"
@@ -130,4 +130,22 @@ step bench_resnet50_imagenet 160 "${LL[@]}" bench "${R50[@]}" --image-size $IMG5
     --precisions fp32,mixed_bf16 --batch-sizes $B50 --out "$R/bench_resnet50_imagenet"
 step bench_resnet18_cifar_small_batch 120 "${LL[@]}" bench "${R18[@]}" --image-size 32 "${BENCH[@]}" --modes infer,train \
     --precisions fp32,mixed_bf16 --batch-sizes 1,8 --out "$R/bench_resnet18_cifar_b1_8"
+
+# Phase 3 (a later session): the CPU-motivated rules of round 6 on the GPU. Both apply on
+# every backend; these check their numbers there and time each form against XLA's own.
+# Then the host's 16 cores as another CPU kind for issue 31's small batches.
+step gpu_numerics 120 python3 -m pytest -q -rfE --tb=short -o addopts="-p no:benchmark" -p no:cacheprovider \
+    tests/test_conv_transpose_matmul.py tests/test_dense_grad.py tests/test_nn_vs_numpy.py tests/test_gpu_platform.py
+step ab_conv_transpose_layers_gpu 80 python3 benchmarks/conv_transpose.py --part layers --backend "$BACKEND"
+step ab_dense_layer_gpu 40 python3 benchmarks/dense_input_gradient.py --part layer --backend "$BACKEND"
+step ab_conv_transpose_unet_train_b8_gpu 90 python3 benchmarks/conv_transpose.py --part steps --mode train \
+    --batch 8 --time-budget 10 --backend "$BACKEND"
+step ab_dense_vgg_train_b1_gpu 80 python3 benchmarks/dense_input_gradient.py --part steps --batch 1 \
+    --time-budget 10 --backend "$BACKEND"
+# The mixed-precision training group alone: its eight cases compile for minutes.
+step bench_resnet18_cifar_train_mixed 300 "${LL[@]}" bench "${R18[@]}" --image-size 32 "${BENCH[@]}" \
+    --modes train --precisions mixed_bf16,mixed_fp16 --batch-sizes $B18 --out "$R/bench_resnet18_cifar_train_mixed"
+step cpu16_resnet18_small_batch 200 env JAX_PLATFORMS=cpu "${LL[@]}" bench "${R18[@]}" --image-size 32 \
+    --backend cpu --layouts NHWC --precisions fp32 --batch-sizes 1,8 --modes infer,train --torch \
+    --baseline-plain --no-roofline --no-plots --time-budget 6 --out "$R/cpu16_resnet18_cifar_b1_8"
 echo "all done at t=$(( $(date +%s) - T0 ))s"

@@ -28,13 +28,14 @@ def workload(model: str, mode: str, batch: int) -> Workload:
 
 
 def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",
-           algo: str = "auto", cls=JaxRunner) -> JaxRunner:  # fmt: skip
-    """A ``cls`` runner of ``w`` in NHWC fp32 with HWIO kernels, conv algorithm ``algo`` (no
-    tuning), compile ``options`` and ``optimizer``, labelled ``label``; 20 steps."""
+           algo: str = "auto", cls=JaxRunner, backend: str = "cpu") -> JaxRunner:  # fmt: skip
+    """A ``cls`` runner of ``w`` on ``backend`` in NHWC fp32 with HWIO kernels, conv
+    algorithm ``algo`` (no tuning), compile ``options`` and ``optimizer``, labelled
+    ``label``; 20 steps."""
     case = JaxCase(w, "NHWC", "fp32", algo, "channels_last", tuple(sorted(options.items())),
                    label, conv_tune="never", activation_storage="channels_last",
                    optimizer=optimizer)  # fmt: skip
-    return cls(case, backend="cpu", steps=20)
+    return cls(case, backend=backend, steps=20)
 
 
 def median_cell(row: dict) -> str:

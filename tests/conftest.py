@@ -4,6 +4,8 @@
 - rank promotion raises, so a bias added without an explicit broadcast is an error;
 - 4 fake CPU devices back the sharding tests (set before JAX starts its backend);
 - the autotune cache is a fresh file, not the user's;
+- on a GPU, float32 matmuls run at full precision: the float64 references' float32
+  tolerances assume it, where XLA:GPU's default is TensorFloat32 (docs/performance/gpu.md);
 - warnings are errors (pyproject's filterwarnings).
 """
 
@@ -76,6 +78,11 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=_module_rank)  # stable: a module's tests keep their order
     skip_gpu = pytest.mark.skip(reason="needs a GPU; none present")
     gpu = has_gpu()
+    if gpu:
+        # TF32 keeps 10 mantissa bits: a 3e-4 relative error against float64 that the
+        # float32 tolerances (1e-5) would call a wrong answer (seen on an H200: Dense and
+        # the one-dot transposed conv; cuDNN's small convs happened to run in full float32).
+        jax.config.update("jax_default_matmul_precision", "highest")
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(skip_gpu)

@@ -370,3 +370,14 @@ def test_gpu_reports_conv_layouts():
     assert ins.report.platform == "gpu"
     assert len(rows) >= RESNET18_CONVS
     assert all(r.logical and r.physical and "?" not in r.physical for r in rows)
+
+
+@pytest.mark.gpu
+def test_gpu_runs_mixed_precision_convs_in_half():
+    # XLA:GPU widened a bf16 x bf16 -> f32 conv to f32 x f32 -> f32 (all of ResNet-50's,
+    # on an H200); nn's convs are written bf16 -> bf16 there, which cuDNN runs as written.
+    ins = inspect_model("resnet18", backend="gpu", precision="mixed_bf16", mode="train",
+                        **RESNET18)  # fmt: skip
+    rows = ins.conv_rows()
+    assert len(rows) >= RESNET18_CONVS
+    assert {r.dtypes_after for r in rows} == {"bf16*bf16->bf16"}, [r.dtypes_after for r in rows]

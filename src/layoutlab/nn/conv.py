@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax import lax
 
 from layoutlab.layout import Layout, channels_last, convert_kernel
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv_algos import AUTO, XLA, ConvSpec, conv2d, conv_spec
+from layoutlab.nn.conv_algos.native import xla_conv
 from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import Algorithm, check_name, get_algorithm
 from layoutlab.nn.conv_names import KERNEL_STORAGES
@@ -180,15 +180,15 @@ class Conv(LayoutModule):
                 **self._geometry(),
             )
         else:
-            y = lax.conv_general_dilated(
+            y = xla_conv(
                 x.astype(dtype),
                 self.kernel[...].astype(dtype),
+                accumulation_dtype(self.policy),
                 window_strides=self.strides,
                 padding=self.padding,
                 rhs_dilation=self.dilation,
                 dimension_numbers=(self.layout.value, self.kernel_spec, self.layout.value),
                 feature_group_count=self.groups,
-                preferred_element_type=accumulation_dtype(self.policy),
             )
         if self.bias is not None:
             bias = self.bias[...].astype(y.dtype)
@@ -366,13 +366,13 @@ class ConvTranspose(LayoutModule):
                 self.kernel_size, self.padding, self.output_padding, self.dilation, strict=True
             )
         )
-        return lax.conv_general_dilated(
+        return xla_conv(
             x,
             kernel,
+            accumulation_dtype(self.policy),
             window_strides=(1,) * n,
             padding=pads,
             lhs_dilation=self.strides,
             rhs_dilation=self.dilation,
             dimension_numbers=(self.layout.value, spec, self.layout.value),
-            preferred_element_type=accumulation_dtype(self.policy),
         )

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import Geometry
+from layoutlab.nn.conv_algos.native import xla_conv
 
 
 def _axis_plan(n: int, n_out: int, k: int, s: int, lo: int):
@@ -57,13 +58,13 @@ def phase_input_grad(g, w, geom: Geometry, in_size, preferred):
             gp = lax.pad(g, zero, ((0, 0, 0), (*pads_h, 0), (*pads_w, 0), (0, 0, 0)))
             sub = w[ph::sh, pw::sw][::-1, ::-1]  # (taps_h, taps_w, I, O), flipped
             line.append(
-                lax.conv_general_dilated(
+                xla_conv(
                     gp,
                     sub,
+                    preferred,
                     window_strides=(1, 1),
                     padding="VALID",
                     dimension_numbers=("NHWC", "HWOI", "NHWC"),
-                    preferred_element_type=preferred,
                 )
             )
         grid.append(jnp.stack(line, axis=3))  # (N, Qh, Qw, sw, I)
