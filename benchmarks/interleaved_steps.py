@@ -22,9 +22,12 @@ _INPUTS = {
 def workload(model: str, mode: str, batch: int) -> Workload:
     """``model``'s workload: ResNet-18 CIFAR at 32x32, ResNet-50 ImageNet at 224x224, any
     other registered model at its default input (``layoutlab models``; U-Net's training
-    step with a label per pixel, the 3D CNN on clips) with 10 classes."""
-    kwargs, shape, classes = _INPUTS.get(model, ({}, models.spec(model).default_input, 10))
-    return make_workload(model, kwargs, shape, classes, mode, batch)
+    step with a label per pixel, the 3D CNN on clips) with 10 classes. ``model`` may add
+    integer builder options: ``"unet:width=64"``, ``"resnet18:width=16"``."""
+    name, *options = model.split(":")
+    kwargs, shape, classes = _INPUTS.get(name, ({}, models.spec(name).default_input, 10))
+    extra = {k: int(v) for k, v in (o.split("=", 1) for o in options)}
+    return make_workload(name, {**kwargs, **extra}, shape, classes, mode, batch)
 
 
 def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",
