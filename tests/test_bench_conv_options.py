@@ -382,3 +382,48 @@ def test_depthwise_models_train_without_elementwise_fusions_on_avx512(monkeypatc
     )
     monkeypatch.setattr("layoutlab.fast_defaults.cpu_kind", lambda: "avx512")
     assert options_for(sweep, "train", "cpu", 8)[key] == no_eltwise
+
+
+def test_small_training_steps_run_without_elementwise_fusions_on_avx512(monkeypatch):
+    # Below 2**20 elements in its largest conv output an SGD step left YNNPACK's elementwise
+    # fusions out: U-Net 1.05-1.09x faster without them at batch 8 and 32, ResNet-18 CIFAR
+    # even at 8; from 2**20 ResNet-18 (batch 16) and ResNet-50 (batch 2) ran 1.05x and 1.12x
+    # faster with them (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md, round 7).
+    from layoutlab import models
+    from layoutlab.bench.sweep_config import options_for
+    from layoutlab.fast_defaults import ELTWISE_MIN_ACTIVATION
+    from layoutlab.xla import cpu_fast_options
+
+    key = "xla_cpu_experimental_ynn_fusion_type"
+    no_eltwise = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    small, large = ELTWISE_MIN_ACTIVATION - 1, ELTWISE_MIN_ACTIVATION
+    assert cpu_fast_options("train", "pytorch", "avx512", 8, activation=small)[key] == no_eltwise
+    for activation in (large, None):  # None: not known, as before the rule
+        got = cpu_fast_options("train", "pytorch", "avx512", 8, activation=activation)
+        assert got == cpu_fast_options("train", "pytorch", "avx512", 8)
+        assert got[key] != no_eltwise
+    # AVX2 and inference were not measured this way and keep their options.
+    assert cpu_fast_options("train", "pytorch", "avx2", 8, activation=small) == cpu_fast_options(
+        "train", "pytorch", "avx2", 8
+    )
+    assert cpu_fast_options("infer", kind="avx512", activation=small) == cpu_fast_options(
+        "infer", kind="avx512"
+    )
+    # The largest conv output of one example, from the architectures: U-Net's full-resolution
+    # convs (width 16) and ResNet-50's ImageNet stem (112x112, 64 channels).
+    assert models.largest_conv_output("unet", {}, (32, 32, 3)) == 32 * 32 * 16
+    assert models.largest_conv_output("unet", {"width": 64}, (32, 32, 3)) == 32 * 32 * 64
+    assert models.largest_conv_output("resnet50", {"stem": "imagenet"}, (224, 224, 3)) == (
+        112 * 112 * 64
+    )
+    assert models.largest_conv_output("resnet18", {"stem": "cifar"}, (16, 16, 3)) == 16 * 16 * 64
+    # Wired through bench at the batch of each group, on an AVX-512 CPU: U-Net (16 * 32 * 32
+    # per example) loses them at 8 and keeps them at 128; ResNet-18 CIFAR from 16.
+    monkeypatch.setattr("layoutlab.fast_defaults.cpu_kind", lambda: "avx512")
+    for model, kwargs, batch, eltwise in (("unet", {}, 8, False), ("unet", {}, 128, True),
+                                          ("resnet18", {"stem": "cifar"}, 8, False),
+                                          ("resnet18", {"stem": "cifar"}, 16, True)):  # fmt: skip
+        sweep = SweepConfig(model=model, model_kwargs=kwargs, batch_sizes=(batch,),
+                            cpu_fast=True, torch=True)  # fmt: skip
+        got = options_for(sweep, "train", "cpu", batch)[key]
+        assert (got != no_eltwise) == eltwise, (model, batch, got)

@@ -3,8 +3,9 @@
 On XLA:CPU a step gets
 
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
-  training also reductions and, except for Adam(W) or a model with depthwise convs on
-  AVX-512, elementwise fusions; none for a batch-1 training step on AVX-512), each first
+  training also reductions and, except for Adam(W), a model with depthwise convs or a step
+  with small activations on AVX-512, elementwise fusions; none for a batch-1 training step
+  on AVX-512), each first
   checked against the installed jaxlib: these are experimental XLA:CPU options, and one a
   jaxlib does not know is left out with a one-line notice (``accepted_cpu_options``), never
   an error;
@@ -26,6 +27,7 @@ import sys
 
 __all__ = [
     "CPU_FAST_OPTIONS",
+    "ELTWISE_MIN_ACTIVATION",
     "accepted_cpu_options",
     "cpu_fast_options",
     "compile_options_from_flags",
@@ -58,6 +60,13 @@ CPU_FAST_OPTIONS = {
 # within a few percent either way, and on AVX2 the one measurement (batch 128) was even, so
 # those keep them. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
+# Below this many elements in a step's largest conv output (batch included) an SGD step
+# leaves elementwise fusions to XLA's loops on AVX-512: each YNNPACK fusion costs tens of
+# microseconds a call, more than small tensors repay (U-Net at batch 8: 67 of them, 2.7 ms
+# against 1 ms of XLA loops). ResNet-18 CIFAR tied without them at batch 8 (0.5M elements)
+# and gained 5% with them at 16 (1M); ResNet-50 gained 11% at batch 2 (1.6M); U-Net lost
+# 5-9% at 0.1-0.5M (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md, round 7).
+ELTWISE_MIN_ACTIVATION = 1 << 20
 
 
 def cpu_fast_options(
@@ -66,11 +75,14 @@ def cpu_fast_options(
     kind: str | None = None,
     batch: int | None = None,
     depthwise: bool = False,
+    activation: int | None = None,
 ) -> dict:
     """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer") with
     ``optimizer`` (a train or bench optimizer name; None: ``layoutlab train``'s AdamW) on a
     CPU of ``kind`` (``cpu_kind()``; None: this one) at ``batch`` (None: not known), for a
-    model with ``depthwise`` convs or not (``models.has_depthwise_convs``)."""
+    model with ``depthwise`` convs or not (``models.has_depthwise_convs``) whose step's
+    largest conv output holds ``activation`` elements (None: not known;
+    ``models.largest_conv_output`` times the batch)."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
     options = dict(CPU_FAST_OPTIONS[mode])
@@ -83,7 +95,8 @@ def cpu_fast_options(
     # A depthwise model's SGD step too: MobileNetV2's ran 1.59-1.64x slower with them at batch
     # 8 and 32, while ResNet-50's ran 1.57x faster at 16 and ResNet-18's 0.99-1.06x
     # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md).
-    if mode == "train" and avx512 and (depthwise or optimizer not in SGD_OPTIMIZERS):
+    small = activation is not None and activation < ELTWISE_MIN_ACTIVATION
+    if mode == "train" and avx512 and (depthwise or small or optimizer not in SGD_OPTIMIZERS):
         kinds = options[_YNN_KEY].split(",")
         options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
     return options
@@ -128,14 +141,19 @@ def fast_compile_options(
     optimizer: str | None = None,
     batch: int | None = None,
     depthwise: bool = False,
+    activation: int | None = None,
 ) -> dict:
     """The default compile options of a ``mode`` step with ``optimizer`` at ``batch`` on
-    ``backend`` (default: JAX's), for a model with ``depthwise`` convs or not:
-    ``cpu_fast_options`` as far as this jaxlib accepts them on CPU, none elsewhere."""
+    ``backend`` (default: JAX's), for a model with ``depthwise`` convs or not and a largest
+    conv output of ``activation`` elements: ``cpu_fast_options`` as far as this jaxlib
+    accepts them on CPU, none elsewhere."""
     backend = backend or default_backend()
     if backend != "cpu":
         return {}
-    return accepted_cpu_options(cpu_fast_options(mode, optimizer, batch=batch, depthwise=depthwise))
+    options = cpu_fast_options(
+        mode, optimizer, batch=batch, depthwise=depthwise, activation=activation
+    )
+    return accepted_cpu_options(options)
 
 
 def default_skip_branch(backend: str | None = None) -> str:
@@ -192,14 +210,18 @@ def table_cpu_kind(platform: str) -> str | None:
     return cpu_kind() if platform == "cpu" else None
 
 
-def compile_options_from_flags(args, mode: str | None = None, depthwise: bool = False) -> dict:
+def compile_options_from_flags(
+    args, mode: str | None = None, depthwise: bool = False, activation: int | None = None
+) -> dict:
     """``--xla-option`` values, over the fast CPU options of ``mode`` for a model with
-    ``depthwise`` convs or not, unless ``--no-cpu-fast`` (only on CPU: other backends never
-    get them)."""
+    ``depthwise`` convs or not and a largest conv output of ``activation`` elements, unless
+    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
     from layoutlab.arguments import parse_assignments
 
     backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
     fast = args.cpu_fast and mode is not None
     batch = getattr(args, "batch_size", None)
-    base = fast_compile_options(mode, backend, optimizer, batch, depthwise) if fast else {}
+    base = (
+        fast_compile_options(mode, backend, optimizer, batch, depthwise, activation) if fast else {}
+    )
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}

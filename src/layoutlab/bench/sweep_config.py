@@ -255,8 +255,11 @@ def options_for(
     """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``."""
     base = {}
     if config.cpu_fast:
+        shape, _ = resolve_input(
+            config.model, dict(config.model_kwargs), config.image_size, config.channels
+        )
         base = models.model_compile_options(
-            config.model, config.model_kwargs, mode, backend, _optimizer(config), batch
+            config.model, config.model_kwargs, mode, backend, _optimizer(config), batch, shape
         )
     return {**base, **config.xla_options}
 

@@ -245,11 +245,14 @@ def _compare(args, model, x, options, tolerance):
 
 
 def _compiler_options(args) -> dict:
-    from layoutlab.models import model_compile_options
+    from layoutlab.models import example_shape, model_compile_options
 
     if not args.cpu_fast:
         return {}
-    return model_compile_options(args.model, model_kwargs(args), args.mode, batch=args.batch_size)
+    shape = example_shape(args.model, args.image_size)
+    return model_compile_options(
+        args.model, model_kwargs(args), args.mode, batch=args.batch_size, input_shape=shape
+    )
 
 
 def _conv_settings(model, specs: dict) -> dict:

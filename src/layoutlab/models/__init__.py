@@ -16,7 +16,9 @@ from layoutlab.lazy import lazy_exports
 _EXPORTS = {
     "ModelSpec": "registry",
     "create": "registry",
+    "example_shape": "registry",
     "has_depthwise_convs": "registry",
+    "largest_conv_output": "registry",
     "model_compile_options": "registry",
     "names": "registry",
     "register": "registry",
@@ -28,7 +30,9 @@ _EXPORTS = {
 __all__ = [
     "ModelSpec",
     "create",
+    "example_shape",
     "has_depthwise_convs",
+    "largest_conv_output",
     "model_compile_options",
     "names",
     "register",

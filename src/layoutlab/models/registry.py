@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from layoutlab.fast_defaults import (
@@ -23,7 +26,12 @@ from layoutlab.models.registration import (
     add_spec,
     resolve_layout,
 )
-from layoutlab.nn.conv_config import check_conv_options, configure_convs, has_depthwise
+from layoutlab.nn.conv_config import (
+    check_conv_options,
+    configure_convs,
+    conv_specs,
+    has_depthwise,
+)
 from layoutlab.precision import get_policy
 
 # POSITIVE, PROBABILITY and Range: the argument ranges a registered model may declare.
@@ -33,7 +41,9 @@ __all__ = [
     "ModelSpec",
     "Range",
     "create",
+    "example_shape",
     "has_depthwise_convs",
+    "largest_conv_output",
     "model_compile_options",
     "names",
     "register",
@@ -150,6 +160,37 @@ def _has_depthwise(name: str, items: tuple) -> bool:
     return has_depthwise(nnx.eval_shape(lambda: create(name, **dict(items))))
 
 
+def example_shape(name: str, image_size=None) -> tuple[int, ...] | None:
+    """One example of model ``name`` channels last, ``image_size`` (N, (N,) or (H, W); None:
+    the model's default input) filling its spatial axes; None where the size does not fit."""
+    s = spec(name)
+    if image_size is None:
+        return tuple(s.default_input)
+    sizes = (image_size,) if isinstance(image_size, int) else tuple(image_size)
+    spatial = sizes * s.num_spatial if len(sizes) == 1 else sizes
+    return (*spatial, s.default_input[-1]) if len(spatial) == s.num_spatial else None
+
+
+def largest_conv_output(name: str, model_kwargs: dict | None, input_shape: tuple[int, ...]) -> int:
+    """Elements of the largest 2D conv output of model ``name`` (built with
+    ``model_kwargs``) on one example of ``input_shape`` (channels last, e.g. ``(32, 32, 3)``);
+    0 when it has no 2D conv. Traced abstractly, once per name, options and shape."""
+    items = tuple(sorted((model_kwargs or {}).items()))
+    shape = tuple(int(d) for d in input_shape)
+    try:
+        return _largest_output(name, items, shape)
+    except TypeError:  # an unhashable option value: trace it uncached
+        return _largest_output.__wrapped__(name, items, shape)
+
+
+@functools.cache
+def _largest_output(name: str, items: tuple, shape: tuple) -> int:
+    model = nnx.eval_shape(lambda: create(name, **dict(items)))
+    x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
+    sizes = [math.prod(s.out_size) * s.out_features for s in conv_specs(model, x).values()]
+    return max(sizes, default=0)
+
+
 def model_compile_options(
     name: str,
     model_kwargs: dict | None,
@@ -157,10 +198,16 @@ def model_compile_options(
     backend: str | None = None,
     optimizer: str | None = None,
     batch: int | None = None,
+    input_shape: tuple[int, ...] | None = None,
 ) -> dict:
-    """``fast_defaults.fast_compile_options`` of model ``name``'s ``mode`` step: they depend
-    on whether it has depthwise convs, asked only where that can matter (a CPU training
-    step)."""
+    """``fast_defaults.fast_compile_options`` of model ``name``'s ``mode`` step on examples
+    of ``input_shape`` (channels last; None: not known): they depend on whether it has
+    depthwise convs and on its largest conv output, asked only where that can matter (a CPU
+    training step)."""
     backend = backend or default_backend()
-    depthwise = mode == "train" and backend == "cpu" and has_depthwise_convs(name, model_kwargs)
-    return fast_compile_options(mode, backend, optimizer, batch, depthwise)
+    cpu_train = mode == "train" and backend == "cpu"
+    depthwise = cpu_train and has_depthwise_convs(name, model_kwargs)
+    activation = None
+    if cpu_train and batch is not None and input_shape is not None:
+        activation = batch * largest_conv_output(name, model_kwargs, input_shape)
+    return fast_compile_options(mode, backend, optimizer, batch, depthwise, activation)

@@ -42,7 +42,7 @@ def _inspect(args: argparse.Namespace):
         resolve_activation_storage,
         resolve_kernel_storage,
     )
-    from layoutlab.models import model_compile_options
+    from layoutlab.models import example_shape, model_compile_options
     from layoutlab.nn.conv_algos import load_plan
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
@@ -66,6 +66,7 @@ def _inspect(args: argparse.Namespace):
                     platform,
                     args.optimizer,
                     args.batch_size,
+                    example_shape(args.model, args.image_size),
                 )
                 if args.cpu_fast
                 else {}

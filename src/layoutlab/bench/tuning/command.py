@@ -106,6 +106,17 @@ def run_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _activation(args: argparse.Namespace) -> int | None:
+    """Elements of the training step's largest conv output, which its CPU options depend
+    on; None in inference or for the deprecated ``--input-shape`` text."""
+    shape = _input_shape(args)
+    if args.mode != "train" or isinstance(shape, str):
+        return None
+    from layoutlab.models import largest_conv_output
+
+    return args.batch_size * largest_conv_output(args.model, model_kwargs(args), shape)
+
+
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
@@ -125,6 +136,7 @@ def run_convs(args: argparse.Namespace) -> int:
                 args,
                 args.mode,
                 args.mode == "train" and has_depthwise_convs(args.model, model_kwargs(args)),
+                _activation(args),
             ),
             model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,

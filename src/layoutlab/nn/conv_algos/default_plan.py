@@ -78,11 +78,11 @@ __all__ = ["Rule", "DEFAULT_RULES", "default_algorithm"]
 
 
 class Rule(NamedTuple):
-    """A shape class: kernel, strides, in-channel bounds, spatial size bounds and the batch
-    sizes it was measured to win at (``min_batch`` to ``max_batch``, inclusive): the same
-    conv at batch 1 and at batch 128 is a different amount of work, and what wins at one
-    can lose at the other. ``depthwise``: the class holds depthwise convs (one group per
-    input channel) instead of ungrouped ones."""
+    """A shape class: kernel, strides, in-channel bounds, the fewest out-channels, spatial
+    size bounds and the batch sizes it was measured to win at (``min_batch`` to
+    ``max_batch``, inclusive): the same conv at batch 1 and at batch 128 is a different
+    amount of work, and what wins at one can lose at the other. ``depthwise``: the class
+    holds depthwise convs (one group per input channel) instead of ungrouped ones."""
 
     algorithm: str
     kernel: tuple[int, int]
@@ -94,6 +94,7 @@ class Rule(NamedTuple):
     min_batch: int = 1
     max_batch: int | None = None
     depthwise: bool = False
+    min_out: int = 1
 
     def matches(self, spec: ConvSpec) -> bool:
         g = spec.geometry
@@ -101,6 +102,8 @@ class Rule(NamedTuple):
         if g.kernel_size != self.kernel or g.strides != self.strides or g.groups != groups:
             return False
         if g.dilation != (1, 1) or spec.in_features < self.min_in:
+            return False
+        if spec.out_features < self.min_out:
             return False
         if spec.batch < self.min_batch or (
             self.max_batch is not None and spec.batch > self.max_batch
@@ -121,8 +124,11 @@ _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
 # (where Winograd lost at batch 8).
 _WINOGRAD_MID = dict(kernel=(3, 3), strides=(1, 1), min_in=128, min_size=7, max_size=28)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
-# it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``.
-_IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32)
+# it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``. It
+# won with 64 out-channels (ResNet-18, VGG-11); U-Net's 16-channel stem lost the whole
+# training step 7% at batch 32 and tied at 1 and 8 (conv_autotune_small_batch_avx512_cpu.md),
+# so fewer channels keep ``xla``.
+_IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32, min_out=64)
 # XLA rewrites a conv whose input is smaller than its kernel (a 3x3 conv on 2x2 or 1x1:
 # VGG-11's last block or an ImageNet-stem ResNet's layer4 on 32x32 images) into one with
 # input and kernel swapped (``dim_labels=01fb_o01i->f01b``), which XLA:CPU runs 5-100x
