@@ -293,6 +293,7 @@ def test_train_options_follow_the_optimizer():
     # On AVX-512, YNNPACK's elementwise fusions slowed AdamW steps 1.2-1.4x and were within
     # 0.94-1.03x under SGD; on AVX2 even at batch 128
     # (benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu.md).
+    from layoutlab import models
     from layoutlab.bench.sweep_config import options_for
     from layoutlab.train.config import TrainConfig
     from layoutlab.train.fast_config import compile_options
@@ -308,10 +309,13 @@ def test_train_options_follow_the_optimizer():
     no_eltwise = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
     assert cpu_fast_options("train", "adam", "avx512")[key] == no_eltwise
     assert cpu_fast_options("train", "adamw", "avx2")[key].endswith(with_eltwise)
-    # Wired through: a run's config, and bench, whose --torch rows run SGD with momentum.
+    # Wired through: a run's config (the main job's small_cnn on 8x8x1 digits, whose size
+    # the next test's rule reads), and bench, whose --torch rows run SGD with momentum.
     for optimizer in ("adamw", "momentum"):
-        got = compile_options(TrainConfig(optimizer=optimizer), "train")
-        assert got == cpu_fast_options("train", optimizer)
+        config = TrainConfig(optimizer=optimizer)
+        size = config.batch_size * models.largest_conv_output(config.model, {}, (8, 8, 1))
+        got = compile_options(config, "train")
+        assert got == cpu_fast_options("train", optimizer, activation=size)
     sweep = dict(model="small_cnn", model_kwargs=TINY, batch_sizes=(2,), cpu_fast=True)
     assert options_for(SweepConfig(**sweep, torch=True), "train", "cpu") == cpu_fast_options(
         "train", "pytorch"
@@ -427,3 +431,13 @@ def test_small_training_steps_run_without_elementwise_fusions_on_avx512(monkeypa
                             cpu_fast=True, torch=True)  # fmt: skip
         got = options_for(sweep, "train", "cpu", batch)[key]
         assert (got != no_eltwise) == eltwise, (model, batch, got)
+    # And through a run's config, whose data spec fixes the image size (nothing is loaded); a
+    # folder's is known only once read, so there the rule does not apply.
+    from layoutlab.train.config import TrainConfig
+    from layoutlab.train.fast_config import compile_options
+
+    run = dict(model="unet", optimizer="momentum", batch_size=8)
+    got = compile_options(TrainConfig(**run, data="synthetic:32x32x3:10:64"), "train")
+    assert got[key] == no_eltwise
+    got = compile_options(TrainConfig(**run, data="folder:/no/such/dir"), "train")
+    assert got[key] != no_eltwise

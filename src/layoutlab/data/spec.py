@@ -7,10 +7,10 @@ from layoutlab.data.dataset import Dataset
 from layoutlab.data.digits import load_digits
 from layoutlab.data.folder import load_folder
 from layoutlab.data.idx import load_fashion_mnist, load_mnist
-from layoutlab.data.spec_forms import SPEC_FORMS
+from layoutlab.data.spec_forms import SPEC_FORMS, known_image_shape, parse_image_shape
 from layoutlab.data.synthetic import make_synthetic
 
-__all__ = ["get_dataset", "SPEC_FORMS", "parse_image_shape"]
+__all__ = ["get_dataset", "known_image_shape", "SPEC_FORMS", "parse_image_shape"]
 
 
 _DIR_LOADERS = {
@@ -24,15 +24,6 @@ _DIR_LOADERS = {
 def _bad_spec(spec: str, why: str) -> ValueError:
     forms = "\n  ".join(SPEC_FORMS)
     return ValueError(f"Bad data set spec {spec!r}: {why}. Valid forms are:\n  {forms}")
-
-
-def parse_image_shape(text: str, *, rank: int = 3) -> tuple[int, ...]:
-    """``"32x32x3"`` -> ``(32, 32, 3)``; ``rank`` is the number of sizes expected."""
-    parts = text.lower().split("x")
-    if len(parts) != rank or not all(p.isdigit() and int(p) > 0 for p in parts):
-        want = {2: "HxW", 3: "HxWxC"}.get(rank, "x".join(["N"] * rank))
-        raise ValueError(f"Expected a shape like {want} with positive sizes, got {text!r}.")
-    return tuple(int(p) for p in parts)
 
 
 def _synthetic(spec: str, args: list[str], seed: int, test_fraction: float) -> Dataset:

@@ -209,5 +209,8 @@ def model_compile_options(
     depthwise = cpu_train and has_depthwise_convs(name, model_kwargs)
     activation = None
     if cpu_train and batch is not None and input_shape is not None:
-        activation = batch * largest_conv_output(name, model_kwargs, input_shape)
+        try:
+            activation = batch * largest_conv_output(name, model_kwargs, input_shape)
+        except ValueError:
+            pass  # a shape the model refuses: the run's own checks say so, in its words
     return fast_compile_options(mode, backend, optimizer, batch, depthwise, activation)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from layoutlab.data.spec_forms import known_image_shape
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
-from layoutlab.models import model_compile_options
+from layoutlab.models import model_compile_options, spec
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, default_conv_plan
 from layoutlab.train.config import TrainConfig
@@ -25,8 +26,14 @@ def compile_options(config: TrainConfig, mode: str) -> dict:
     batch = config.batch_size if mode == "train" else None
     base = {}
     if config.cpu_fast:
+        shape = known_image_shape(config.data)
+        if shape is not None:
+            # The run builds the model for the data's channels; its conv outputs do not
+            # depend on them, so the size is read with the model's own.
+            channels = config.model_kwargs.get("in_channels", spec(config.model).default_input[-1])
+            shape = (*shape[:-1], channels)
         base = model_compile_options(
-            config.model, config.model_kwargs, mode, None, config.optimizer, batch
+            config.model, config.model_kwargs, mode, None, config.optimizer, batch, shape
         )
     return {**base, **config.xla_options}
 
