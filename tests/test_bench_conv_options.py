@@ -421,6 +421,12 @@ def test_small_training_steps_run_without_elementwise_fusions_on_avx512(monkeypa
         112 * 112 * 64
     )
     assert models.largest_conv_output("resnet18", {"stem": "cifar"}, (16, 16, 3)) == 16 * 16 * 64
+    # A 3D model runs no 2D conv: nothing was measured there, so its options stay as they were.
+    clip = models.spec("small_cnn3d").default_input
+    assert models.largest_conv_output("small_cnn3d", {}, clip) is None
+    assert models.model_compile_options(
+        "small_cnn3d", {}, "train", "cpu", "pytorch", 8, clip
+    ) == models.model_compile_options("small_cnn3d", {}, "train", "cpu", "pytorch", 8)
     # Wired through bench at the batch of each group, on an AVX-512 CPU: U-Net (16 * 32 * 32
     # per example) loses them at 8 and keeps them at 128; ResNet-18 CIFAR from 16.
     monkeypatch.setattr("layoutlab.fast_defaults.cpu_kind", lambda: "avx512")

@@ -5,10 +5,9 @@ On XLA:CPU a step gets
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
   training also reductions and, except for Adam(W), a model with depthwise convs or a step
   with small activations on AVX-512, elementwise fusions; none for a batch-1 training step
-  on AVX-512), each first
-  checked against the installed jaxlib: these are experimental XLA:CPU options, and one a
-  jaxlib does not know is left out with a one-line notice (``accepted_cpu_options``), never
-  an error;
+  on AVX-512), each first checked against the installed jaxlib: these are experimental
+  XLA:CPU options, and one a jaxlib does not know is left out with a one-line notice
+  (``accepted_cpu_options``), never an error;
 - conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
   the kernel transpose XLA:CPU runs per conv per call in a channels-first model;
 - channels-first models computing channels-last inside (``default_activation_storage``):

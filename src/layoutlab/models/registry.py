@@ -171,10 +171,13 @@ def example_shape(name: str, image_size=None) -> tuple[int, ...] | None:
     return (*spatial, s.default_input[-1]) if len(spatial) == s.num_spatial else None
 
 
-def largest_conv_output(name: str, model_kwargs: dict | None, input_shape: tuple[int, ...]) -> int:
+def largest_conv_output(
+    name: str, model_kwargs: dict | None, input_shape: tuple[int, ...]
+) -> int | None:
     """Elements of the largest 2D conv output of model ``name`` (built with
     ``model_kwargs``) on one example of ``input_shape`` (channels last, e.g. ``(32, 32, 3)``);
-    0 when it has no 2D conv. Traced abstractly, once per name, options and shape."""
+    None when it runs no 2D conv (a 3D model: nothing was measured there). Traced
+    abstractly, once per name, options and shape."""
     items = tuple(sorted((model_kwargs or {}).items()))
     shape = tuple(int(d) for d in input_shape)
     try:
@@ -184,11 +187,11 @@ def largest_conv_output(name: str, model_kwargs: dict | None, input_shape: tuple
 
 
 @functools.cache
-def _largest_output(name: str, items: tuple, shape: tuple) -> int:
+def _largest_output(name: str, items: tuple, shape: tuple) -> int | None:
     model = nnx.eval_shape(lambda: create(name, **dict(items)))
     x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
     sizes = [math.prod(s.out_size) * s.out_features for s in conv_specs(model, x).values()]
-    return max(sizes, default=0)
+    return max(sizes, default=None)
 
 
 def model_compile_options(
@@ -210,7 +213,8 @@ def model_compile_options(
     activation = None
     if cpu_train and batch is not None and input_shape is not None:
         try:
-            activation = batch * largest_conv_output(name, model_kwargs, input_shape)
-        except ValueError:
-            pass  # a shape the model refuses: the run's own checks say so, in its words
+            largest = largest_conv_output(name, model_kwargs, input_shape)
+        except ValueError:  # a shape the model refuses: the run's own checks say so
+            largest = None
+        activation = None if largest is None else batch * largest
     return fast_compile_options(mode, backend, optimizer, batch, depthwise, activation)

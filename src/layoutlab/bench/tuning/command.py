@@ -114,7 +114,8 @@ def _activation(args: argparse.Namespace) -> int | None:
         return None
     from layoutlab.models import largest_conv_output
 
-    return args.batch_size * largest_conv_output(args.model, model_kwargs(args), shape)
+    largest = largest_conv_output(args.model, model_kwargs(args), shape)
+    return None if largest is None else args.batch_size * largest
 
 
 def run_convs(args: argparse.Namespace) -> int:
