@@ -1,0 +1,109 @@
+"""Does timing layoutlab and PyTorch step by step in one process slow either of them?
+
+    python benchmarks/interleaving_bias.py --cases unet:infer:8,resnet18:infer:1 \
+        --out benchmarks/results/interleaving_bias_avx512_cpu
+
+``bench --torch`` runs one step of each configuration per round (A B A B ...), so both see
+the same machine load. Each step then starts after the other framework's: its caches,
+thread pool and allocator state are the other one's. This times, per case, three groups
+with the bench's own runners and timer (``bench.sweep.run_group``): layoutlab alone
+(its defaults, NHWC fp32), PyTorch eager alone (channels_last fp32), and the two
+interleaved; twice, in the order alone, alone, interleaved and again, so drift shows.
+Prints each median and the ratio PyTorch / layoutlab (above 1: layoutlab faster) alone and
+interleaved, and writes ``results.json`` with every row and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from interleaved_steps import runner, workload
+
+from layoutlab.bench.cases import TorchCase
+from layoutlab.bench.machine import finish_machine_info, machine_info
+from layoutlab.bench.sweep import run_group
+from layoutlab.bench.torch_runner import TorchRunner
+from layoutlab.fast_defaults import cpu_fast_options
+
+KEEP = ("framework", "step_ms_median", "step_ms_ci_low", "step_ms_ci_high", "dispersion",
+        "other_cores", "status", "unstable_reason")  # fmt: skip
+
+
+def _groups(model: str, mode: str, batch: int):
+    w = workload(model, mode, batch)
+    options = cpu_fast_options(mode, "pytorch", batch=batch)
+
+    def ours():
+        return runner(w, "defaults", options)
+
+    def theirs():
+        return TorchRunner(TorchCase(w, "channels_last", "fp32"))
+
+    return {"layoutlab alone": lambda: [ours()], "torch alone": lambda: [theirs()],
+            "interleaved": lambda: [ours(), theirs()]}  # fmt: skip
+
+
+def _median(rows: list[dict], framework: str) -> float | None:
+    found = [r for r in rows if r["framework"] == framework and r["status"] == "ok"]
+    return found[0]["step_ms_median"] if found else None
+
+
+def run(cases: list[str], budget: float) -> list[dict]:
+    out = []
+    for case in cases:
+        model, mode, batch = case.rsplit(":", 2)
+        groups = _groups(model, mode, int(batch))
+        for repeat in (1, 2):
+            for name, make in groups.items():
+                rows = run_group(make(), repeats="auto", warmup=3, budget_s=budget)
+                for r in rows:
+                    out.append({"case": case, "repeat": repeat, "group": name,
+                                **{k: r.get(k) for k in KEEP}})  # fmt: skip
+                got = {fw: _median(rows, fw) for fw in ("layoutlab", "torch")}
+                print(case, repeat, name, {k: v for k, v in got.items() if v}, flush=True)
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | repeat | layoutlab alone ms | torch alone ms | torch / layoutlab alone "
+             "| layoutlab interleaved ms | torch interleaved ms | torch / layoutlab interleaved |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for case in dict.fromkeys(r["case"] for r in rows):
+        for repeat in (1, 2):
+
+            def ms(group, fw, case=case, repeat=repeat):
+                return _median([r for r in rows if (r["case"], r["repeat"], r["group"])
+                                == (case, repeat, group)], fw)  # fmt: skip
+
+            a, b = ms("layoutlab alone", "layoutlab"), ms("torch alone", "torch")
+            c, d = ms("interleaved", "layoutlab"), ms("interleaved", "torch")
+            if None in (a, b, c, d):
+                continue
+            lines.append(f"| {case} | {repeat} | {a:.2f} | {b:.2f} | {b / a:.2f} | {c:.2f} | "
+                         f"{d:.2f} | {d / c:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--cases",
+        default="unet:infer:8,resnet18:infer:1",
+        help="MODEL:MODE:BATCH,... (MODEL as interleaved_steps.workload takes it)",
+    )
+    p.add_argument("--time-budget", type=float, default=10.0, help="seconds per group")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    machine = machine_info("cpu", note="interleaving_bias")
+    rows = run(args.cases.split(","), args.time_budget)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"machine": finish_machine_info(machine), "rows": rows}
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
