@@ -312,3 +312,49 @@ def test_roofline_peaks_and_each_rows_share_of_them():
     assert (ll["pct_of_peak"], pt["pct_of_peak"]) == (pytest.approx(50.0), pytest.approx(25.0))
     table = markdown_table([{**ll, "layout": "NHWC", "precision": "fp32"}])
     assert "200.0 (50%)" in table
+
+
+def test_short_steps_run_in_blocks_so_another_frameworks_step_does_not_slow_them():
+    # A step right after another runner's takes 10 ms, back to back with itself 4 ms (the
+    # state the other left: caches, threads). Step by step each round reads the 10 ms;
+    # with blocks, one unmeasured lead step, then steps of its own loop, 4 ms.
+    from layoutlab.bench.timing import MAX_BLOCK, steps_per_round
+
+    class AfterOther(Synthetic):
+        last = [None]
+
+        def __init__(self, name):
+            super().__init__(name, ())
+
+        def step(self):
+            after_other = AfterOther.last[0] not in (None, self.name)
+            AfterOther.last[0] = self.name
+            return 0.010 if after_other else 0.004
+
+    def group(blocks):
+        AfterOther.last[0] = None
+        clock = FakeClock()
+
+        def timer(step):
+            seconds = step()
+            clock.now += seconds
+            return seconds
+
+        rows = run_group(
+            [AfterOther("a"), AfterOther("b")], repeats=8, warmup=1, clock=clock, timer=timer,
+            load=lambda: 1.0, other_load=lambda: (lambda: 0.0), blocks=blocks,
+        )  # fmt: skip
+        return {r["name"]: r for r in rows}
+
+    step_by_step, blocked = group(False), group(True)
+    for name in "ab":
+        assert step_by_step[name]["step_ms_median"] == pytest.approx(10.0)
+        assert step_by_step[name]["steps_per_round"] == 1
+        assert blocked[name]["step_ms_median"] == pytest.approx(4.0)
+        assert len(json.loads(blocked[name]["round_ms"])) == blocked[name]["repeats"] == 8
+    # Each block holds about 50 ms of the warm step: "a" warmed up first (4 ms: 12, capped),
+    # "b" right after it (10 ms: 5).
+    assert (blocked["a"]["steps_per_round"], blocked["b"]["steps_per_round"]) == (MAX_BLOCK, 5)
+    # About 50 ms of steps a round, at most MAX_BLOCK; a step of 50 ms or more runs alone.
+    got = [steps_per_round(s) for s in (0.0, 0.004, 0.013, 0.03, 0.05, 2.0)]
+    assert got == [MAX_BLOCK, MAX_BLOCK, 4, 2, 1, 1]

@@ -4,8 +4,10 @@ side by side.
 Configurations run in groups that share a workload (model, input, mode, batch size,
 precision class): every layoutlab and PyTorch configuration of a group is set up, warmed up,
 and then timed round-robin, A B A B, so the layoutlab/PyTorch ratios come from the same
-minutes of the same machine. A configuration that fails becomes an ``oom`` or ``error`` row
-and the sweep goes on; bad arguments fail before anything runs.
+minutes of the same machine. A configuration with a short step runs a block of steps per
+round (``bench.timing.steps_per_round``), so that it is timed as in a loop of its own. A
+configuration that fails becomes an ``oom`` or ``error`` row and the sweep goes on; bad
+arguments fail before anything runs.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from layoutlab.bench.sweep_config import (
     resolve_input,
     validate,
 )
-from layoutlab.bench.timing import summarize, timed
+from layoutlab.bench.timing import steps_per_round, summarize, timed, timed_block
 from layoutlab.xla import resolve_backend
 
 __all__ = [
@@ -138,6 +140,8 @@ class _Live:
     fields: dict
     seconds: list = dataclasses.field(default_factory=list)
     failure: tuple[str, str] | None = None
+    warm_s: float = 0.0  # the last warm-up step
+    block: int = 1  # measured steps per round
 
 
 def run_group(
@@ -154,6 +158,7 @@ def run_group(
     timer: Callable[[Callable], float] = timed,
     load: Callable[[], float | None] = load_average,
     other_load: Callable[[], Callable[[], float | None]] = lambda: OtherLoad().cores,
+    blocks: bool = False,
 ):
     """Set up, warm up, then time ``runners`` round-robin; one row each, failures included.
 
@@ -164,6 +169,8 @@ def run_group(
     each runner's median step time. ``clock`` times the budget, ``timer(step)`` a step and
     ``load()`` samples the load average and ``other_load()`` starts a meter of the cores
     other processes use (``bench.stats.OtherLoad``; tests pass synthetic ones).
+    ``blocks``: a runner whose warm step is short runs several steps per round, the round's
+    time their median after an unmeasured lead step (``bench.timing.steps_per_round``).
     """
     rows, live = [], []
     for r in runners:
@@ -180,12 +187,13 @@ def run_group(
 
     def run(entry: _Live, measured: bool) -> None:
         try:
-            t = timer(entry.runner.step)
+            t = timed_block(entry.runner.step, entry.block, timer)
         except Exception as err:
             entry.failure = classify_failure(err)
             entry.runner.close()
             return
         if not measured:
+            entry.warm_s = t
             return
         entry.seconds.append(t)
         # Only the first measured step decides: warm-up steps carry one-time costs, and
@@ -206,6 +214,8 @@ def run_group(
     load_before = load()
     for _ in range(warmup):
         round_(False)
+    for entry in live:
+        entry.block = steps_per_round(entry.warm_s) if blocks and warmup else 1
     others_meter = other_load()
     started, done = clock(), 0
     while True:
@@ -235,7 +245,8 @@ def run_group(
             fields.update(
                 _timing_fields(
                     entry.seconds, batch, fields.get("flops"), warmup, group_load, others
-                )
+                ),
+                steps_per_round=entry.block,
             )
             rows.append(_row(r, fields))
         except Exception as err:
@@ -393,6 +404,7 @@ def run_sweep(
                 log=log,
                 max_step_s=config.max_step_s,
                 observed=observed,
+                blocks=True,
             )
         )
         history.extend((r.row(), seconds) for r, seconds in observed.items())

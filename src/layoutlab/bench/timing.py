@@ -30,8 +30,10 @@ __all__ = [
     "TimingStats",
     "interleaved_ms",
     "interleaved_rounds",
+    "steps_per_round",
     "summarize",
     "timed",
+    "timed_block",
 ]
 
 
@@ -60,6 +62,31 @@ def timed(call: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     call()
     return time.perf_counter() - t0
+
+
+# A step shorter than this runs several times back to back in each round of an interleaved
+# group, after one unmeasured lead step: a step of a few ms ran up to 1.58x slower right
+# after another framework's step than in a loop of its own, layoutlab's more than PyTorch's
+# (benchmarks/results/interleaving_bias_avx512_cpu.md). Rounds still pair up.
+BLOCK_S = 0.05
+MAX_BLOCK = 8
+
+
+def steps_per_round(step_s: float) -> int:
+    """Measured steps a configuration whose step takes ``step_s`` runs back to back per
+    round: about ``BLOCK_S`` of them, 1 to ``MAX_BLOCK``; 1 means no lead step either."""
+    if step_s <= 0:
+        return MAX_BLOCK
+    return max(1, min(MAX_BLOCK, round(BLOCK_S / step_s)))
+
+
+def timed_block(call: Callable[[], Any], steps: int, timer: Callable = timed) -> float:
+    """Seconds of one ``call()`` in a round of ``steps`` measured calls: ``timer(call)`` for
+    one, else one unmeasured lead call, then the median of ``steps`` timed ones."""
+    if steps <= 1:
+        return timer(call)
+    timer(call)
+    return statistics.median(timer(call) for _ in range(steps))
 
 
 K = TypeVar("K", bound=Hashable)
