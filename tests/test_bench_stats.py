@@ -75,7 +75,7 @@ class FakeClock:
         return self.now
 
 
-def _group(runners, *, others=0.0, budget_s=60.0, repeats="auto"):
+def _group(runners, *, others=0.0, budget_s=60.0, repeats="auto", blocks=False):
     clock = FakeClock()
 
     def timer(step):
@@ -85,7 +85,7 @@ def _group(runners, *, others=0.0, budget_s=60.0, repeats="auto"):
 
     rows = run_group(
         runners, repeats=repeats, warmup=1, clock=clock, timer=timer, load=lambda: 1.0,
-        other_load=lambda: (lambda: others), budget_s=budget_s,
+        other_load=lambda: (lambda: others), budget_s=budget_s, blocks=blocks,
     )  # fmt: skip
     return {r["name"]: r for r in rows}
 
@@ -333,18 +333,7 @@ def test_short_steps_run_in_blocks_so_another_frameworks_step_does_not_slow_them
 
     def group(blocks):
         AfterOther.last[0] = None
-        clock = FakeClock()
-
-        def timer(step):
-            seconds = step()
-            clock.now += seconds
-            return seconds
-
-        rows = run_group(
-            [AfterOther("a"), AfterOther("b")], repeats=8, warmup=1, clock=clock, timer=timer,
-            load=lambda: 1.0, other_load=lambda: (lambda: 0.0), blocks=blocks,
-        )  # fmt: skip
-        return {r["name"]: r for r in rows}
+        return _group([AfterOther("a"), AfterOther("b")], repeats=8, blocks=blocks)
 
     step_by_step, blocked = group(False), group(True)
     for name in "ab":
