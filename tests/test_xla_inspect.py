@@ -376,8 +376,10 @@ def test_gpu_reports_conv_layouts():
 def test_gpu_runs_mixed_precision_convs_in_half():
     # XLA:GPU widened a bf16 x bf16 -> f32 conv to f32 x f32 -> f32 (all of ResNet-50's,
     # on an H200); nn's convs are written bf16 -> bf16 there, which cuDNN runs as written.
-    ins = inspect_model("resnet18", backend="gpu", precision="mixed_bf16", mode="train",
-                        **RESNET18)  # fmt: skip
+    # At the default precision a user gets (conftest asks for "highest" on a GPU).
+    with jax.default_matmul_precision("default"):
+        ins = inspect_model("resnet18", backend="gpu", precision="mixed_bf16", mode="train",
+                            **RESNET18)  # fmt: skip
     rows = ins.conv_rows()
     assert len(rows) >= RESNET18_CONVS
     assert {r.dtypes_after for r in rows} == {"bf16*bf16->bf16"}, [r.dtypes_after for r in rows]
