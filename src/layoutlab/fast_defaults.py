@@ -209,18 +209,15 @@ def table_cpu_kind(platform: str) -> str | None:
     return cpu_kind() if platform == "cpu" else None
 
 
-def compile_options_from_flags(
-    args, mode: str | None = None, depthwise: bool = False, activation: int | None = None
-) -> dict:
-    """``--xla-option`` values, over the fast CPU options of ``mode`` for a model with
-    ``depthwise`` convs or not and a largest conv output of ``activation`` elements, unless
-    ``--no-cpu-fast`` (only on CPU: other backends never get them)."""
+def compile_options_from_flags(args, mode: str | None = None) -> dict:
+    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
+    ``--no-cpu-fast`` (only on CPU: other backends never get them). The options of a
+    registered model's step, which depend on the model, are
+    ``models.model_compile_options``'s."""
     from layoutlab.arguments import parse_assignments
 
     backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
     fast = args.cpu_fast and mode is not None
     batch = getattr(args, "batch_size", None)
-    base = (
-        fast_compile_options(mode, backend, optimizer, batch, depthwise, activation) if fast else {}
-    )
+    base = fast_compile_options(mode, backend, optimizer, batch) if fast else {}
     return {**base, **parse_assignments(args.xla_option, "--xla-option")}

@@ -108,16 +108,13 @@ def resolve_input(
     """``((*spatial, channels), num_classes)`` with the defaults filled in."""
     spec = models.spec(model)
     imagenet = model_kwargs.get("stem", _builder_default(model, "stem")) == "imagenet"
-    if image_size is None:
-        spatial = (224,) * spec.num_spatial if imagenet else spec.default_input[:-1]
-    else:
-        sizes = (image_size,) if isinstance(image_size, int) else tuple(image_size)
-        spatial = sizes * spec.num_spatial if len(sizes) == 1 else sizes
-        if len(spatial) != spec.num_spatial or min(spatial) < 1:
-            raise ValueError(
-                f"image_size {image_size!r} does not fit {model}, which takes "
-                f"{spec.num_spatial} positive spatial sizes."
-            )
+    shape = models.example_shape(model, 224 if image_size is None and imagenet else image_size)
+    if shape is None or min(shape[:-1]) < 1:
+        raise ValueError(
+            f"image_size {image_size!r} does not fit {model}, which takes "
+            f"{spec.num_spatial} positive spatial sizes."
+        )
+    spatial = shape[:-1]
     chans = spec.default_input[-1] if channels is None else int(channels)
     classes = (1000 if imagenet else 10) if num_classes is None else int(num_classes)
     return (*(int(s) for s in spatial), chans), classes

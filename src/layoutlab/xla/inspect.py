@@ -113,13 +113,13 @@ def inspect_spec(
     lay = models.resolve_layout(layout, s.num_spatial)
     spatial = None
     if image_size is not None:  # one size: every spatial axis
-        spatial = (image_size,) if isinstance(image_size, int) else tuple(image_size)
-        spatial = spatial * s.num_spatial if len(spatial) == 1 else spatial
-        if len(spatial) != s.num_spatial:
+        shape = models.example_shape(model, image_size)
+        if shape is None:
             raise ValueError(
                 f"image_size {image_size!r} does not fit {s.name}, which takes "
                 f"{s.num_spatial} spatial sizes (or one for all)."
             )
+        spatial = shape[:-1]
     image_shape = s.input_shape(batch_size, channels_last(s.num_spatial), spatial=spatial)[1:]
     plan = as_plan(conv_plan)
     config = config_for(

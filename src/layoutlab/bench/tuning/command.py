@@ -106,39 +106,29 @@ def run_layout(args: argparse.Namespace) -> int:
     return 0
 
 
-def _activation(args: argparse.Namespace) -> int | None:
-    """Elements of the training step's largest conv output, which its CPU options depend
-    on; None in inference or for the deprecated ``--input-shape`` text."""
-    shape = _input_shape(args)
-    if args.mode != "train" or isinstance(shape, str):
-        return None
-    from layoutlab.models import largest_conv_output
-
-    largest = largest_conv_output(args.model, model_kwargs(args), shape)
-    return None if largest is None else args.batch_size * largest
-
-
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
-    from layoutlab.models import has_depthwise_convs
+    from layoutlab.models import model_compile_options
 
     try:
+        shape = _input_shape(args)
+        fast = {}
+        if args.cpu_fast:  # the deprecated --input-shape text gives no size to read
+            example = None if isinstance(shape, str) else shape
+            fast = model_compile_options(args.model, model_kwargs(args), args.mode, args.backend,
+                                         getattr(args, "optimizer", None), args.batch_size,
+                                         example)  # fmt: skip
         tuning = autotune_registry_model(
             args.model,
             args.batch_size,
-            _input_shape(args),
+            shape,
             layout=args.layout,
             precision=args.precision,
             objective="train" if args.mode == "train" else "inference",
             kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
             activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
-            compiler_options=compile_options_from_flags(
-                args,
-                args.mode,
-                args.mode == "train" and has_depthwise_convs(args.model, model_kwargs(args)),
-                _activation(args),
-            ),
+            compiler_options={**fast, **compile_options_from_flags(args)},
             model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,
