@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from interleaved_steps import workload
+from interleaved_steps import save_results, workload
 
 from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.bench.machine import finish_machine_info, machine_info
+from layoutlab.bench.machine import machine_info
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 
@@ -115,10 +114,7 @@ def main() -> None:
     machine = machine_info("cpu", note="cpu_fast_options_by_optimizer")
     rows = run(args.models.split(","), [int(b) for b in args.batch_sizes.split(",")],
                args.optimizers.split(","), args.time_budget)  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": finish_machine_info(machine), "rows": rows}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    save_results(args.out, machine, rows)
     print(markdown(rows))
 
 

@@ -1,16 +1,21 @@
 """What the interleaved step benchmarks share: a workload by model name, a runner for one
-labelled NHWC fp32 case, and a row's median step time as a table cell.
+labelled NHWC fp32 case, a row's median step time as a table cell, and a results file.
 
-Imported by ``ab_table_rules.py``, ``ab_update_and_dw.py``, ``cpu_fast_options_small_batch.py``,
-``profile_train_step.py`` and ``skip_branch.py`` (scripts of this folder, so a plain import
-finds it).
+Imported by ``ab_table_rules.py``, ``ab_update_and_dw.py``, ``conv_transpose.py``,
+``cpu_fast_options_by_optimizer.py``, ``cpu_fast_options_small_batch.py``,
+``dense_input_gradient.py``, ``interleaving_bias.py``, ``profile_train_step.py`` and
+``skip_branch.py`` (scripts of this folder, so a plain import finds it).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from layoutlab import models
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.bench.machine import finish_machine_info
 
 # model -> (model kwargs, input shape, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
 _INPUTS = {
@@ -45,3 +50,12 @@ def median_cell(row: dict) -> str:
     """``"71.0 [70.4, 71.6]"``: a result row's median step ms with its 95% interval."""
     ms = [row.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]
     return f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]"
+
+
+def save_results(out: str, machine: dict, rows: list[dict]) -> None:
+    """``out/results.json``: the machine (``bench.machine.machine_info``, finished now) and
+    every row."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    result = {"machine": finish_machine_info(machine), "rows": rows}
+    (path / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -16,13 +16,11 @@ interleaved, and writes ``results.json`` with every row and the machine.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from interleaved_steps import runner, workload
+from interleaved_steps import runner, save_results, workload
 
 from layoutlab.bench.cases import TorchCase
-from layoutlab.bench.machine import finish_machine_info, machine_info
+from layoutlab.bench.machine import machine_info
 from layoutlab.bench.sweep import run_group
 from layoutlab.bench.torch_runner import TorchRunner
 from layoutlab.fast_defaults import cpu_fast_options
@@ -98,10 +96,7 @@ def main() -> None:
     args = p.parse_args()
     machine = machine_info("cpu", note="interleaving_bias")
     rows = run(args.cases.split(","), args.time_budget)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"machine": finish_machine_info(machine), "rows": rows}
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    save_results(args.out, machine, rows)
     print(markdown(rows))
 
 
