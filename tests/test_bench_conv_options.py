@@ -447,3 +447,14 @@ def test_small_training_steps_run_without_elementwise_fusions_on_avx512(monkeypa
     assert got[key] == no_eltwise
     got = compile_options(TrainConfig(**run, data="folder:/no/such/dir"), "train")
     assert got[key] != no_eltwise
+    # Sizes read without loading anything, and None for what they cannot tell.
+    from layoutlab.data.spec_forms import known_image_shape
+
+    assert known_image_shape("digits") == (8, 8, 1)
+    assert known_image_shape("synthetic:16x16x3:10:64") == (16, 16, 3)
+    assert known_image_shape("synthetic") == (32, 32, 3)
+    for bad in ("synthetic:16x16", "synthetic:0x8x3", "imagenet:/data", "folder:/d"):
+        assert known_image_shape(bad) is None, bad
+    assert models.example_shape("unet", 64) == (64, 64, 3)
+    assert models.example_shape("unet", (48, 64)) == (48, 64, 3)
+    assert models.example_shape("unet", (8, 8, 8)) is None  # three sizes for a 2D model
