@@ -19,7 +19,8 @@ to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at bat
 ``4x4_512`` im2col on the 3x3 stride-1 convs of 512+ channels at 4x4 and below (up to batch
 32; without it Winograd takes them at 32, XLA's conv at 9-31), ``depthwise`` the shifted
 multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col on the
-3-channel stem (``--model unet``, ``--model unet:width=64``).
+3-channel stem (``--model unet``, ``--model unet:width=64``), ``winograd_small`` Winograd on the
+3x3 stride-1 convs of 128+ channels at 16x16 and below, ``all`` every rule (XLA's convs).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ DROPS = {
     "4x4_512": lambda r: r.algorithm == "im2col" and r.max_size == 4 and r.min_in == 512,
     "depthwise": lambda r: r.depthwise,
     "stem": lambda r: r.algorithm == "im2col" and r.max_in == 4,
+    "winograd_small": lambda r: r.algorithm.startswith("winograd") and r.max_size == 16,
+    "all": lambda r: True,
 }
 
 

@@ -212,6 +212,16 @@ def test_shipped_table_rules_depend_on_the_batch():
                 for b in (1, 32, 128)]  # fmt: skip
     assert by_batch == ["im2col", "im2col", "phase_dx"]
     assert default_algorithm(layer4, "inference", "avx512")[0] == "xla"
+    # In inference Winograd takes the 4x4 ones from 128: the whole ResNet-18 step ran 0.92x
+    # at 32 and 0.98x at 64 with it, 1.03x at 128. The 7x7-28x28 rule gives the 8x8 and
+    # 16x16 convs Winograd from 32 (at 16 the step ran 0.88x with it, at 32 1.04x).
+    by_batch = [default_algorithm(layer4._replace(batch=b), "inference", "avx512")[0]
+                for b in (32, 64, 127, 128, 256)]  # fmt: skip
+    assert by_batch == ["xla", "xla", "xla", "winograd4_full", "winograd4_full"]
+    for size in (7, 8, 16, 28):
+        by_batch = [default_algorithm(_spec(b, size, 256, 256), "inference", "avx512")[0]
+                    for b in (16, 31, 32)]  # fmt: skip
+        assert by_batch == ["xla", "xla", "winograd4_full"], size
     # ResNet-50's 1x1 stride-1 convs (64+ channels): im2col at batch 1 in training, where the
     # whole step gained 1.23x; at 16 it lost 2% though each conv alone won.
     bottleneck = _spec(1, 14, 1024, 256, k=1)

@@ -57,6 +57,12 @@ with ``cpu_fast_options``:
   the whole step with it 1.05x faster on ResNet-50 at 16, 1.02x on ResNet-18 at 128, even
   on ResNet-18 at 8 and 32, ResNet-50 at 1 and MobileNetV2 at 16; where an im2col rule
   holds, im2col keeps the conv (it won at batch 1).
+- AVX-512, inference on whole steps (2026-11-26,
+  ``benchmarks/results/winograd_inference_by_batch_avx512_cpu.md``): with Winograd on its
+  4x4 convs ResNet-18's inference step ran 0.92x at batch 32 and 0.98x at 64, 1.03x at
+  128, so inference gives 4x4 inputs Winograd from 128; with Winograd on its 8x8 and 16x16
+  convs (the 7x7-28x28 rule) 0.88x at 16 and 1.04x at 32, where ResNet-50 gained 1.01x at
+  16, so that rule starts at 32.
 - AVX-512, depthwise (2026-11-26, ``benchmarks/results/depthwise_avx512_cpu.md``): every
   3x3 depthwise conv runs ``depthwise`` (shifted multiply-adds) in both objectives at every
   batch: MobileNetV2's whole step 3.4-9.1x faster in inference and 2.2-3.8x in training at
@@ -118,10 +124,10 @@ class Rule(NamedTuple):
 
 
 _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
-# ResNet-50's 28x28, 14x14 and 7x7 stage convs on AVX-512 at batch 16, inference only: in
+# ResNet-50's 28x28, 14x14 and 7x7 stage convs on AVX-512 from batch 16, inference only: in
 # training the same convs won one by one (1.15-1.28x) but the whole ResNet-50 step read
 # 0.96x [0.84, 1.02] with them, inference 1.02x [1.00, 1.04] (A/B in one run). No 4x4 input
-# (where Winograd lost at batch 8).
+# (where Winograd lost at batch 8). The batch bound is set where the rule is used.
 _WINOGRAD_MID = dict(kernel=(3, 3), strides=(1, 1), min_in=128, min_size=7, max_size=28)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``. It
@@ -181,8 +187,13 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx512", "inference", "float32"): (
         *_TINY_INPUT,
         *_DEPTHWISE,
-        Rule("winograd4_full", **_WINOGRAD_MID, min_batch=16),
-        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
+        # From 32: at 16 ResNet-50 gained 1.01x [1.00, 1.04] with it and ResNet-18 CIFAR's
+        # 8x8 and 16x16 convs lost its inference step 0.88x; at 32 ResNet-18 gained 1.04x.
+        Rule("winograd4_full", **_WINOGRAD_MID, min_batch=32),
+        # Of this rule's convs the one above leaves only the 4x4 ones (ResNet-18 CIFAR's
+        # layer4), where the whole inference step ran 0.92x at batch 32 and 0.98x at 64
+        # with Winograd, 1.03x at 128 (winograd_inference_by_batch_avx512_cpu.md).
+        Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
         Rule("im2col", **_IM2COL_STEM),
     ),
 }
