@@ -30,6 +30,8 @@ _BEAT_S = 1.0
 # How long the watchdog leaves the main thread to report a failure it will notice itself
 # (a wait that polls the failure record), so that the process prints one line, not two.
 _GRACE_S = 3.0
+# How long an exiting process waits for its watchdog's store calls to return.
+_JOIN_S = 10.0
 
 _printed = threading.Event()  # this process printed its error line
 _lock = threading.Lock()
@@ -91,13 +93,12 @@ def _try_get(client, key: str) -> str | None:
         raise
 
 
-def _watch(client, me: int, count: int, timeout_s: float) -> None:
+def _watch(client, me: int, count: int, timeout_s: float, stop: threading.Event) -> None:
     peers = range(1, count) if me == 0 else [0]
     now = time.monotonic()
     seen = {p: (None, now) for p in peers}
     beats, failing_since, store_ok = 0, None, now
-    while True:
-        time.sleep(_BEAT_S)
+    while not stop.wait(_BEAT_S):
         now = time.monotonic()
         try:
             beats += 1
@@ -130,8 +131,15 @@ def _watch(client, me: int, count: int, timeout_s: float) -> None:
             _exit(f"the distributed run stopped: {failed}")
 
 
-def _done(client, me: int) -> None:
-    """At a normal exit: the others must not mistake a finished process for a dead one."""
+def _done(client, me: int, watchdog: threading.Thread, stop: threading.Event) -> None:
+    """At exit: stop the watchdog, then tell the others this process finished, so that they
+    do not mistake it for a dead one (a beat after that would undo it). The thread must
+    be out of the client's calls before the interpreter finalizes: a daemon thread that
+    comes back from C++ then is unwound by force, which the client's bindings catch
+    without rethrowing, and the process aborts ("FATAL: exception not rethrown") instead
+    of exiting with its status."""
+    stop.set()
+    watchdog.join(timeout=_JOIN_S)
     try:
         client.key_value_set(f"{_ALIVE}{me}", _DONE, allow_overwrite=True)
     except Exception:
@@ -145,7 +153,9 @@ def start_watchdog(timeout_s: float) -> None:
     client = _client()
     if jax.process_count() == 1 or client is None:
         return
-    me = jax.process_index()
-    atexit.register(_done, client, me)  # runs before JAX's own exit handler (registered first)
-    args = (client, me, jax.process_count(), timeout_s)
-    threading.Thread(target=_watch, args=args, daemon=True, name="layoutlab-liveness").start()
+    me, stop = jax.process_index(), threading.Event()
+    args = (client, me, jax.process_count(), timeout_s, stop)
+    watchdog = threading.Thread(target=_watch, args=args, daemon=True, name="layoutlab-liveness")
+    watchdog.start()
+    # Runs before JAX's own exit handler, which was registered first.
+    atexit.register(_done, client, me, watchdog, stop)

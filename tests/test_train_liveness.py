@@ -1,0 +1,77 @@
+"""The watchdog of a multi-process run at exit, with a fake coordination store.
+
+Each process's watchdog thread writes a beat every second. At exit (``_done``, an atexit
+handler) the thread must stop before the process marks itself finished: a beat written
+after the "done" mark would make the others count a finished process as a silent one; and
+a daemon thread still inside the store client's C++ calls when the interpreter finalizes
+aborts the process instead of letting it exit with its status.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from layoutlab.train import liveness
+
+
+class _Store:
+    """The two calls the watchdog makes, recording the writes; ``slow_s`` per call."""
+
+    def __init__(self, slow_s: float = 0.0):
+        self.values, self.writes, self.slow_s = {}, [], slow_s
+        self.lock = threading.Lock()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        time.sleep(self.slow_s)
+        with self.lock:
+            self.values[key] = value
+            self.writes.append((key, value))
+
+    def key_value_try_get(self, key):
+        time.sleep(self.slow_s)
+        with self.lock:
+            if key not in self.values:
+                raise KeyError(f"NOT_FOUND: {key}")
+            return self.values[key]
+
+
+def _watchdog(store, monkeypatch, beat_s=0.01):
+    monkeypatch.setattr(liveness, "_BEAT_S", beat_s)
+    stop = threading.Event()
+    store.values[f"{liveness._ALIVE}1"] = "1"  # the peer is alive
+    thread = threading.Thread(target=liveness._watch, args=(store, 0, 2, 60.0, stop), daemon=True)
+    thread.start()
+    return thread, stop
+
+
+def test_exit_stops_the_watchdog_before_marking_the_process_done(monkeypatch):
+    store = _Store(slow_s=0.005)
+    thread, stop = _watchdog(store, monkeypatch)
+    deadline = time.monotonic() + 5
+    while sum(k == f"{liveness._ALIVE}0" for k, _ in store.writes) < 3:
+        assert time.monotonic() < deadline, "the watchdog wrote no beats"
+        time.sleep(0.01)
+    liveness._done(store, 0, thread, stop)
+    assert not thread.is_alive()
+    mine = [v for k, v in store.writes if k == f"{liveness._ALIVE}0"]
+    assert mine[-1] == liveness._DONE
+    time.sleep(0.1)  # several beats' time: nothing overwrites the mark
+    assert store.values[f"{liveness._ALIVE}0"] == liveness._DONE
+
+
+def test_exit_waits_at_most_the_join_timeout_for_a_hung_store(monkeypatch):
+    """A store call that never returns (the coordinator gone) must not hang the exit."""
+    store = _Store()
+    thread, stop = _watchdog(store, monkeypatch)
+    hang = threading.Event()
+    store.key_value_try_get = lambda key: hang.wait() or "1"
+    time.sleep(0.05)  # the watchdog is now inside the hung call
+    monkeypatch.setattr(liveness, "_JOIN_S", 0.2)
+    began = time.monotonic()
+    liveness._done(store, 0, thread, stop)
+    assert time.monotonic() - began < 2.0
+    assert store.values[f"{liveness._ALIVE}0"] == liveness._DONE
+    hang.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
