@@ -218,3 +218,22 @@ def test_remat_gives_the_same_gradients():
     # Rematerialisation recomputes the same ops: equal to float32 rounding.
     assert_close(y_b, y_a, rtol=1e-6, atol=1e-6)
     assert_trees_close(nnx.state(g_b, nnx.Param), nnx.state(g_a, nnx.Param), rtol=1e-5, atol=1e-5)
+
+
+def test_abstract_model_facts_are_cached_unless_an_option_cannot_be_hashed():
+    """``has_depthwise_convs`` and ``largest_conv_output`` build the model abstractly once
+    per name and options; an option value that cannot be hashed (a list) is built anew,
+    not refused."""
+    from layoutlab.models.registry import _cached_when_hashable
+
+    calls = []
+
+    @_cached_when_hashable
+    def fact(name, items):
+        calls.append(items)
+        return len(calls)
+
+    assert fact("m", (("width", 8),)) == fact("m", (("width", 8),)) == 1
+    assert fact("m", (("sizes", [2, 2]),)) == 2
+    assert fact("m", (("sizes", [2, 2]),)) == 3
+    assert len(calls) == 3

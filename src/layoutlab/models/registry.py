@@ -144,18 +144,34 @@ def create(
     )
 
 
+def _cached_when_hashable(fn):
+    """``functools.cache`` of ``fn``, bypassed for arguments that cannot be hashed (a model
+    option given as a list, ``--model-arg stage_sizes=[2,2]``): those are computed anew."""
+    cached = functools.cache(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            hash(args)
+        except TypeError:
+            return fn(*args)
+        return cached(*args)
+
+    return call
+
+
+def _options(model_kwargs: dict | None) -> tuple:
+    return tuple(sorted((model_kwargs or {}).items()))
+
+
 def has_depthwise_convs(name: str, model_kwargs: dict | None = None) -> bool:
     """Whether model ``name`` built with ``model_kwargs`` has depthwise convs (built
     abstractly, once per name and options): the CPU compile options depend on it
     (``fast_defaults.cpu_fast_options``)."""
-    items = tuple(sorted((model_kwargs or {}).items()))
-    try:
-        return _has_depthwise(name, items)
-    except TypeError:  # an unhashable option value: build it uncached
-        return _has_depthwise.__wrapped__(name, items)
+    return _has_depthwise(name, _options(model_kwargs))
 
 
-@functools.cache
+@_cached_when_hashable
 def _has_depthwise(name: str, items: tuple) -> bool:
     return has_depthwise(nnx.eval_shape(lambda: create(name, **dict(items))))
 
@@ -178,15 +194,10 @@ def largest_conv_output(
     ``model_kwargs``) on one example of ``input_shape`` (channels last, e.g. ``(32, 32, 3)``);
     None when it runs no 2D conv (a 3D model: nothing was measured there). Traced
     abstractly, once per name, options and shape."""
-    items = tuple(sorted((model_kwargs or {}).items()))
-    shape = tuple(int(d) for d in input_shape)
-    try:
-        return _largest_output(name, items, shape)
-    except TypeError:  # an unhashable option value: trace it uncached
-        return _largest_output.__wrapped__(name, items, shape)
+    return _largest_output(name, _options(model_kwargs), tuple(int(d) for d in input_shape))
 
 
-@functools.cache
+@_cached_when_hashable
 def _largest_output(name: str, items: tuple, shape: tuple) -> int | None:
     model = nnx.eval_shape(lambda: create(name, **dict(items)))
     x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
