@@ -20,9 +20,10 @@ def test_probe_times_every_row_on_one_core_and_on_all():
     for line in out.splitlines()[2:]:
         m = re.match(r"(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x$", line)
         assert m, line
-        one, many, speedup = (float(v) for v in m.groups()[1:])
-        assert one > 0 and many > 0 and speedup > 0
-        rows[m.group(1).strip()] = speedup
+        # Times only: beside the other tests' processes a tiny conv's speed-up means little.
+        one, many = (float(v) for v in m.groups()[1:3])
+        assert one > 0 and many > 0
+        rows[m.group(1).strip()] = (one, many)
     want = {"xla conv", "ynnpack conv", "xla 2 independent convs", "xla 4 independent convs",
             "xla batch 8"}  # fmt: skip
     assert want <= set(rows)
