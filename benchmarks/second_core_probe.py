@@ -26,21 +26,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 _Y = "LIBRARY_FUSION_TYPE_"
 _KEY = "xla_cpu_experimental_ynn_fusion_type"
 
 
 def _median_ms(fn, repeats: int) -> float:
+    from layoutlab.bench.timing import summarize, timed  # imports jax: only in the children
+
     for _ in range(10):
         fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * sorted(times)[len(times) // 2]
+    return summarize([timed(fn) for _ in range(repeats)]).median_ms
 
 
 def _child(size: int, channels: int, repeats: int) -> dict:
