@@ -7,7 +7,12 @@ from layoutlab.data.dataset import Dataset
 from layoutlab.data.digits import load_digits
 from layoutlab.data.folder import load_folder
 from layoutlab.data.idx import load_fashion_mnist, load_mnist
-from layoutlab.data.spec_forms import SPEC_FORMS, known_image_shape, parse_image_shape
+from layoutlab.data.spec_forms import (
+    SPEC_FORMS,
+    SYNTHETIC_SHAPE,
+    known_image_shape,
+    parse_image_shape,
+)
 from layoutlab.data.synthetic import make_synthetic
 
 __all__ = ["get_dataset", "known_image_shape", "SPEC_FORMS", "parse_image_shape"]
@@ -30,7 +35,7 @@ def _synthetic(spec: str, args: list[str], seed: int, test_fraction: float) -> D
     if len(args) > 3:
         raise _bad_spec(spec, "synthetic takes at most HxWxC, CLASSES and N")
     try:
-        shape = parse_image_shape(args[0]) if args and args[0] else (32, 32, 3)
+        shape = parse_image_shape(args[0]) if args and args[0] else SYNTHETIC_SHAPE
         ints = [int(a) for a in args[1:]]
     except ValueError as e:
         raise _bad_spec(spec, str(e)) from e

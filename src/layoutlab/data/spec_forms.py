@@ -21,6 +21,8 @@ def parse_image_shape(text: str, *, rank: int = 3) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+# The image shape of "synthetic" without HxWxC.
+SYNTHETIC_SHAPE = (32, 32, 3)
 # Image shapes (H, W, C) of the sources whose every image has the same, known shape.
 _FIXED_SHAPES = {
     "digits": (8, 8, 1),
@@ -39,7 +41,7 @@ def known_image_shape(spec: str) -> tuple[int, int, int] | None:
     if name == "synthetic":
         first = rest.split(":")[0] if sep else ""
         try:
-            return parse_image_shape(first) if first else (32, 32, 3)
+            return parse_image_shape(first) if first else SYNTHETIC_SHAPE
         except ValueError:
             return None
     return _FIXED_SHAPES.get(name)
