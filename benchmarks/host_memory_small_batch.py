@@ -1,9 +1,11 @@
 """One malloc arena (``keep_host_memory``) at a small batch, with PyTorch in the process.
 
     python benchmarks/host_memory_small_batch.py --mode train --batch 8 --keep
+    python benchmarks/host_memory_small_batch.py --mode train --batch 8 --keep per_thread
     python benchmarks/host_memory_small_batch.py --mode train --batch 8
 
-Sets the malloc settings or not (``--keep``; or run either under ``GLIBC_TUNABLES``), then
+Sets the malloc settings or not (``--keep``: one arena; ``--keep per_thread``: per-thread
+arenas; or run any of them under ``GLIBC_TUNABLES``), then
 builds MobileNetV2 CIFAR's default layoutlab step (NHWC, fp32, SGD with momentum) and the
 PyTorch mirror's (channels_last). It times, in three passes: layoutlab's step alone, the two
 alternating (each timed), and PyTorch's alone. Processes differ in machine state, so run the
@@ -22,12 +24,15 @@ def main(argv=None) -> None:
     p.add_argument("--mode", default="train", choices=("train", "infer"))
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--keep", action="store_true", help="call keep_host_memory() first")
+    p.add_argument(
+        "--keep", nargs="?", const="one", choices=("one", "per_thread"),
+        help="call keep_host_memory(arenas) first (no value: one arena)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.keep:
         from layoutlab.xla import keep_host_memory
 
-        keep_host_memory()  # before JAX starts
+        keep_host_memory(args.keep)  # before JAX starts
     from interleaved_steps import runner, workload
 
     from layoutlab.bench.cases import TorchCase

@@ -379,12 +379,13 @@ def test_budget_estimate_pays_only_for_long_runs():
 
 
 def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
-    """In a fresh process the CLI's default keeps host memory for big batches; small batches
-    (the digits job's 32 x 8 x 8) and ``--no-keep-host-memory`` leave glibc alone. The bench
-    then fails on its unknown model, after the setting and before any compile."""
+    """In a fresh process the CLI's default keeps host memory with one malloc arena for big
+    batches and with per-thread arenas for small ones (the digits job's 32 x 8 x 8);
+    ``--no-keep-host-memory`` leaves glibc alone. The bench then fails on its unknown model,
+    after the setting and before any compile."""
     code = (
         "import sys; from layoutlab import cli; from layoutlab.xla import host_memory_state;"
-        "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().kept)"
+        "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().how)"
     )
 
     def kept(*flags):
@@ -394,9 +395,9 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
         return out.strip().splitlines()[-1]
 
     big = ("--image-size", "32", "--batch-sizes", "128")
-    assert kept(*big) == "True"
-    assert kept(*big, "--no-keep-host-memory") == "False"
-    assert kept("--image-size", "8", "--batch-sizes", "32") == "False"
+    assert kept(*big) == "mallopt"
+    assert kept(*big, "--no-keep-host-memory") == "default glibc malloc"
+    assert kept("--image-size", "8", "--batch-sizes", "32") == "mallopt (per-thread arenas)"
 
 
 def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(

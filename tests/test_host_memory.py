@@ -31,8 +31,8 @@ glibc_only = pytest.mark.skipif(
 _PROBE = """
 import json, resource, sys
 from layoutlab.xla import keep_host_memory, host_memory_state
-if sys.argv[1] == "keep":
-    keep_host_memory()
+if sys.argv[1] != "default":
+    keep_host_memory(sys.argv[1])
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.outer(x, x) + 1.0) @ x)
 x = jnp.arange(3072, dtype=jnp.float32)
@@ -60,10 +60,14 @@ def _probe(mode: str) -> dict:
 
 
 @glibc_only
-def test_kept_host_memory_stops_the_temp_buffer_faulting():
-    default, kept = _probe("default"), _probe("keep")
+@pytest.mark.parametrize(
+    "arenas, how", [("one", "mallopt"), ("per_thread", "mallopt (per-thread arenas)")]
+)
+def test_kept_host_memory_stops_the_temp_buffer_faulting(arenas, how):
+    # Per-thread arenas too: the 36 MB buffer is under the 64 MiB a thread's arena holds.
+    default, kept = _probe("default"), _probe(arenas)
     assert default["state"] == [False, "default glibc malloc"]
-    assert kept["state"] == [True, "mallopt"]
+    assert kept["state"] == [True, how]
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
     assert pages > 8000  # the probe really has a temp buffer above the mmap threshold
     # The first calls grow the heap to its peak: until the free space left by earlier calls
@@ -111,20 +115,51 @@ def test_environment_setting_names_every_tunable():
         assert f"glibc.malloc.{tunable}" in ENV_SETTING
 
 
+@pytest.mark.parametrize(
+    "tunables, arenas",
+    [
+        (ENV_SETTING.split("=", 1)[1], "one"),
+        ("glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736", "per_thread"),
+        # 16 arenas is not one: an exact item, not a prefix.
+        (
+            "glibc.malloc.arena_max=16:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=9",
+            "per_thread",
+        ),
+        ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0", None),  # the heap is trimmed
+        ("", None),
+    ],
+)
+def test_the_environment_setting_is_read_back_with_its_arenas(monkeypatch, tunables, arenas):
+    from layoutlab.xla import host_memory
+
+    monkeypatch.setenv("GLIBC_TUNABLES", tunables)
+    assert host_memory._from_environment() == arenas
+
+
+def test_keep_host_memory_rejects_unknown_arenas():
+    with pytest.raises(ValueError, match="arenas must be one of"):
+        keep_host_memory("two")
+
+
 @glibc_only
-def test_bench_records_kept_host_memory(tmp_path):
+@pytest.mark.parametrize(
+    "flag, how",
+    # The default for a batch of 2 x 8 x 8 pixels: per-thread arenas.
+    [("--keep-host-memory", "mallopt"), ("--image-size=8", "mallopt (per-thread arenas)")],
+)
+def test_bench_records_kept_host_memory(tmp_path, flag, how):
     out = tmp_path / "bench"
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     args = [
         "bench", "--model", "small_cnn", "--tiny", "--layouts", "NHWC", "--precisions",
         "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
-        "--keep-host-memory", "--no-plots", "--out", str(out),
+        flag, "--no-plots", "--out", str(out),
     ]  # fmt: skip
     code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
     subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
     machine = json.loads((out / "machine.json").read_text())["machine"]
     assert machine["host_memory_kept"] is True
-    assert machine["host_memory"] == "mallopt"
+    assert machine["host_memory"] == how
 
 
 def test_train_bench_and_conv_autotune_take_the_flag():
@@ -152,3 +187,21 @@ def test_a_bench_sweep_keeps_host_memory_only_if_its_smallest_batch_is_large():
 
     assert _batch_pixels(bench(1, 8, 32, 128, 256)) == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
     assert _batch_pixels(bench(32, 128)) == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
+
+
+def test_the_flags_choose_the_arenas():
+    # Small batches keep host memory with per-thread arenas, large ones (or batches the
+    # flags do not show) with one; the flag given says one or none whatever the batch.
+    from layoutlab.xla.host_memory_flag import host_memory_arenas
+
+    def bench(*batches, keep=None, image_size=(32,)):
+        return argparse.Namespace(
+            command="bench", image_size=image_size, batch_sizes=batches, keep_host_memory=keep
+        )
+
+    assert host_memory_arenas(bench(1, 8, 128)) == "per_thread"
+    assert host_memory_arenas(bench(32, 128)) == "one"
+    assert host_memory_arenas(bench(1, image_size=None)) == "one"  # the model's default input
+    assert host_memory_arenas(bench(1, keep=True)) == "one"
+    assert host_memory_arenas(bench(128, keep=False)) is None
+    assert host_memory_arenas(argparse.Namespace(command="predict")) is None

@@ -7,16 +7,29 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["KEEP_HOST_MEMORY_COMMANDS", "add_keep_host_memory", "apply_keep_host_memory"]
+__all__ = [
+    "KEEP_HOST_MEMORY_COMMANDS",
+    "add_keep_host_memory",
+    "apply_keep_host_memory",
+    "host_memory_arenas",
+]
 
 KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune")
 
-# Below this many input pixels per batch the temp buffer is small, and one malloc arena for
-# every thread measured slower: the built-in digits job (32 x 8 x 8 = 2,048 pixels per
-# batch) took 15.1-16.1 s with it against 13.1-14.6 s without (three interleaved runs
-# each), and MobileNetV2 CIFAR's training step at batch 8 (8,192) 125-162 against 61-72 ms
-# (benchmarks/results/host_memory_small_batch_avx512_cpu.md). The ResNet-18 CIFAR step at
-# batch 128 (131,072) gained about 0.5 s a step on the AVX2 machine.
+# Below this many input pixels per batch the commands keep host memory with per-thread malloc
+# arenas, from it up with one arena for every thread. One arena keeps every freed block,
+# however large, but every thread then takes its lock: the built-in digits job (32 x 8 x 8 =
+# 2,048 pixels per batch) took 15.1-16.1 s with it against 13.1-14.6 s without, and
+# MobileNetV2 CIFAR's training step at batch 8 (8,192) 125-162 against 61-72 ms
+# (benchmarks/results/host_memory_small_batch_avx512_cpu.md). Per-thread arenas keep blocks up
+# to 64 MiB: ResNet-18 CIFAR's batch-1 training step (a 53 MiB temp buffer) ran 43 ms with
+# them, 46-48 ms with one arena and 54-55 ms with glibc's defaults, which map it fresh every
+# call; the digits job and batch-1 and batch-8 inference were even. The pixel count does not
+# see the temp buffer, so ResNet-18's batch-8 training step (102 MiB) gets per-thread arenas
+# although one arena ran it 5-10% faster (benchmarks/results/host_memory_arenas_avx512_cpu.md).
+# From the threshold up: the ResNet-18 CIFAR step at batch 128 (131,072) gained about 0.5 s a
+# step with one arena on the AVX2 machine; ResNet-50's at batch 16 ran 1.5-2% faster with it
+# than with per-thread arenas, 15-18% with PyTorch's steps alternating in the same process.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 
 
@@ -37,10 +50,12 @@ def add_keep_host_memory(subparsers) -> None:
             "--keep-host-memory",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="keep freed host memory in the process (on by default; glibc malloc "
-            "settings, see layoutlab.xla.keep_host_memory): XLA:CPU stops page-faulting its "
-            "temp buffer on every call; process-wide, so PyTorch in the same process gets it "
-            "too. --no-keep-host-memory leaves glibc's defaults",
+            help="keep freed host memory in the process with one malloc arena for every "
+            "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
+            "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
+            "the same process gets it too. Default: on, with per-thread arenas where the flags "
+            "show batches under 32,768 input pixels. --no-keep-host-memory leaves glibc's "
+            "defaults",
         )
 
 
@@ -58,7 +73,7 @@ def _batch_pixels(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _keep_host_memory(asked: bool) -> int | None:
+def _keep_host_memory(asked: bool, arenas: str) -> int | None:
     """Keep host memory before anything starts JAX's backend (see keep_host_memory): the
     default of the commands that run steps over and over. Only an explicit
     ``--keep-host-memory`` that comes too late (JAX already started in this process, as
@@ -66,7 +81,7 @@ def _keep_host_memory(asked: bool) -> int | None:
     from layoutlab.xla.host_memory import HostMemoryError, keep_host_memory
 
     try:
-        state = keep_host_memory()
+        state = keep_host_memory(arenas)
     except HostMemoryError as e:
         if not asked:
             return None
@@ -77,16 +92,25 @@ def _keep_host_memory(asked: bool) -> int | None:
     return None
 
 
-def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
-    """The flag of a parsed command line, applied (an exit status where it failed): on unless
-    not asked for and the batches are known to be small; commands without it, untouched."""
+def host_memory_arenas(args: argparse.Namespace) -> str | None:
+    """The ``keep_host_memory`` arenas a parsed command line asks for, None for none:
+    ``--keep-host-memory``, one; ``--no-keep-host-memory`` or a command without the flag,
+    none; the default, per-thread arenas where the flags show batches under
+    ``HOST_MEMORY_MIN_PIXELS`` input pixels, else one."""
     keep = getattr(args, "keep_host_memory", False)
-    if keep is None:  # the default: on, unless the batches are known to be small
-        try:
-            pixels = _batch_pixels(args)
-        except ValueError:  # a malformed flag: the command's own checks name it
-            pixels = None
-        keep = None if pixels is None or pixels >= HOST_MEMORY_MIN_PIXELS else False
-    if keep is not False and hasattr(args, "keep_host_memory"):
-        return _keep_host_memory(asked=keep is True)
-    return None
+    if keep is not None:
+        return "one" if keep else None
+    try:
+        pixels = _batch_pixels(args)
+    except ValueError:  # a malformed flag: the command's own checks name it
+        pixels = None
+    return "per_thread" if pixels is not None and pixels < HOST_MEMORY_MIN_PIXELS else "one"
+
+
+def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
+    """The flag of a parsed command line, applied (``host_memory_arenas``): an exit status
+    where it failed, else None."""
+    arenas = host_memory_arenas(args)
+    if arenas is None:
+        return None
+    return _keep_host_memory(asked=args.keep_host_memory is True, arenas=arenas)
