@@ -185,13 +185,16 @@ def test_a_bench_sweep_keeps_host_memory_only_if_its_smallest_batch_is_large():
     def bench(*batches):
         return argparse.Namespace(command="bench", image_size=(32,), batch_sizes=batches)
 
-    assert _batch_pixels(bench(1, 8, 32, 128, 256)) == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
-    assert _batch_pixels(bench(32, 128)) == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
+    smallest, largest = _batch_pixels(bench(1, 8, 32, 128, 256))
+    assert smallest == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
+    assert largest == 256 * 32 * 32
+    assert _batch_pixels(bench(32, 128))[0] == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
 
 
 def test_the_flags_choose_the_arenas():
     # Small batches keep host memory with per-thread arenas, large ones (or batches the
-    # flags do not show) with one; the flag given says one or none whatever the batch.
+    # flags do not show) with one, a sweep across the threshold not at all; the flag given
+    # says one or none whatever the batch.
     from layoutlab.xla.host_memory_flag import host_memory_arenas
 
     def bench(*batches, keep=None, image_size=(32,)):
@@ -199,7 +202,8 @@ def test_the_flags_choose_the_arenas():
             command="bench", image_size=image_size, batch_sizes=batches, keep_host_memory=keep
         )
 
-    assert host_memory_arenas(bench(1, 8, 128)) == "per_thread"
+    assert host_memory_arenas(bench(1, 8, 16)) == "per_thread"  # 16 x 32 x 32 = 16,384
+    assert host_memory_arenas(bench(1, 8, 128)) is None
     assert host_memory_arenas(bench(32, 128)) == "one"
     assert host_memory_arenas(bench(1, image_size=None)) == "one"  # the model's default input
     assert host_memory_arenas(bench(1, keep=True)) == "one"

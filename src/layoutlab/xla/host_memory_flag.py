@@ -30,6 +30,9 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 # From the threshold up: the ResNet-18 CIFAR step at batch 128 (131,072) gained about 0.5 s a
 # step with one arena on the AVX2 machine; ResNet-50's at batch 16 ran 1.5-2% faster with it
 # than with per-thread arenas, 15-18% with PyTorch's steps alternating in the same process.
+# A bench sweep from batch 1 to 256 with per-thread arenas ran ResNet-18's batch-128 and -256
+# steps 18-29% slower than a sweep with glibc's defaults (beside PyTorch, which got faster),
+# so a sweep across the threshold leaves glibc's defaults.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 
 
@@ -54,22 +57,23 @@ def add_keep_host_memory(subparsers) -> None:
             "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
             "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
             "the same process gets it too. Default: on, with per-thread arenas where the flags "
-            "show batches under 32,768 input pixels. --no-keep-host-memory leaves glibc's "
-            "defaults",
+            "show every batch under 32,768 input pixels, off for a bench sweep across that "
+            "size. --no-keep-host-memory leaves glibc's defaults",
         )
 
 
-def _batch_pixels(args: argparse.Namespace) -> int | None:
-    """Input pixels of the smallest batch the command runs, when the flags say (else None):
-    the setting is process-wide, so a sweep from batch 1 to 256 would run its small batches
-    with it too, where it measured slower."""
+def _batch_pixels(args: argparse.Namespace) -> tuple[int, int] | None:
+    """Input pixels of the smallest and of the largest batch the command runs, when the flags
+    say (else None): the setting is process-wide, so a sweep from batch 1 to 256 runs all its
+    batches with one choice."""
     if args.command == "train":
         from layoutlab.train.launch import batch_pixels
 
-        return batch_pixels(args)
+        pixels = batch_pixels(args)
+        return None if pixels is None else (pixels, pixels)
     if args.command == "bench" and args.image_size:
         h, w = (args.image_size * 2)[:2]  # N: N x N
-        return min(args.batch_sizes) * h * w
+        return min(args.batch_sizes) * h * w, max(args.batch_sizes) * h * w
     return None
 
 
@@ -95,8 +99,10 @@ def _keep_host_memory(asked: bool, arenas: str) -> int | None:
 def host_memory_arenas(args: argparse.Namespace) -> str | None:
     """The ``keep_host_memory`` arenas a parsed command line asks for, None for none:
     ``--keep-host-memory``, one; ``--no-keep-host-memory`` or a command without the flag,
-    none; the default, per-thread arenas where the flags show batches under
-    ``HOST_MEMORY_MIN_PIXELS`` input pixels, else one."""
+    none. The default, by the batches' input pixels against ``HOST_MEMORY_MIN_PIXELS``:
+    per-thread arenas where every batch is under it, one arena where none is or the flags
+    do not show the batches, and none for a sweep across it (each choice measured slower on
+    the other side)."""
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None
@@ -104,7 +110,9 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
         pixels = _batch_pixels(args)
     except ValueError:  # a malformed flag: the command's own checks name it
         pixels = None
-    return "per_thread" if pixels is not None and pixels < HOST_MEMORY_MIN_PIXELS else "one"
+    if pixels is None or pixels[0] >= HOST_MEMORY_MIN_PIXELS:
+        return "one"
+    return "per_thread" if pixels[1] < HOST_MEMORY_MIN_PIXELS else None
 
 
 def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
