@@ -136,6 +136,33 @@ def test_the_environment_setting_is_read_back_with_its_arenas(monkeypatch, tunab
     assert host_memory._from_environment() == arenas
 
 
+@glibc_only
+def test_the_default_leaves_a_process_that_started_jax_as_it_was(capsys):
+    # cli.main called from Python (a notebook): the small-batch default would be per-thread
+    # arenas, which could still be set, but nobody asked for them.
+    if host_memory_state().kept:
+        pytest.skip("GLIBC_TUNABLES already keeps host memory in this process")
+    argv = ["bench", "--model", "no_such_model", "--image-size", "8", "--batch-sizes", "2",
+            "--out", "unused"]  # fmt: skip
+    assert cli.main(argv) == 2  # the unknown model, after the setting's turn
+    assert host_memory_state() == (False, "default glibc malloc")
+    assert "no_such_model" in capsys.readouterr().err
+
+
+@glibc_only
+def test_per_thread_arenas_can_come_after_jax_starts():
+    # Only one arena for every thread has to come first: per-thread arenas set no arena.
+    code = (
+        "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
+        "from layoutlab.xla import keep_host_memory\n"
+        "print(list(keep_host_memory('per_thread')))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300, check=True).stdout  # fmt: skip
+    assert out.strip().splitlines()[-1] == "[True, 'mallopt (per-thread arenas)']"
+
+
 def test_keep_host_memory_rejects_unknown_arenas():
     with pytest.raises(ValueError, match="arenas must be one of"):
         keep_host_memory("two")
