@@ -40,6 +40,7 @@ __all__ = [
     "ENV_SETTING",
     "HostMemoryError",
     "HostMemoryState",
+    "backend_started",
     "host_memory_state",
     "keep_host_memory",
 ]
@@ -92,7 +93,8 @@ def _from_environment() -> str | None:
     return "one" if _ONE_ARENA in items else "per_thread"
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
+    """Whether this process has started a JAX backend (its threads have chosen arenas)."""
     try:
         from jax._src import xla_bridge
     except ImportError:  # no jax: nothing has started
@@ -125,7 +127,7 @@ def keep_host_memory(arenas: str = "one") -> HostMemoryState:
     if state.kept or libc is None:
         return state
     # A thread keeps the arena it first allocated from: only one arena for all must come first.
-    if arenas == "one" and _backend_started():
+    if arenas == "one" and backend_started():
         raise HostMemoryError(
             "keep_host_memory() must run before JAX starts its backend: the worker threads "
             "already chose their malloc arenas. Call it first thing (before any jax "

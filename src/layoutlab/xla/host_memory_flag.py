@@ -82,11 +82,11 @@ def _keep_host_memory(asked: bool, arenas: str) -> int | None:
     default of the commands that run steps over and over. Only an explicit
     ``--keep-host-memory`` that comes too late (JAX already started in this process, as
     when ``main`` is called from Python) is an error; the default then changes nothing."""
-    from layoutlab.xla.host_memory import HostMemoryError, _backend_started, keep_host_memory
+    from layoutlab.xla.host_memory import HostMemoryError, backend_started, keep_host_memory
 
     # Per-thread arenas could still be set, but a process that started JAX before the command
     # (``main`` called from a notebook) keeps its malloc as it was unless asked.
-    if not asked and _backend_started():
+    if not asked and backend_started():
         return None
     try:
         state = keep_host_memory(arenas)
