@@ -6,6 +6,7 @@ sets them. Numerics of ``winograd4_full`` are checked against float64 NumPy.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -388,16 +389,22 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
         "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().how)"
     )
 
-    def kept(*flags):
+    def kept(*flags, tunables=None):
         argv = ["bench", "--model", "no_such_model", "--out", str(tmp_path), *flags]
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        if tunables:
+            env["GLIBC_TUNABLES"] = tunables
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
-                             text=True, timeout=300, check=True).stdout  # fmt: skip
+                             text=True, timeout=300, check=True, env=env).stdout  # fmt: skip
         return out.strip().splitlines()[-1]
 
     big = ("--image-size", "32", "--batch-sizes", "128")
     assert kept(*big) == "mallopt"
     assert kept(*big, "--no-keep-host-memory") == "default glibc malloc"
     assert kept("--image-size", "8", "--batch-sizes", "32") == "mallopt (per-thread arenas)"
+    # The host-memory guide's way to per-thread arenas at any batch, from the command line.
+    per_thread = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+    assert kept(*big, tunables=per_thread) == "environment (per-thread arenas)"
 
 
 def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
