@@ -3,11 +3,11 @@
 On XLA:CPU a step gets
 
 - the compile options of ``cpu_fast_options(mode)`` (convs on Eigen, dots on YNNPACK; in
-  training also reductions and, except for Adam(W), a model with depthwise convs or a step
-  with small activations on AVX-512, elementwise fusions; none for a batch-1 training step
-  on AVX-512), each first checked against the installed jaxlib: these are experimental
-  XLA:CPU options, and one a jaxlib does not know is left out with a one-line notice
-  (``accepted_cpu_options``), never an error;
+  training also reductions and elementwise fusions, except for a step with small
+  activations, and on AVX-512 for Adam(W) or a model with depthwise convs; none for a
+  batch-1 training step on AVX-512), each first checked against the installed jaxlib:
+  these are experimental XLA:CPU options, and one a jaxlib does not know is left out with
+  a one-line notice (``accepted_cpu_options``), never an error;
 - conv kernels stored ``HWIO`` in every layout (``default_kernel_storage``), which removes
   the kernel transpose XLA:CPU runs per conv per call in a channels-first model;
 - channels-first models computing channels-last inside (``default_activation_storage``):
@@ -60,11 +60,13 @@ CPU_FAST_OPTIONS = {
 # those keep them. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 # Below this many elements in a step's largest conv output (batch included) an SGD step
-# leaves elementwise fusions to XLA's loops on AVX-512: each YNNPACK fusion costs tens of
-# microseconds a call, more than small tensors repay (U-Net at batch 8: 67 of them, 2.7 ms
-# against 1 ms of XLA loops). ResNet-18 CIFAR tied without them at batch 8 (0.5M elements)
+# leaves elementwise fusions to XLA's loops: each YNNPACK fusion costs tens of microseconds
+# a call, more than small tensors repay (U-Net at batch 8: 67 of them, 2.7 ms against 1 ms
+# of XLA loops). On AVX-512 ResNet-18 CIFAR tied without them at batch 8 (0.5M elements)
 # and gained 5% with them at 16 (1M); ResNet-50 gained 11% at batch 2 (1.6M); U-Net lost
 # 5-9% at 0.1-0.5M (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md, round 7).
+# On AVX2 ResNet-18 CIFAR's step ran 1.11x faster without them at batch 1 (65K), even at 8,
+# and ResNet-50's 1.04x faster at batch 1 (0.8M) (train_table_small_batch_avx2_cpu.md).
 ELTWISE_MIN_ACTIVATION = 1 << 20
 
 
@@ -95,7 +97,10 @@ def cpu_fast_options(
     # 8 and 32, while ResNet-50's ran 1.57x faster at 16 and ResNet-18's 0.99-1.06x
     # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md).
     small = activation is not None and activation < ELTWISE_MIN_ACTIVATION
-    if mode == "train" and avx512 and (depthwise or small or optimizer not in SGD_OPTIMIZERS):
+    measured_small = small and (kind or cpu_kind()) in ("avx2", "avx512")
+    if mode == "train" and (
+        measured_small or (avx512 and (depthwise or optimizer not in SGD_OPTIMIZERS))
+    ):
         kinds = options[_YNN_KEY].split(",")
         options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
     return options

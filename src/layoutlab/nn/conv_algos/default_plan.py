@@ -18,6 +18,21 @@ with ``cpu_fast_options``:
   inference it won at batch 32 on 8x8 and larger inputs but lost on 4x4 below 128; im2col
   won or tied at every batch on ResNet-18's 64- and 128-channel shapes, not clearly on
   ResNet-50's wider ones.
+- AVX2, training at small batches (2-core AMD EPYC, 2026-11-27, every candidate on every
+  ResNet-18 CIFAR conv at batch 1, then whole steps with candidate tables, interleaved,
+  ``benchmarks/results/train_table_small_batch_avx2_cpu.md``): at batch 1 XLA's conv lost
+  to im2col on the 4x4 512-channel conv (2.1x), the 8x8 stride-2 256-channel one (2.0x),
+  the stem (2.0x) and the 1x1 stride-2 ones (1.2-1.7x), and to Winograd on the 32x32
+  64-channel and 16x16 128-channel convs (2.15x, 1.18x). The AVX-512 training rules with
+  their batch bounds (Winograd kept at 128 and up) plus Winograd on those stage convs up
+  to batch 32 made ResNet-18's step 1.36x faster at batch 1, 1.13x at 8 and 32, ResNet-50's
+  1.08x at 1 and 1.03x at 16; the 4x4 and 8x8 im2col rules stop at 8 because the AVX-512
+  bounds (32) lost ResNet-18's step 0.97x at 32. ``phase_dx`` was even at 1, 8 and 32 on
+  ResNet-18 and 1.02x on ResNet-50 at 16 (within noise) and is kept as on AVX-512, up to
+  the batch measured.
+  The depthwise rules: MobileNetV2's step at batch 8 7.1x faster in inference, 3.4x in
+  training. The stem im2col rule and the AVX-512 inference table were even with the AVX2
+  one on ResNet-18's inference step at batch 1 and 8 (0.98-1.00x), so inference keeps it.
 - AVX-512 (2-core AMD EPYC with AVX-512 and bf16, 2026-11-24,
   ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
   (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
@@ -129,6 +144,9 @@ _WINOGRAD_SMALL = dict(kernel=(3, 3), strides=(1, 1), min_in=128, max_size=16)
 # 0.96x [0.84, 1.02] with them, inference 1.02x [1.00, 1.04] (A/B in one run). No 4x4 input
 # (where Winograd lost at batch 8). The batch bound is set where the rule is used.
 _WINOGRAD_MID = dict(kernel=(3, 3), strides=(1, 1), min_in=128, min_size=7, max_size=28)
+# ResNet-18 CIFAR's 32x32x64 and 16x16x128 stage convs on AVX2 at batch 1-32, training.
+_WINOGRAD_STAGES = dict(kernel=(3, 3), strides=(1, 1), min_in=64, max_in=128, min_size=16,
+                        max_size=32)  # fmt: skip
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``. It
 # won with 64 out-channels (ResNet-18, VGG-11); U-Net's 16-channel stem lost the whole
@@ -148,23 +166,43 @@ _TINY_INPUT = (
 # MobileNetV2's 3x3 depthwise convs, both strides: XLA:CPU's grouped conv ran them 3-15x
 # slower than the shifted multiply-adds in inference and 2.4-20x in training, one by one at
 # batch 8; the whole step with the rules 3.4-9.1x faster in inference and 2.2-3.8x in
-# training at batch 1-128 (benchmarks/results/depthwise_avx512_cpu.md).
+# training at batch 1-128 (benchmarks/results/depthwise_avx512_cpu.md); on AVX2 7.1x and
+# 3.4x at batch 8 (train_table_small_batch_avx2_cpu.md).
 _DEPTHWISE = (
     Rule("depthwise", (3, 3), (1, 1), depthwise=True),
     Rule("depthwise", (3, 3), (2, 2), depthwise=True),
 )
 # (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
-# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256), AVX-512 from
+# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256) and
+# train_table_small_batch_avx2_cpu.md (1, 8, 32), AVX-512 from
 # conv_autotune_small_batch_avx512_cpu.md (1, 8, 32) and the batch-128 run. A batch between
 # two measured ones where they disagree (the 4x4 conv at 9-31) runs ``xla``.
 DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx2", "train", "float32"): (
         *_TINY_INPUT,
+        # The AVX-512 small-batch rules, bounded where batch 32 lost with them: the kernel
+        # transposes of XLA's input-gradient convs on 512-channel kernels took 15-18 ms
+        # each at batch 1 (train_table_small_batch_avx2_cpu.md).
+        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
+        # ResNet-18 CIFAR's 32x32 and 16x16 stage convs: 2.15x and 1.18x one by one at batch
+        # 1, the whole step 1.15x faster at 1, 1.08x at 8, 1.13x at 32 with the rule.
+        Rule("winograd4_full", **_WINOGRAD_STAGES, max_batch=32),
+        Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=7, max_batch=1),
+        Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=28, max_batch=1),
+        Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=8, max_batch=8),
         Rule("im2col", (1, 1), (2, 2), max_in=128, min_size=16),
+        # The wider 1x1 stride-2 convs: 1.69x at batch 1, in the tables won at 1-32; at 128
+        # the autotuner found no gain on them.
+        Rule("im2col", (1, 1), (2, 2), max_batch=32),
+        Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=1),
+        Rule("im2col", **_IM2COL_STEM),
+        Rule("phase_dx", (3, 3), (2, 2), max_batch=32),
+        *_DEPTHWISE,
     ),
     ("avx2", "inference", "float32"): (
         *_TINY_INPUT,
+        *_DEPTHWISE,
         Rule("winograd4_xla_dw", **{**_WINOGRAD_SMALL, "min_size": 8}, min_batch=32),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
     ),
