@@ -1,0 +1,117 @@
+"""The AVX2 training table before its small-batch rules against the shipped one, whole steps.
+
+    python benchmarks/ab_avx2_train_table.py --model resnet18 --batch 1 \
+        --cases before+eltwise,shipped+eltwise,shipped,no_phase
+    python benchmarks/ab_avx2_train_table.py --model resnet50 --batch 16 \
+        --cases before,shipped,no_phase --time-budget 90
+    python benchmarks/ab_avx2_train_table.py --model mobilenet_v2 --batch 8 \
+        --cases no_depthwise,shipped
+
+Each case is one training step (NHWC, fp32, SGD with momentum, HWIO kernels; the
+``interleaved_steps`` runner) whose ``("avx2", "train", "float32")`` rules are swapped for
+the case's while it is set up; the cases run interleaved round by round
+(``bench.sweep.run_group``). Tables: ``before`` (the rules as they were until the batch-1
+measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
+and the shipped table without its ``phase_dx`` rule (``no_phase``), without Winograd on the
+stage convs (``no_stages``) or without the depthwise rules (``no_depthwise``). Each case
+gets ``cpu_fast_options`` for its batch and largest conv output on this CPU; a ``+eltwise``
+or ``-eltwise`` suffix compiles it with or without YNNPACK's elementwise fusions instead
+(``before+eltwise`` is a small step as it ran before both changes). One
+line per case: median step ms with its interval and the per-round ratio ``first case /
+this case`` (above 1: this case is faster). Run on an AVX2 CPU: elsewhere the table swapped
+here is not the one the step reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from interleaved_steps import median_cell, runner, workload
+
+from layoutlab import models
+from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.sweep import run_group
+from layoutlab.fast_defaults import cpu_fast_options, cpu_kind
+from layoutlab.nn.conv_algos import default_plan as plan
+
+KEY = ("avx2", "train", "float32")
+_BEFORE = (
+    plan.Rule("im2col", (3, 3), (1, 1), max_size=2),
+    plan.Rule("im2col", (3, 3), (2, 2), max_size=2),
+    plan.Rule("winograd4_xla_dw", (3, 3), (1, 1), min_in=128, max_size=16, min_batch=128),
+    plan.Rule("im2col", (1, 1), (2, 2), max_in=128, min_size=16),
+)
+
+
+def _tables() -> dict:
+    shipped = plan.DEFAULT_RULES[KEY]
+
+    def without(algorithm, **fields):
+        return tuple(
+            r for r in shipped
+            if not (r.algorithm == algorithm and all(getattr(r, k) == v for k, v in fields.items()))
+        )  # fmt: skip
+
+    return {
+        "before": _BEFORE,
+        "shipped": shipped,
+        "no_phase": without("phase_dx"),
+        "no_stages": without("winograd4_full", min_in=64),
+        "no_depthwise": without("depthwise"),
+    }
+
+
+def _with_rules(rules):
+    class Swapped(JaxRunner):
+        def setup(self):
+            saved = plan.DEFAULT_RULES[KEY]
+            plan.DEFAULT_RULES[KEY] = rules
+            try:
+                return super().setup()
+            finally:
+                plan.DEFAULT_RULES[KEY] = saved
+
+    return Swapped
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR), resnet50 (ImageNet)...")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--cases", default="before,shipped")
+    p.add_argument("--time-budget", type=float, default=30.0)
+    args = p.parse_args(argv)
+    if cpu_kind() != "avx2":
+        p.error(f"this CPU is {cpu_kind()}, not avx2: the swapped table would not be read")
+    tables = _tables()
+    w = workload(args.model, "train", args.batch)
+    name = args.model.split(":")[0]
+    largest = models.largest_conv_output(name, w.kwargs, (*w.spatial, w.channels))
+    activation = None if largest is None else largest * args.batch
+    opts = cpu_fast_options("train", "pytorch", batch=args.batch, activation=activation)
+    key, eltwise = "xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_ELTWISE"
+    kinds = [k for k in opts[key].split(",") if k != eltwise]
+    options = {"": opts, "-": {**opts, key: ",".join(kinds)},
+               "+": {**opts, key: ",".join([*kinds, eltwise])}}  # fmt: skip
+    runners = []
+    for case in args.cases.split(","):
+        table, sign, rest = case.partition("+") if "+" in case else case.partition("-")
+        if table not in tables or rest not in ("", "eltwise"):
+            p.error(f"unknown case {case!r}: a table of {sorted(tables)}, optionally "
+                    "+eltwise or -eltwise")  # fmt: skip
+        runners.append(runner(w, case, options[sign], cls=_with_rules(tables[table])))
+    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
+    first = json.loads(rows[0]["round_ms"]) if rows[0]["status"] == "ok" else None
+    for r in rows:
+        ci = None
+        if first is not None and r["status"] == "ok":
+            ci = paired_ratio(first, json.loads(r["round_ms"]))
+        cell = "-" if ci is None else f"{ci[0]:.3f} [{ci[1]:.3f}, {ci[2]:.3f}]"
+        print(args.model, "train", args.batch, r["defaults"], r["status"], median_cell(r),
+              "first/this", cell, r.get("error") or "", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
