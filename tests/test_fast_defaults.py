@@ -203,7 +203,7 @@ def test_shipped_table_rules_depend_on_the_batch():
                 if (kind, objective) != ("avx2", "train"):
                     assert got[0] == "xla", (kind, objective, batch, got)
     # AVX2 training: all three Winograd on the 32x32x64 and 16x16x128 stage convs up to batch
-    # 32 (the whole ResNet-18 step 1.08-1.15x faster at 1, 8 and 32), XLA's conv between the
+    # 32 (the whole ResNet-18 step 1.04-1.15x faster at 1, 8 and 32), XLA's conv between the
     # measured 32 and 128, the batch-128 rule's Winograd from 128; the 32x32x64 conv at 128
     # (where the autotuner found XLA's conv fastest) keeps XLA's.
     for size, channels in ((16, 128), (32, 64)):

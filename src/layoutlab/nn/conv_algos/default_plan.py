@@ -186,14 +186,15 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
         # ResNet-18 CIFAR's 32x32 and 16x16 stage convs: 2.15x and 1.18x one by one at batch
-        # 1, the whole step 1.15x faster at 1, 1.08x at 8, 1.13x at 32 with the rule.
+        # 1, the whole step 1.15x faster at 1, 1.04-1.09x at 8, 1.13-1.15x at 32 with it.
         Rule("winograd4_full", **_WINOGRAD_STAGES, max_batch=32),
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=7, max_batch=1),
         Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=28, max_batch=1),
         Rule("im2col", (3, 3), (2, 2), min_in=256, max_size=8, max_batch=8),
         Rule("im2col", (1, 1), (2, 2), max_in=128, min_size=16),
-        # The wider 1x1 stride-2 convs: 1.69x at batch 1, in the tables won at 1-32; at 128
-        # the autotuner found no gain on them.
+        # The wider 1x1 stride-2 convs: ResNet-18's 1.69x at batch 1, ResNet-50's 1.08-1.36x
+        # at 1, 8 and 32 (conv_rules_by_batch_avx2_cpu.md); at 128 im2col ran ResNet-18's
+        # 0.89x of XLA's conv (conv_autotune_resnet18_cifar_b128_train_cpu.md).
         Rule("im2col", (1, 1), (2, 2), max_batch=32),
         Rule("im2col", (1, 1), (1, 1), min_in=64, max_batch=1),
         Rule("im2col", **_IM2COL_STEM),
