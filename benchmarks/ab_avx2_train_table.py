@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, workload
+from interleaved_steps import median_cell, runner, with_rules, workload
 
 from layoutlab import models
-from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_fast_options, cpu_kind
@@ -63,19 +62,6 @@ def _tables() -> dict:
     }
 
 
-def _with_rules(rules):
-    class Swapped(JaxRunner):
-        def setup(self):
-            saved = plan.DEFAULT_RULES[KEY]
-            plan.DEFAULT_RULES[KEY] = rules
-            try:
-                return super().setup()
-            finally:
-                plan.DEFAULT_RULES[KEY] = saved
-
-    return Swapped
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR), resnet50 (ImageNet)...")
@@ -101,7 +87,7 @@ def main(argv=None) -> None:
         if table not in tables or rest not in ("", "eltwise"):
             p.error(f"unknown case {case!r}: a table of {sorted(tables)}, optionally "
                     "+eltwise or -eltwise")  # fmt: skip
-        runners.append(runner(w, case, options[sign], cls=_with_rules(tables[table])))
+        runners.append(runner(w, case, options[sign], cls=with_rules({KEY: tables[table]})))
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     first = json.loads(rows[0]["round_ms"]) if rows[0]["status"] == "ok" else None
     for r in rows:

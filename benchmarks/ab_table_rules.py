@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, workload
+from interleaved_steps import median_cell, runner, with_rules, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
@@ -52,17 +52,10 @@ DROPS = {
 
 
 def _without(drop):
-    class Without(JaxRunner):
-        def setup(self):
-            saved = dict(default_plan.DEFAULT_RULES)
-            for key, rules in saved.items():
-                default_plan.DEFAULT_RULES[key] = tuple(r for r in rules if not drop(r))
-            try:
-                return super().setup()
-            finally:
-                default_plan.DEFAULT_RULES.update(saved)
-
-    return Without
+    return with_rules({
+        key: tuple(r for r in rules if not drop(r))
+        for key, rules in default_plan.DEFAULT_RULES.items()
+    })  # fmt: skip
 
 
 def main(argv=None) -> None:

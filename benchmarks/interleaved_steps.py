@@ -1,10 +1,12 @@
 """What the interleaved step benchmarks share: a workload by model name, a runner for one
-labelled NHWC fp32 case, a row's median step time as a table cell, and a results file.
+labelled NHWC fp32 case (optionally with the conv table swapped while it is set up), a
+row's median step time as a table cell, and a results file.
 
-Imported by ``ab_table_rules.py``, ``ab_update_and_dw.py``, ``conv_transpose.py``,
-``cpu_fast_options_by_optimizer.py``, ``cpu_fast_options_small_batch.py``,
-``dense_input_gradient.py``, ``interleaving_bias.py``, ``profile_train_step.py`` and
-``skip_branch.py`` (scripts of this folder, so a plain import finds it).
+Imported by ``ab_avx2_train_table.py``, ``ab_table_rules.py``, ``ab_update_and_dw.py``,
+``conv_transpose.py``, ``cpu_fast_options_by_optimizer.py``,
+``cpu_fast_options_small_batch.py``, ``dense_input_gradient.py``, ``interleaving_bias.py``,
+``profile_train_step.py`` and ``skip_branch.py`` (scripts of this folder, so a plain import
+finds it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from layoutlab import models
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.machine import finish_machine_info
+from layoutlab.nn.conv_algos import default_plan
 
 # model -> (model kwargs, input shape, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
 _INPUTS = {
@@ -44,6 +47,23 @@ def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch"
                    label, conv_tune="never", activation_storage="channels_last",
                    optimizer=optimizer)  # fmt: skip
     return cls(case, backend=backend, steps=20)
+
+
+def with_rules(rules: dict) -> type[JaxRunner]:
+    """A ``JaxRunner`` whose set-up (where its conv plan is made) reads the shipped conv
+    table with ``rules`` (``{(cpu kind, objective, dtype): rules}``) in place of those keys'
+    own; the table is restored afterwards."""
+
+    class Swapped(JaxRunner):
+        def setup(self):
+            saved = dict(default_plan.DEFAULT_RULES)
+            default_plan.DEFAULT_RULES.update(rules)
+            try:
+                return super().setup()
+            finally:
+                default_plan.DEFAULT_RULES.update(saved)
+
+    return Swapped
 
 
 def median_cell(row: dict) -> str:

@@ -87,7 +87,8 @@ def cpu_fast_options(
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
     options = dict(CPU_FAST_OPTIONS[mode])
-    avx512 = (kind or cpu_kind()) == "avx512"
+    kind = kind or cpu_kind()
+    avx512 = kind == "avx512"
     if mode == "train" and batch == 1 and avx512:
         # A batch-1 training step ran fastest on XLA's own defaults (convs on YNNPACK too):
         # 1.16x with SGD, 1.05x with AdamW; at batch 8 and 32 the options won 1.07x and
@@ -97,7 +98,7 @@ def cpu_fast_options(
     # 8 and 32, while ResNet-50's ran 1.57x faster at 16 and ResNet-18's 0.99-1.06x
     # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md).
     small = activation is not None and activation < ELTWISE_MIN_ACTIVATION
-    measured_small = small and (kind or cpu_kind()) in ("avx2", "avx512")
+    measured_small = small and kind in ("avx2", "avx512")
     if mode == "train" and (
         measured_small or (avx512 and (depthwise or optimizer not in SGD_OPTIMIZERS))
     ):
