@@ -1,4 +1,5 @@
-"""The AVX2 training table before its small-batch rules against the shipped one, whole steps.
+"""The AVX2 training table before its small-batch rules against the shipped one, whole steps;
+inference tables too.
 
     python benchmarks/ab_avx2_train_table.py --model resnet18 --batch 1 \
         --cases before+eltwise,shipped+eltwise,shipped,no_phase
@@ -6,6 +7,8 @@
         --cases before,shipped,no_phase --time-budget 90
     python benchmarks/ab_avx2_train_table.py --model mobilenet_v2 --batch 8 \
         --cases no_depthwise,shipped
+    python benchmarks/ab_avx2_train_table.py --model resnet50 --batch 16 --mode infer \
+        --cases before,shipped --time-budget 120
 
 Each case is one training step (NHWC, fp32, SGD with momentum, HWIO kernels; the
 ``interleaved_steps`` runner) whose ``("avx2", "train", "float32")`` rules are swapped for
@@ -13,7 +16,11 @@ the case's while it is set up; the cases run interleaved round by round
 (``bench.sweep.run_group``). Tables: ``before`` (the rules as they were until the batch-1
 measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
 and the shipped table without its ``phase_dx`` rule (``no_phase``), without Winograd on the
-stage convs (``no_stages``) or without the depthwise rules (``no_depthwise``). Each case
+stage convs (``no_stages``) or without the depthwise rules (``no_depthwise``).
+``--mode infer`` swaps the ``("avx2", "inference", "float32")`` rules instead: ``before``
+(Winograd from batch 32 on 8x8-16x16 inputs, until
+``benchmarks/results/conv_autotune_infer_avx2_cpu.md``), ``shipped`` (from 16 on 7x7-28x28
+inputs), ``mid8`` (the same from 8), ``no_depthwise``. Each case
 gets ``cpu_fast_options`` for its batch and largest conv output on this CPU; a ``+eltwise``
 or ``-eltwise`` suffix compiles it with or without YNNPACK's elementwise fusions instead
 (``before+eltwise`` is a small step as it ran before both changes). One
@@ -35,7 +42,7 @@ from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_fast_options, cpu_kind
 from layoutlab.nn.conv_algos import default_plan as plan
 
-KEY = ("avx2", "train", "float32")
+KEYS = {"train": ("avx2", "train", "float32"), "infer": ("avx2", "inference", "float32")}
 _BEFORE = (
     plan.Rule("im2col", (3, 3), (1, 1), max_size=2),
     plan.Rule("im2col", (3, 3), (2, 2), max_size=2),
@@ -44,8 +51,8 @@ _BEFORE = (
 )
 
 
-def _tables() -> dict:
-    shipped = plan.DEFAULT_RULES[KEY]
+def _tables(mode: str) -> dict:
+    shipped = plan.DEFAULT_RULES[KEYS[mode]]
 
     def without(algorithm, **fields):
         return tuple(
@@ -53,12 +60,30 @@ def _tables() -> dict:
             if not (r.algorithm == algorithm and all(getattr(r, k) == v for k, v in fields.items()))
         )  # fmt: skip
 
+    if mode == "infer":
+        # ``before``: the inference rules until conv_autotune_infer_avx2_cpu.md, Winograd from
+        # 32 on 8x8-16x16 inputs; ``mid8``: the shipped rule from batch 8.
+        rest = tuple(r for r in shipped if not r.algorithm.startswith("winograd"))
+        small = plan._WINOGRAD_SMALL
+        late = plan.Rule("winograd4_xla_dw", **small, min_batch=128)
+        early = plan.Rule("winograd4_xla_dw", **plan._WINOGRAD_MID, min_batch=8)
+        return {
+            "before": (*rest, plan.Rule("winograd4_xla_dw", **{**small, "min_size": 8},
+                                        min_batch=32), late),
+            "shipped": shipped,
+            "mid8": (early, *rest, late),
+            "no_depthwise": without("depthwise"),
+        }  # fmt: skip
     return {
         "before": _BEFORE,
         "shipped": shipped,
         "no_phase": without("phase_dx"),
         "no_stages": without("winograd4_full", min_in=64),
         "no_depthwise": without("depthwise"),
+        # im2col's GEMM weight gradient on the 8x8x256 and 14x14x256 convs at batch 1 (1.22x
+        # one by one on ResNet-18's: conv_autotune_small_batch_avx2_cpu.md).
+        "gemm_dw": (plan.Rule("gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8,
+                              max_size=14, max_batch=1), *shipped),  # fmt: skip
     }
 
 
@@ -66,17 +91,18 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR), resnet50 (ImageNet)...")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--mode", default="train", choices=sorted(KEYS))
     p.add_argument("--cases", default="before,shipped")
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
     if cpu_kind() != "avx2":
         p.error(f"this CPU is {cpu_kind()}, not avx2: the swapped table would not be read")
-    tables = _tables()
-    w = workload(args.model, "train", args.batch)
+    tables = _tables(args.mode)
+    w = workload(args.model, args.mode, args.batch)
     name = args.model.split(":")[0]
     largest = models.largest_conv_output(name, w.kwargs, (*w.spatial, w.channels))
     activation = None if largest is None else largest * args.batch
-    opts = cpu_fast_options("train", "pytorch", batch=args.batch, activation=activation)
+    opts = cpu_fast_options(args.mode, "pytorch", batch=args.batch, activation=activation)
     key, eltwise = "xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_ELTWISE"
     kinds = [k for k in opts[key].split(",") if k != eltwise]
     options = {"": opts, "-": {**opts, key: ",".join(kinds)},
@@ -87,7 +113,8 @@ def main(argv=None) -> None:
         if table not in tables or rest not in ("", "eltwise"):
             p.error(f"unknown case {case!r}: a table of {sorted(tables)}, optionally "
                     "+eltwise or -eltwise")  # fmt: skip
-        runners.append(runner(w, case, options[sign], cls=with_rules({KEY: tables[table]})))
+        swapped = with_rules({KEYS[args.mode]: tables[table]})
+        runners.append(runner(w, case, options[sign], cls=swapped))
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     first = json.loads(rows[0]["round_ms"]) if rows[0]["status"] == "ok" else None
     for r in rows:
@@ -95,7 +122,7 @@ def main(argv=None) -> None:
         if first is not None and r["status"] == "ok":
             ci = paired_ratio(first, json.loads(r["round_ms"]))
         cell = "-" if ci is None else f"{ci[0]:.3f} [{ci[1]:.3f}, {ci[2]:.3f}]"
-        print(args.model, "train", args.batch, r["defaults"], r["status"], median_cell(r),
+        print(args.model, args.mode, args.batch, r["defaults"], r["status"], median_cell(r),
               "first/this", cell, r.get("error") or "", flush=True)  # fmt: skip
 
 

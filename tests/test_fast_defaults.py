@@ -218,9 +218,19 @@ def test_shipped_table_rules_depend_on_the_batch():
     by_batch = [default_algorithm(layer4._replace(batch=b), "train", "avx2")[0]
                 for b in (1, 8, 9, 32, 128)]  # fmt: skip
     assert by_batch == ["im2col", "im2col", "xla", "xla", "winograd4_xla_dw"]
-    # On AVX2 the inference rule starts at batch 32 on 8x8 and larger inputs, 128 on 4x4.
-    assert default_algorithm(_spec(32, 8, 256, 256), "inference", "avx2")[0] != "xla"
+    # ResNet-18's 8x8x256 convs at batch 1: im2col's GEMM weight gradient (gemm_dw), the
+    # step 1.03x faster; at 8, or on ResNet-50's 14x14 ones (even), XLA's conv.
+    by_shape = [default_algorithm(_spec(b, s, 256, 256), "train", "avx2")[0]
+                for b, s in ((1, 8), (8, 8), (1, 14))]  # fmt: skip
+    assert by_shape == ["gemm_dw", "xla", "xla"], by_shape
+    # On AVX2 the inference rule starts at batch 16 on 7x7 to 28x28 inputs (ResNet-50's step
+    # 1.09x faster at 16), 128 on 4x4.
+    for size, channels in ((7, 512), (8, 256), (14, 256), (28, 128)):
+        by_batch = [default_algorithm(_spec(b, size, channels, channels), "inference", "avx2")[0]
+                    for b in (8, 15, 16, 32)]  # fmt: skip
+        assert by_batch == ["xla", "xla", "winograd4_xla_dw", "winograd4_xla_dw"], by_batch
     assert default_algorithm(_spec(32, 4, 512, 512), "inference", "avx2")[0] == "xla"
+    assert default_algorithm(_spec(16, 32, 128, 128), "inference", "avx2")[0] == "xla"
     assert default_algorithm(_spec(128, 4, 512, 512), "inference", "avx2")[0] != "xla"
     # On AVX-512 ResNet-18 CIFAR's layer4 convs change hands with the batch in training:
     # im2col up to 32 (at 1 and 8 Winograd ran 2-3x slower than XLA's conv; at 32 im2col

@@ -18,6 +18,14 @@ with ``cpu_fast_options``:
   inference it won at batch 32 on 8x8 and larger inputs but lost on 4x4 below 128; im2col
   won or tied at every batch on ResNet-18's 64- and 128-channel shapes, not clearly on
   ResNet-50's wider ones.
+- AVX2, inference at batch 8 and 16 (2-core AMD EPYC, 2026-11-27, every candidate on every
+  conv of ResNet-18 CIFAR at 8 and ResNet-50 ImageNet-stem at 16, then whole steps,
+  interleaved, ``benchmarks/results/conv_autotune_infer_avx2_cpu.md``): Winograd's forward
+  ran ResNet-50's 28x28x128, 14x14x256 and 7x7x512 convs 1.55-1.77x faster than XLA's at
+  16, and its whole inference step 1.09x [1.05, 1.12] faster with the 7x7-28x28 rule; on
+  ResNet-18 (16x16x128 1.20x, 8x8x256 a tie one by one) the whole step was even at 8 and 16
+  (0.97x, intervals reaching 1.01). So the rule starts at 16 (it used to start at 32 on 8x8
+  to 16x16 inputs).
 - AVX2, training at small batches (2-core AMD EPYC, 2026-11-27, every candidate on every
   ResNet-18 CIFAR conv at batch 1, then whole steps with candidate tables, interleaved,
   ``benchmarks/results/train_table_small_batch_avx2_cpu.md``): at batch 1 XLA's conv lost
@@ -30,6 +38,10 @@ with ``cpu_fast_options``:
   bounds (32) lost ResNet-18's step 0.97x at 32. ``phase_dx`` was even at 1, 8 and 32 on
   ResNet-18 and 1.02x on ResNet-50 at 16 (within noise) and is kept as on AVX-512, up to
   the batch measured.
+  ``gemm_dw`` (XLA's forward and input gradient, im2col's weight gradient) on ResNet-18's
+  8x8x256 convs at batch 1: 1.22x one by one, the whole step 1.027x [1.001, 1.060] and
+  1.036x [1.023, 1.048] faster in two runs (either order), ResNet-50's even with it on
+  its 14x14x256 convs too (1.00x [0.98, 1.03]), so only 8x8 has the rule.
   The depthwise rules: MobileNetV2's step at batch 8 7.1x faster in inference, 3.4x in
   training. The stem im2col rule and the AVX-512 inference table were even with the AVX2
   one on ResNet-18's inference step at batch 1 and 8 (0.98-1.00x), so inference keeps it.
@@ -184,6 +196,12 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         # transposes of XLA's input-gradient convs on 512-channel kernels took 15-18 ms
         # each at batch 1 (train_table_small_batch_avx2_cpu.md).
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=8),
+        # XLA's forward and input gradient, im2col's GEMM weight gradient: ResNet-18 CIFAR's
+        # 8x8x256 convs 1.22x one by one at batch 1, its step 1.03-1.04x in two runs;
+        # ResNet-50's 14x14x256 ones left its step even, so they keep XLA's conv.
+        Rule(
+            "gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8, max_size=8, max_batch=1
+        ),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
         # ResNet-18 CIFAR's 32x32 and 16x16 stage convs: 2.15x and 1.18x one by one at batch
         # 1, the whole step 1.15x faster at 1, 1.04-1.09x at 8, 1.13-1.15x at 32 with it.
@@ -204,7 +222,9 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx2", "inference", "float32"): (
         *_TINY_INPUT,
         *_DEPTHWISE,
-        Rule("winograd4_xla_dw", **{**_WINOGRAD_SMALL, "min_size": 8}, min_batch=32),
+        # From 16: ResNet-50's whole inference step 1.09x faster there, ResNet-18 CIFAR's
+        # even (0.97x [0.94, 1.01]); at 8 ResNet-18's even too (conv_autotune_infer_avx2_cpu.md).
+        Rule("winograd4_xla_dw", **_WINOGRAD_MID, min_batch=16),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
     ),
     ("avx512", "train", "float32"): (
