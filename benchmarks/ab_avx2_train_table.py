@@ -16,7 +16,9 @@ the case's while it is set up; the cases run interleaved round by round
 (``bench.sweep.run_group``). Tables: ``before`` (the rules as they were until the batch-1
 measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
 and the shipped table without its ``phase_dx`` rule (``no_phase``), without Winograd on the
-stage convs (``no_stages``) or without the depthwise rules (``no_depthwise``).
+stage convs (``no_stages``), without the depthwise rules (``no_depthwise``) or without
+``gemm_dw`` on the 8x8x256 convs at batch 1 (``no_gemm_dw``), and with it on the 14x14x256
+ones too (``gemm_dw14``).
 ``--mode infer`` swaps the ``("avx2", "inference", "float32")`` rules instead: ``before``
 (Winograd from batch 32 on 8x8-16x16 inputs, until
 ``benchmarks/results/conv_autotune_infer_avx2_cpu.md``), ``shipped`` (from 16 on 7x7-28x28
@@ -74,16 +76,17 @@ def _tables(mode: str) -> dict:
             "mid8": (early, *rest, late),
             "no_depthwise": without("depthwise"),
         }  # fmt: skip
+    gemm_dw14 = plan.Rule("gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8,
+                          max_size=14, max_batch=1)  # fmt: skip
     return {
         "before": _BEFORE,
         "shipped": shipped,
         "no_phase": without("phase_dx"),
         "no_stages": without("winograd4_full", min_in=64),
         "no_depthwise": without("depthwise"),
-        # im2col's GEMM weight gradient on the 8x8x256 and 14x14x256 convs at batch 1 (1.22x
-        # one by one on ResNet-18's: conv_autotune_small_batch_avx2_cpu.md).
-        "gemm_dw": (plan.Rule("gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8,
-                              max_size=14, max_batch=1), *shipped),  # fmt: skip
+        "no_gemm_dw": without("gemm_dw"),
+        # The gemm_dw rule as first tried: 8x8 and 14x14 (ResNet-50's convs) at batch 1.
+        "gemm_dw14": (gemm_dw14, *without("gemm_dw")),
     }
 
 
