@@ -10,9 +10,9 @@ inference tables too.
     python benchmarks/ab_avx2_train_table.py --model resnet50 --batch 16 --mode infer \
         --cases before,shipped --time-budget 120
 
-Each case is one training step (NHWC, fp32, SGD with momentum, HWIO kernels; the
-``interleaved_steps`` runner) whose ``("avx2", "train", "float32")`` rules are swapped for
-the case's while it is set up; the cases run interleaved round by round
+Each case is one step (training by default: NHWC, fp32, SGD with momentum, HWIO kernels;
+the ``interleaved_steps`` runner) whose ``("avx2", "train", "float32")`` rules are swapped
+for the case's while it is set up; the cases run interleaved round by round
 (``bench.sweep.run_group``). Tables: ``before`` (the rules as they were until the batch-1
 measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
 and the shipped table without its ``phase_dx`` rule (``no_phase``), without Winograd on the
