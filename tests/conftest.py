@@ -9,6 +9,7 @@
 - warnings are errors (pyproject's filterwarnings).
 """
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -18,10 +19,11 @@ if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("MPLBACKEND", "Agg")
 # The suite's own autotune cache, empty at start: what a user (or an earlier run) tuned into
-# ~/.cache/layoutlab must not change which conv plan a test sees. Subprocesses inherit it.
-os.environ["LAYOUTLAB_AUTOTUNE_CACHE"] = os.path.join(
-    tempfile.mkdtemp(prefix="layoutlab-autotune-"), "autotune.json"
-)
+# ~/.cache/layoutlab must not change which conv plan a test sees. Subprocesses inherit it;
+# the directory goes when this process exits (each xdist worker makes its own).
+_AUTOTUNE_DIR = tempfile.mkdtemp(prefix="layoutlab-autotune-")
+atexit.register(shutil.rmtree, _AUTOTUNE_DIR, ignore_errors=True)
+os.environ["LAYOUTLAB_AUTOTUNE_CACHE"] = os.path.join(_AUTOTUNE_DIR, "autotune.json")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
