@@ -22,6 +22,7 @@ from layoutlab.bench.stats import (
     imprecise,
     median_interval,
     paired_ratio,
+    ratio_settled,
     unstable_reason,
 )
 from layoutlab.bench.sweep import run_group
@@ -48,11 +49,13 @@ def test_too_few_values_give_no_interval_and_no_verdict():
 class Synthetic:
     """A runner whose step times are drawn, not measured: ``timer`` reads them."""
 
-    def __init__(self, name, times):
-        self.name, self.times = name, iter(times)
+    def __init__(self, name, times, framework="layoutlab", defaults=None):
+        self.name, self.times, self.framework = name, iter(times), framework
+        self.defaults = defaults
 
     def row(self):
-        return {"framework": "layoutlab", "batch_size": 8, "name": self.name}
+        return {"framework": self.framework, "batch_size": 8, "name": self.name,
+                "defaults": self.defaults}  # fmt: skip
 
     def setup(self):
         return {}
@@ -104,6 +107,57 @@ def test_auto_repeats_stop_when_precise_and_noise_makes_rows_unstable():
     assert 5.0 / 0.4 < rounds < 5.0 / 0.1 + 2
     alone = _group([Synthetic("steady", (0.1 for _ in range(100)))])
     assert alone["steady"]["repeats"] == MIN_REPEATS  # precise at once: the minimum, no more
+
+
+def test_a_ratio_is_settled_by_a_verdict_or_a_tie_known_within_the_target():
+    assert ratio_settled(Interval(1.10, 1.02, 1.20), 0.03)  # above 1: faster
+    assert ratio_settled(Interval(0.90, 0.80, 0.97), 0.03)  # below 1: slower
+    assert ratio_settled(Interval(1.00, 0.98, 1.02), 0.03)  # a tie within 3%
+    assert not ratio_settled(Interval(1.02, 0.96, 1.05), 0.03)  # neither yet
+    assert not ratio_settled(None, 0.03)
+
+
+# Each median is known within 3% from the first rounds (the times spread 2% either side),
+# but the per-round ratio PyTorch / layoutlab is 1.02, 1.02, 0.96 in turn: its interval
+# holds 0.96 until the order rank passes the third of rounds at 0.96 (about 35 rounds),
+# then reads [1.02, 1.02].
+_TORCH = [0.100, 0.102, 0.098] * 400
+_OURS = [0.098, 0.100, 0.102] * 400
+
+
+def test_auto_repeats_go_on_until_each_ratio_to_a_baseline_is_settled():
+    unpaired = _group([Synthetic("ours", _OURS), Synthetic("other", _TORCH)])
+    assert unpaired["ours"]["repeats"] == MIN_REPEATS  # no baseline: the medians decide
+
+    rows = _group([Synthetic("ours", _OURS), Synthetic("eager", _TORCH, "torch")])
+    rounds = rows["ours"]["repeats"]
+    assert 30 < rounds < 60 and rows["eager"]["repeats"] == rounds
+    ci = paired_ratio(json.loads(rows["eager"]["round_ms"]), json.loads(rows["ours"]["round_ms"]))
+    assert ci.low > 1.0 and ci.value == pytest.approx(1.02, abs=1e-3)
+    # It stops there: one round fewer had not settled (the loop checks after each round).
+    short = paired_ratio(_TORCH[: rounds - 1], _OURS[: rounds - 1])
+    assert not ratio_settled(short, 0.03)
+
+    # Plain XLA is a baseline too; a torch.compile row with a clear ratio does not hold the
+    # group, the plain row does.
+    runners = [Synthetic("ours", _OURS), Synthetic("plain", _TORCH, defaults="plain"),
+               Synthetic("compiled", (0.2 for _ in range(1200)), "torch.compile")]  # fmt: skip
+    assert _group(runners)["ours"]["repeats"] == rounds
+    # Only each family's fastest row is compared (PyTorch's best memory format): a slower
+    # eager row with an undecided ratio does not hold the group.
+    runners = [Synthetic("ours", _OURS), Synthetic("contiguous", _TORCH, "torch"),
+               Synthetic("channels_last", (0.05 for _ in range(1200)), "torch")]  # fmt: skip
+    assert _group(runners)["ours"]["repeats"] == MIN_REPEATS
+
+    # The budget still bounds it: 2 s of ~0.2 s rounds.
+    capped = _group([Synthetic("ours", _OURS), Synthetic("eager", _TORCH, "torch")], budget_s=2.0)
+    assert MIN_REPEATS <= capped["ours"]["repeats"] <= 12
+
+
+def test_auto_repeats_stop_at_the_minimum_when_the_ratio_is_clear():
+    fast = Synthetic("ours", (0.080 for _ in range(100)))
+    rows = _group([fast, Synthetic("eager", (0.100 for _ in range(100)), "torch")])
+    assert rows["ours"]["repeats"] == MIN_REPEATS
 
 
 def test_a_loaded_machine_flags_every_row():

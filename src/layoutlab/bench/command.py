@@ -14,6 +14,7 @@ from layoutlab.arguments import (
     print_error,
     print_progress,
 )
+from layoutlab.bench.stats import AUTO_BUDGET_S
 from layoutlab.fast_defaults import compile_options_from_flags
 from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
@@ -151,11 +152,15 @@ def register(subparsers) -> None:
         type=_repeats,
         default="auto",
         help="measured steps per configuration, or auto (default): until each median is "
-        "known within --target (95%% interval), at least 6, within --time-budget per group",
+        "known within --target (95%% interval) and each ratio to a baseline (--torch, "
+        "--baseline-plain) is settled, at least 6, within --time-budget per group",
     )
     p.add_argument("--target", type=float, default=0.03, help="auto: relative precision")
     p.add_argument(
-        "--time-budget", type=float, default=60.0, help="auto: seconds of measured rounds per group"
+        "--time-budget",
+        type=float,
+        default=AUTO_BUDGET_S,
+        help=f"auto: seconds of measured rounds per group (default {AUTO_BUDGET_S:g})",
     )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps after compiling")
     p.add_argument(

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 __all__ = [
+    "AUTO_BUDGET_S",
     "CONFIDENCE",
     "MIN_REPEATS",
     "OTHERS_LIMIT_CORES",
@@ -35,6 +36,7 @@ __all__ = [
     "parse_proc_stat",
     "imprecise",
     "precise_enough",
+    "ratio_settled",
     "unstable_reason",
 ]
 
@@ -51,6 +53,11 @@ MIN_REPEATS = 6
 # which with few rounds are its ends (at 6-8 rounds the interval is the minimum to the
 # maximum): a ResNet-50 row printed 1.01 [1.00, 36.79] from one slow PyTorch round.
 IMPRECISE_RATIO = 2 * UNSTABLE_DISPERSION
+# Seconds of measured rounds per group under auto repeats. A group that settles stops long
+# before; one whose ratio is still undecided needs rounds: ResNet-50's batch-16 inference
+# against PyTorch on a 2-core AVX2 CPU (18 s rounds) read 1.09 [0.97, 1.13] after 7 rounds
+# (a 120 s budget) and 1.11 [1.09, 1.16] after 20 (benchmarks/results/every_batch_avx2_cpu.md).
+AUTO_BUDGET_S = 240.0
 
 
 class Interval(NamedTuple):
@@ -107,6 +114,17 @@ def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | Non
     n = min(len(slow), len(fast))
     ratios = [s / f for s, f in zip(slow[:n], fast[:n], strict=True) if f > 0]
     return median_interval(ratios)
+
+
+def ratio_settled(ci: Interval | None, target: float) -> bool:
+    """Whether a paired ratio's interval gives a verdict: it lies wholly above or below 1
+    (one side is faster), or within ``target`` (relative) of its median (a tie known that
+    closely). An interval that contains 1 and is wider than that says neither yet."""
+    if ci is None:
+        return False
+    if ci.low > 1.0 or ci.high < 1.0:
+        return True
+    return max(ci.value - ci.low, ci.high - ci.value) <= target * ci.value
 
 
 def imprecise(ci: Interval) -> bool:

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import statistics
 import time
 from collections.abc import Callable
 
@@ -29,12 +30,15 @@ from layoutlab.bench.results import (
     variant,
 )
 from layoutlab.bench.stats import (
+    AUTO_BUDGET_S,
     MIN_REPEATS,
     OtherLoad,
     dispersion,
     load_average,
     median_interval,
+    paired_ratio,
     precise_enough,
+    ratio_settled,
     unstable_reason,
 )
 from layoutlab.bench.status import OK, SKIPPED, classify_failure
@@ -144,6 +148,43 @@ class _Live:
     block: int = 1  # measured steps per round
 
 
+def _baseline(row: dict) -> str | None:
+    """The baseline family a row belongs to (PyTorch eager, torch.compile, plain XLA), or
+    None for a layoutlab row that is measured against them."""
+    if row.get("framework") != "layoutlab":
+        return row.get("framework")
+    return "plain" if row.get("defaults") == "plain" else None
+
+
+def _comparisons(entries: list[_Live]) -> list[tuple[list[float], list[float]]]:
+    """``(baseline rounds, layoutlab rounds)`` for the ratios a group's readers look at:
+    each layoutlab row that is not a baseline against the fastest row so far (by median)
+    of each baseline family in the group, as ``results.add_torch_ratios`` picks PyTorch's
+    best. Both lists come from the same interleaved rounds."""
+    families: dict[str, list[_Live]] = {}
+    ours = []
+    for e in entries:
+        family = _baseline(e.runner.row())
+        (families.setdefault(family, []) if family else ours).append(e)
+    best = [
+        min(members, key=lambda e: statistics.median(e.seconds))
+        for members in families.values()
+        if all(e.seconds for e in members)
+    ]
+    return [(b.seconds, o.seconds) for o in ours for b in best]
+
+
+def _settled(entries: list[_Live], target: float) -> bool:
+    """Whether auto repeats may stop: every median known within ``target`` and every
+    comparison's paired ratio settled (``bench.stats.ratio_settled``): a median known to 3%
+    can still leave a 5-10% difference undecided when the rounds are few."""
+    if not all(precise_enough(e.seconds, target) for e in entries):
+        return False
+    return all(
+        ratio_settled(paired_ratio(base, ours), target) for base, ours in _comparisons(entries)
+    )
+
+
 def run_group(
     runners,
     *,
@@ -153,7 +194,7 @@ def run_group(
     max_step_s: float | None = None,
     observed: dict | None = None,
     target: float = 0.03,
-    budget_s: float = 60.0,
+    budget_s: float = AUTO_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
     timer: Callable[[Callable], float] = timed,
     load: Callable[[], float | None] = load_average,
@@ -163,7 +204,8 @@ def run_group(
     """Set up, warm up, then time ``runners`` round-robin; one row each, failures included.
 
     ``repeats="auto"``: at least ``MIN_REPEATS`` rounds, then more until every runner's
-    median is known within ``target`` (its 95% interval, ``bench.stats``) or the measured
+    median is known within ``target`` (its 95% interval, ``bench.stats``) and every ratio of
+    a layoutlab row to a baseline in the group is settled (``_settled``), or the measured
     rounds have taken ``budget_s``. A runner whose first measured step takes longer than
     ``max_step_s`` stops there and gets a ``skipped`` row. ``observed[runner]`` receives
     each runner's median step time. ``clock`` times the budget, ``timer(step)`` a step and
@@ -223,8 +265,9 @@ def run_group(
         if repeats != "auto":
             enough = done >= repeats
         else:
-            precise = all(precise_enough(e.seconds, target) for e in active)
-            enough = done >= MIN_REPEATS and (precise or clock() - started >= budget_s)
+            enough = done >= MIN_REPEATS and (
+                _settled(active, target) or clock() - started >= budget_s
+            )
         if enough or not active:
             break
         round_(True)

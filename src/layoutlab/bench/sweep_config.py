@@ -14,6 +14,7 @@ from flax import nnx
 from layoutlab import models
 from layoutlab.arguments import CONV_TUNE_CHOICES
 from layoutlab.bench.cases import MODES
+from layoutlab.bench.stats import AUTO_BUDGET_S
 from layoutlab.fast_defaults import (
     default_activation_storage,
     default_kernel_storage,
@@ -57,12 +58,13 @@ class SweepConfig:
     channels: int | None = None
     num_classes: int | None = None
     backend: str | None = None
-    # "auto": measured rounds until each median is known within ``target`` (95% interval) or
-    # a group's rounds took ``time_budget_s``, at least bench.stats.MIN_REPEATS; or a count.
+    # "auto": measured rounds until each median is known within ``target`` (95% interval)
+    # and each layoutlab/baseline ratio is settled (bench.sweep._settled), or a group's
+    # rounds took ``time_budget_s``, at least bench.stats.MIN_REPEATS; or a count.
     repeats: int | str = "auto"
     warmup: int = 2
     target: float = 0.03
-    time_budget_s: float = 60.0
+    time_budget_s: float = AUTO_BUDGET_S
     torch: bool = False
     torch_compile: bool = False
     max_step_s: float | None = None  # skip configurations whose steps take longer
