@@ -15,7 +15,10 @@ the ``interleaved_steps`` runner) whose ``("avx2", "train", "float32")`` rules a
 for the case's while it is set up; the cases run interleaved round by round
 (``bench.sweep.run_group``). Tables: ``before`` (the rules as they were until the batch-1
 measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
-and the shipped table without its ``phase_dx`` rule (``no_phase``), without Winograd on the
+the shipped table without Winograd on ResNet-50's 14x14 and 7x7 stage convs and
+ResNet-18's 8x8x256 ones (``no_wide``) or with it at any batch (``mid_dw``: forward and
+input gradient; ``mid_full``: all three), without its
+``phase_dx`` rule (``no_phase``), without Winograd on the
 stage convs (``no_stages``), without the depthwise rules (``no_depthwise``) or without
 ``gemm_dw`` on the 8x8x256 convs at batch 1 (``no_gemm_dw``), and with it on the 14x14x256
 ones too (``gemm_dw14``).
@@ -53,6 +56,9 @@ _BEFORE = (
 )
 
 
+_TINY = plan._TINY_INPUT
+
+
 def _tables(mode: str) -> dict:
     shipped = plan.DEFAULT_RULES[KEYS[mode]]
 
@@ -78,9 +84,18 @@ def _tables(mode: str) -> dict:
         }  # fmt: skip
     gemm_dw14 = plan.Rule("gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8,
                           max_size=14, max_batch=1)  # fmt: skip
+    # Winograd on ResNet-50's 14x14x256 and 7x7x512 convs and ResNet-18 CIFAR's 8x8x256 ones
+    # (``_WINOGRAD_WIDE``, shipped at batch 8-64), forward and input gradient (``mid_dw``) or
+    # all three passes (``mid_full``) at whatever batch the run has, or none (``no_wide``:
+    # the shipped table before it; the runs that led to the rule called it ``shipped``).
+    no_wide = without("winograd4_full", min_in=256)
+    wide = plan._WINOGRAD_WIDE
     return {
         "before": _BEFORE,
         "shipped": shipped,
+        "no_wide": no_wide,
+        "mid_dw": (*_TINY, plan.Rule("winograd4_xla_dw", **wide), *no_wide[len(_TINY) :]),
+        "mid_full": (*_TINY, plan.Rule("winograd4_full", **wide), *no_wide[len(_TINY) :]),
         "no_phase": without("phase_dx"),
         "no_stages": without("winograd4_full", min_in=64),
         "no_depthwise": without("depthwise"),

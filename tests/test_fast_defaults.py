@@ -219,10 +219,15 @@ def test_shipped_table_rules_depend_on_the_batch():
                 for b in (1, 8, 9, 32, 128)]  # fmt: skip
     assert by_batch == ["im2col", "im2col", "xla", "xla", "winograd4_xla_dw"]
     # ResNet-18's 8x8x256 convs at batch 1: im2col's GEMM weight gradient (gemm_dw), the
-    # step 1.03x faster; at 8, or on ResNet-50's 14x14 ones (even), XLA's conv.
-    by_shape = [default_algorithm(_spec(b, s, 256, 256), "train", "avx2")[0]
-                for b, s in ((1, 8), (8, 8), (1, 14))]  # fmt: skip
-    assert by_shape == ["gemm_dw", "xla", "xla"], by_shape
+    # step 1.03x faster; on ResNet-50's 14x14 ones at 1 (even), XLA's conv. From batch 8 to
+    # 64 all three Winograd on those and ResNet-50's 7x7x512 ones (ResNet-50's step 1.05x
+    # at 16 and 32, ResNet-18's 1.03-1.13x at 8-64); XLA's conv above the measured 64, the
+    # batch-128 rule's Winograd from 128.
+    for size, channels, first in ((8, 256, "gemm_dw"), (14, 256, "xla"), (7, 512, "im2col")):
+        by_batch = [default_algorithm(_spec(b, size, channels, channels), "train", "avx2")[0]
+                    for b in (1, 7, 8, 64, 65, 128)]  # fmt: skip
+        assert by_batch == [first, "xla", "winograd4_full", "winograd4_full", "xla",
+                            "winograd4_xla_dw"], (size, by_batch)  # fmt: skip
     # On AVX2 the inference rule starts at batch 16 on 7x7 to 28x28 inputs (ResNet-50's step
     # 1.09x faster at 16), 128 on 4x4.
     for size, channels in ((7, 512), (8, 256), (14, 256), (28, 128)):

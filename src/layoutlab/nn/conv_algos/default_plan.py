@@ -42,6 +42,12 @@ with ``cpu_fast_options``:
   8x8x256 convs at batch 1: 1.22x one by one, the whole step 1.027x [1.001, 1.060] and
   1.036x [1.023, 1.048] faster in two runs (either order), ResNet-50's even with it on
   its 14x14x256 convs too (1.00x [0.98, 1.03]), so only 8x8 has the rule.
+  All three Winograd on the 3x3 stride-1 convs of 256+ channels at 7x7-14x14
+  (ResNet-50's 14x14x256 and 7x7x512, ResNet-18's 8x8x256; 2026-11-27, the next session,
+  whole training steps with and without it, interleaved): ResNet-50's step 1.03x faster at
+  8, 1.05x at 16 and 32 ([1.01, 1.04], [1.03, 1.06], [1.02, 1.10]), ResNet-18's 1.05x at
+  8, 1.03x at 16, 1.11x at 32, 1.13x at 64, every interval above 1; so from 8 to 64, the
+  batch-128 rule (XLA's weight gradient) above that.
   The depthwise rules: MobileNetV2's step at batch 8 7.1x faster in inference, 3.4x in
   training. The stem im2col rule and the AVX-512 inference table were even with the AVX2
   one on ResNet-18's inference step at batch 1 and 8 (0.98-1.00x), so inference keeps it.
@@ -159,6 +165,9 @@ _WINOGRAD_MID = dict(kernel=(3, 3), strides=(1, 1), min_in=128, min_size=7, max_
 # ResNet-18 CIFAR's 32x32x64 and 16x16x128 stage convs on AVX2 at batch 1-32, training.
 _WINOGRAD_STAGES = dict(kernel=(3, 3), strides=(1, 1), min_in=64, max_in=128, min_size=16,
                         max_size=32)  # fmt: skip
+# ResNet-50's 14x14x256 and 7x7x512 stage convs and ResNet-18 CIFAR's 8x8x256 ones on AVX2,
+# training from batch 8 (at batch 1 the 8x8x256 convs take gemm_dw).
+_WINOGRAD_WIDE = dict(kernel=(3, 3), strides=(1, 1), min_in=256, min_size=7, max_size=14)
 # The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
 # it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``. It
 # won with 64 out-channels (ResNet-18, VGG-11); U-Net's 16-channel stem lost the whole
@@ -202,6 +211,10 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule(
             "gemm_dw", (3, 3), (1, 1), min_in=256, max_in=256, min_size=8, max_size=8, max_batch=1
         ),
+        # ResNet-50's 14x14x256 and 7x7x512 convs and ResNet-18 CIFAR's 8x8x256 ones, all
+        # three passes by Winograd: ResNet-50's step 1.03-1.05x faster at 8, 16 and 32,
+        # ResNet-18's 1.03-1.13x at 8, 16, 32 and 64 (train_table_small_batch_avx2_cpu.md).
+        Rule("winograd4_full", **_WINOGRAD_WIDE, min_batch=8, max_batch=64),
         Rule("winograd4_xla_dw", **_WINOGRAD_SMALL, min_batch=128),
         # ResNet-18 CIFAR's 32x32 and 16x16 stage convs: 2.15x and 1.18x one by one at batch
         # 1, the whole step 1.15x faster at 1, 1.04-1.09x at 8, 1.13-1.15x at 32 with it.
