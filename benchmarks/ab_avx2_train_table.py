@@ -17,11 +17,10 @@ for the case's while it is set up; the cases run interleaved round by round
 measurements of ``benchmarks/results/train_table_small_batch_avx2_cpu.md``), ``shipped``,
 the shipped table without Winograd on ResNet-50's 14x14 and 7x7 stage convs and
 ResNet-18's 8x8x256 ones (``no_wide``) or with it at any batch (``mid_dw``: forward and
-input gradient; ``mid_full``: all three), without its
-``phase_dx`` rule (``no_phase``), without Winograd on the
-stage convs (``no_stages``), without the depthwise rules (``no_depthwise``) or without
-``gemm_dw`` on the 8x8x256 convs at batch 1 (``no_gemm_dw``), and with it on the 14x14x256
-ones too (``gemm_dw14``).
+input gradient; ``mid_full``: all three), without its ``phase_dx`` rule (``no_phase``),
+without Winograd on the stage convs (``no_stages``), without the depthwise rules
+(``no_depthwise``) or without ``gemm_dw`` on the 8x8x256 convs at batch 1
+(``no_gemm_dw``), and with it on the 14x14x256 ones too (``gemm_dw14``).
 ``--mode infer`` swaps the ``("avx2", "inference", "float32")`` rules instead: ``before``
 (Winograd from batch 32 on 8x8-16x16 inputs, until
 ``benchmarks/results/conv_autotune_infer_avx2_cpu.md``), ``shipped`` (from 16 on 7x7-28x28

@@ -154,6 +154,16 @@ def test_auto_repeats_go_on_until_each_ratio_to_a_baseline_is_settled():
     assert MIN_REPEATS <= capped["ours"]["repeats"] <= 12
 
 
+def test_the_documented_auto_budget_is_the_default_of_the_api_and_the_cli():
+    from layoutlab.bench import SweepConfig
+    from layoutlab.cli import build_parser
+
+    # docs/guides/benchmarks.md: "--time-budget seconds (240)".
+    assert SweepConfig("small_cnn").time_budget_s == 240.0
+    args = build_parser().parse_args(["bench", "--model", "small_cnn", "--out", "o"])
+    assert args.time_budget == 240.0 and args.repeats == "auto"
+
+
 def test_auto_repeats_stop_at_the_minimum_when_the_ratio_is_clear():
     fast = Synthetic("ours", (0.080 for _ in range(100)))
     rows = _group([fast, Synthetic("eager", (0.100 for _ in range(100)), "torch")])

@@ -56,7 +56,8 @@ IMPRECISE_RATIO = 2 * UNSTABLE_DISPERSION
 # Seconds of measured rounds per group under auto repeats. A group that settles stops long
 # before; one whose ratio is still undecided needs rounds: ResNet-50's batch-16 inference
 # against PyTorch on a 2-core AVX2 CPU (18 s rounds) read 1.09 [0.97, 1.13] after 7 rounds
-# (a 120 s budget) and 1.11 [1.09, 1.16] after 20 (benchmarks/results/every_batch_avx2_cpu.md).
+# (a 120 s budget), 1.11 [1.09, 1.16] after 20, and 1.09 [1.05, 1.12] after the 15 that
+# this budget gave it with settling (benchmarks/results/every_batch_avx2_cpu.md).
 AUTO_BUDGET_S = 240.0
 
 
