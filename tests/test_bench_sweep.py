@@ -176,6 +176,9 @@ def test_slow_configurations_are_skipped_and_predicted():
         ({"optimizer": "adam"}, "Unknown optimizer 'adam'"),
         # PyTorch rows run SGD with momentum: layoutlab's side of a ratio must too.
         ({"torch": True, "optimizer": "train"}, "drop --optimizer train"),
+        # The auto repeats' stopping rule: a budget and a relative target it can meet.
+        ({"time_budget_s": 0}, "time_budget_s be > 0"),
+        ({"target": 1.5}, "target must lie in"),
     ],
 )
 def test_bad_arguments_fail_before_anything_runs(change, message):

@@ -83,6 +83,11 @@ def _order_rank(n: int, confidence: float) -> int | None:
     return k if k >= 1 else None
 
 
+def _within(ci: Interval, relative: float) -> bool:
+    """Whether ``ci`` stays within ``relative`` of its median on both sides."""
+    return max(ci.value - ci.low, ci.high - ci.value) <= relative * ci.value
+
+
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval | None:
     """The median and its distribution-free interval; None with too few values."""
     xs = sorted(values)
@@ -106,7 +111,7 @@ def precise_enough(values: Sequence[float], target: float) -> bool:
     if len(values) < MIN_REPEATS:
         return False
     ci = median_interval(values)
-    return ci is not None and max(ci.value - ci.low, ci.high - ci.value) <= target * ci.value
+    return ci is not None and _within(ci, target)
 
 
 def paired_ratio(slow: Sequence[float], fast: Sequence[float]) -> Interval | None:
@@ -121,11 +126,7 @@ def ratio_settled(ci: Interval | None, target: float) -> bool:
     """Whether a paired ratio's interval gives a verdict: it lies wholly above or below 1
     (one side is faster), or within ``target`` (relative) of its median (a tie known that
     closely). An interval that contains 1 and is wider than that says neither yet."""
-    if ci is None:
-        return False
-    if ci.low > 1.0 or ci.high < 1.0:
-        return True
-    return max(ci.value - ci.low, ci.high - ci.value) <= target * ci.value
+    return ci is not None and (not ci.contains(1.0) or _within(ci, target))
 
 
 def imprecise(ci: Interval) -> bool:
