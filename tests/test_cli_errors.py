@@ -47,3 +47,21 @@ def test_every_command_rejects_an_unknown_flag_in_one_line(capsys):
         assert "--help'" in line, line
         if "--no-such-flag" in line:  # reported by the command it was given to
             assert f"'layoutlab {' '.join(path)} --help'" in line, line
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--time-budget", "0"),
+        ("--time-budget", "nan"),
+        ("--target", "1.5"),
+        ("--warmup", "-1"),
+        ("--max-step-seconds", "-2"),
+    ],
+)
+def test_bench_numeric_flags_are_checked_under_their_own_names(flag, value, capsys):
+    # The sweep's own validation would name the Python field (time_budget_s); a CLI user
+    # typed the flag, so the line names the flag and the value it got.
+    argv = ["bench", "--model", "small_cnn", "--out", "unused", flag, value]
+    line = _one_line_error(argv, capsys)
+    assert f"argument {flag}: expected" in line and repr(value) in line, line

@@ -42,6 +42,27 @@ def _repeats(text: str):
         raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
+def _checked(convert, ok, expected: str):
+    """An argparse type: the flag's bad value is argparse's one ``error:`` line naming the
+    flag (``--time-budget``), not the ``SweepConfig`` field validation would name."""
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):  # nan fails every comparison, so it lands here
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_seconds = _checked(float, lambda v: v > 0, "seconds > 0")
+_fraction = _checked(float, lambda v: 0 < v < 1, "a fraction in (0, 1) such as 0.03")
+_non_negative = _checked(int, lambda v: v >= 0, "an integer >= 0")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
@@ -155,17 +176,19 @@ def register(subparsers) -> None:
         "known within --target (95%% interval) and each ratio to a baseline (--torch, "
         "--baseline-plain) is settled, at least 6, within --time-budget per group",
     )
-    p.add_argument("--target", type=float, default=0.03, help="auto: relative precision")
+    p.add_argument("--target", type=_fraction, default=0.03, help="auto: relative precision")
     p.add_argument(
         "--time-budget",
-        type=float,
+        type=_positive_seconds,
         default=AUTO_BUDGET_S,
         help=f"auto: seconds of measured rounds per group (default {AUTO_BUDGET_S:g})",
     )
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps after compiling")
+    p.add_argument(
+        "--warmup", type=_non_negative, default=2, help="unmeasured steps after compiling"
+    )
     p.add_argument(
         "--max-step-seconds",
-        type=float,
+        type=_positive_seconds,
         help="skip configurations whose step takes (or is predicted to take) longer",
     )
     p.add_argument("--note", help="free text stored with the machine info")
