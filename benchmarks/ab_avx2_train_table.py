@@ -20,7 +20,9 @@ ResNet-18's 8x8x256 ones (``no_wide``) or with it at any batch (``mid_dw``: forw
 input gradient; ``mid_full``: all three), without its ``phase_dx`` rule (``no_phase``),
 without Winograd on the stage convs (``no_stages``), without the depthwise rules
 (``no_depthwise``) or without ``gemm_dw`` on the 8x8x256 convs at batch 1
-(``no_gemm_dw``), and with it on the 14x14x256 ones too (``gemm_dw14``).
+(``no_gemm_dw``), and with it on the 14x14x256 ones too (``gemm_dw14``); between batch 65
+and 127, the batch-128 Winograd rule from 65 (``small65``), the batch 8-64 one up to 127
+(``wide127``), or both (``both65``).
 ``--mode infer`` swaps the ``("avx2", "inference", "float32")`` rules instead: ``before``
 (Winograd from batch 32 on 8x8-16x16 inputs, until
 ``benchmarks/results/conv_autotune_infer_avx2_cpu.md``), ``shipped`` (from 16 on 7x7-28x28
@@ -101,7 +103,26 @@ def _tables(mode: str) -> dict:
         "no_gemm_dw": without("gemm_dw"),
         # The gemm_dw rule as first tried: 8x8 and 14x14 (ResNet-50's convs) at batch 1.
         "gemm_dw14": (gemm_dw14, *without("gemm_dw")),
+        # Batch 65-127, where no Winograd rule holds: the batch-128 rule from 65
+        # (``small65``), the batch 8-64 wide rule up to 127 (``wide127``), or both.
+        "small65": _rebatched(shipped, small65=True),
+        "wide127": _rebatched(shipped, wide127=True),
+        "both65": _rebatched(shipped, small65=True, wide127=True),
     }
+
+
+def _rebatched(rules, *, small65=False, wide127=False):
+    def matches(r, algorithm, shape):
+        return r.algorithm == algorithm and all(getattr(r, k) == v for k, v in shape.items())
+
+    def change(r):
+        if small65 and matches(r, "winograd4_xla_dw", plan._WINOGRAD_SMALL):
+            return r._replace(min_batch=65)
+        if wide127 and matches(r, "winograd4_full", plan._WINOGRAD_WIDE):
+            return r._replace(max_batch=127)
+        return r
+
+    return tuple(change(r) for r in rules)
 
 
 def main(argv=None) -> None:
