@@ -106,6 +106,15 @@ def run_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ValueError(f"--algorithms {text!r} names no algorithm; give some, e.g. xla,im2col.")
+    return names
+
+
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
@@ -135,6 +144,7 @@ def run_convs(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             cache=args.cache,
             refresh=args.force,
+            algorithms=_names(args.algorithms),
         )
         written = tuning.plan.save(args.out) if args.out else None
     except (ValueError, RuntimeError, OSError) as err:
@@ -192,6 +202,9 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
     add_conv_options(c, ACTIVATION_STORAGES)
     c.add_argument("--repeats", type=int, default=8,
                    help="interleaved rounds per shape (>= 6 to decide)")  # fmt: skip
+    c.add_argument("--algorithms", metavar="NAME,NAME",
+                   help="the candidates, e.g. xla,im2col (default: every algorithm that applies "
+                   "to a shape); keep xla, the baseline a choice must beat")  # fmt: skip
     c.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
     c.add_argument("--force", action="store_true", help="measure again, ignoring the cache")

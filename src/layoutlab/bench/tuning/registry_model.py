@@ -39,10 +39,12 @@ def autotune_registry_model(
     repeats: int = 3,
     cache=None,
     refresh: bool = False,
+    algorithms=None,
 ) -> ConvTuning:
     """Tune the conv algorithm of every conv shape of ``model`` at this batch size, input
     shape (``"HxWxC"`` or a tuple, channels last; None: the model's default), layout,
-    precision and XLA ``compiler_options``; returns the plan and one ``TuneResult`` per shape."""
+    precision and XLA ``compiler_options``; returns the plan and one ``TuneResult`` per shape.
+    ``algorithms``: the candidates (None: every registered one that applies to a shape)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     kwargs = dict(model_kwargs or {})
@@ -80,4 +82,5 @@ def autotune_registry_model(
         repeats=repeats,
         cache=cache,
         refresh=refresh,
+        algorithms=algorithms,
     )
