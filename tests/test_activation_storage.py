@@ -21,6 +21,9 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.resume import ResumeError
 
+# LLVM's optimization level changes speed, and float32 results by rounding at most (the
+# tolerances below are 1e-4, far above it); level 0 compiles in about half the time.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 MODELS = ["small_cnn", "resnet18", "mobilenet_v2", "vgg11_bn", "unet", "small_cnn3d"]
 
 
@@ -43,6 +46,13 @@ def _tiny(name, seed=0):
     return model, jnp.asarray(x, jnp.float32)
 
 
+def _jitted(model, x) -> np.ndarray:
+    """``model(x)`` as one compiled program (eager calls compile every op apart)."""
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda state, v: nnx.merge(graphdef, state)(v))
+    return np.asarray(forward.lower(state, x).compile(FAST_COMPILE)(state, x))
+
+
 def _param_shapes(model):
     return jax.tree.map(jnp.shape, nnx.state(model, nnx.Param))
 
@@ -56,7 +66,7 @@ def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name
     nn.set_activation_storage(model, "channels_last")
     assert model.compute_layout == channels_last(model.layout.num_spatial)
     assert nn.activation_storage(model) == "channels_last"
-    got = np.asarray(nnx.jit(lambda m, v: m(v))(model, x))
+    got = _jitted(model, x)
     # Inputs and outputs stay NCHW: U-Net's per-pixel logits come back (N, classes, H, W).
     assert got.shape == ref.shape
     # float32 against float64 through a tiny network: the float32 rounding of sums of a few
@@ -77,9 +87,13 @@ def test_gradients_match_the_model_computing_in_nchw():
     inside = nn.set_activation_storage(nnx.clone(model), "channels_last")
     w = jax.random.normal(jax.random.key(2), (2, 10))
 
-    @nnx.jit  # one compile instead of one per eager op
-    def grads(m):
-        return nnx.grad(lambda m: jnp.sum(m(x) * w))(m)
+    def grads(m):  # one compile instead of one per eager op
+        graphdef, state = nnx.split(m)
+
+        def run(state):
+            return nnx.grad(lambda m: jnp.sum(m(x) * w))(nnx.merge(graphdef, state))
+
+        return jax.jit(run).lower(state).compile(FAST_COMPILE)(state)
 
     got, want = jax.tree.leaves(grads(inside)), jax.tree.leaves(grads(model))
     assert len(got) == len(want)
@@ -94,12 +108,12 @@ def test_convert_layout_returns_a_model_computing_in_the_new_layout():
     model, x = _tiny("small_cnn")
     model.eval()
     nn.set_activation_storage(model, "channels_last")
+    expected = _jitted(model, x)
     for dst in ("NCHW", "NHWC"):
         other = nn.convert_layout(model, dst)
         assert other.compute_layout is None and str(other.layout) == dst
         xin = x if dst == "NCHW" else jnp.moveaxis(x, 1, -1)
-        np.testing.assert_allclose(np.asarray(other(xin)), np.asarray(model(x)), rtol=1e-5,
-                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(_jitted(other, xin), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_activation_storage_is_refused():

@@ -166,8 +166,11 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
               "channels_last", "--xla-option", "xla_cpu_enable_fast_math=false",
               "--no-cpu-fast"]  # fmt: skip
     plan_file = tmp_path / "plan.json"
+    # In mixed bfloat16 the Winograd F(4x4) variants refuse every conv, leaving 4 candidates
+    # a shape to compile and check instead of 7: what is checked here is the CLI.
     tune = ["autotune", "convs", *common, "--batch-size", "2", "--layout", "NCHW",
-            "--repeats", "1", "--mode", "infer", "--out", str(plan_file)]  # fmt: skip
+            "--precision", "mixed_bf16", "--repeats", "1", "--mode", "infer",
+            "--out", str(plan_file)]  # fmt: skip
     assert _cli(tune) == 0
     captured = capsys.readouterr()
     out = captured.out
@@ -188,9 +191,9 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
     assert again != plan  # the evidence says where the choices came from
 
     run = tmp_path / "run"
-    argv = ["bench", *common, "--layouts", "NCHW", "--precisions", "fp32", "--batch-sizes", "2",
-            "--modes", "infer", "--conv-algos", "xla,auto", "--repeats", "1", "--warmup", "0",
-            "--no-plots", "--out", str(run)]  # fmt: skip
+    argv = ["bench", *common, "--layouts", "NCHW", "--precisions", "mixed_bf16",
+            "--batch-sizes", "2", "--modes", "infer", "--conv-algos", "xla,auto",
+            "--repeats", "1", "--warmup", "0", "--no-plots", "--out", str(run)]  # fmt: skip
     assert _cli(argv) == 0
     captured = capsys.readouterr()
     assert f"{shapes} shapes ({shapes} cached)" in captured.err  # auto reused the tuning
@@ -202,11 +205,29 @@ def test_bench_cli_conv_flags_and_conv_autotune_cli(tmp_path, capsys, monkeypatc
     assert "| auto+hwio+channels_last_inside +enable_fast_math |" in captured.out
 
 
+def test_conv_autotune_cli_algorithms_narrow_the_candidates(tmp_path, capsys):
+    argv = ["autotune", "convs", "--model", "small_cnn", "--tiny", "--batch-size", "2",
+            "--mode", "infer", "--repeats", "1", "--algorithms", "im2col, xla", "--json",
+            "--cache", str(tmp_path / "convs.json")]  # fmt: skip
+    assert _cli(argv) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert results
+    for r in results:  # xla first, as in every tuning: the baseline a choice must beat
+        assert [c["algorithm"] for c in r["candidates"]] == ["xla", "im2col"], r["spec_key"]
+        assert r["choice"] in ("xla", "im2col")
+        assert "|im2col,xla|" in r["cache_key"]  # another candidate set, another cache entry
+
+
 def test_conv_autotune_cli_bad_input_is_a_clear_error(capsys):
     argv = ["autotune", "convs", "--model", "small_cnn", "--tiny", "--batch-size", "2",
             "--layout", "NWHC"]  # fmt: skip
     assert _cli(argv) == 2
     assert "NWHC" in capsys.readouterr().err
+    tune = ["autotune", "convs", "--model", "small_cnn", "--tiny", "--batch-size", "2"]
+    assert _cli([*tune, "--algorithms", "fft"]) == 2
+    assert "Unknown conv algorithm 'fft'" in capsys.readouterr().err
+    assert _cli([*tune, "--algorithms", ","]) == 2
+    assert "names no algorithm" in capsys.readouterr().err
     argv = ["bench", "--model", "small_cnn", "--conv-algos", "fft", "--out", "unused"]
     assert _cli(argv) == 2
     assert "Unknown conv algorithm 'fft'" in capsys.readouterr().err

@@ -83,9 +83,12 @@ def test_python_api_gets_the_same_defaults(tmp_path):
 
 
 def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(capsys):
-    def report(*flags, model="small_cnn"):
-        argv = ["inspect", "--model", model, "--tiny", "--layout", "NCHW", "--mode",
-                "train", "--batch-size", "4", "--json", "-", *flags]  # fmt: skip
+    # The tiny small_cnn at 16x16: big enough that YNNPACK takes its BatchNorm reductions
+    # (at its 8x8 default input they are too small for it, with or without the options),
+    # still a small largest conv output (4 x 16 x 16 x 4) for the options' rule below.
+    def report(*flags):
+        argv = ["inspect", "--model", "small_cnn", "--tiny", "--image-size", "16", "--layout",
+                "NCHW", "--mode", "train", "--batch-size", "4", "--json", "-", *flags]  # fmt: skip
         assert cli.main(argv) == 0
         return json.loads(capsys.readouterr().out)
 
@@ -118,13 +121,12 @@ def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(ca
     assert "NCHW*HWIO->NCHW" in nchw_fwd and not any("OIHW" in s for s in nchw_fwd)
     plain_fwd = {s for s in logical(plain) if s.startswith("NCHW*")}
     assert "NCHW*OIHW->NCHW" in plain_fwd and not any("HWIO" in s for s in plain_fwd)
-    # The options: YNNPACK takes the BatchNorm reductions of a training step (small_cnn has
-    # no BatchNorm, so a ResNet here), which it does not when given only the dots; every
-    # other setting is the same on both sides.
+    # The options: YNNPACK takes the BatchNorm reductions of a training step, which it does
+    # not when given only the dots; every other setting is the same on both sides.
     ynn = "kCustom(__ynn_fusion)"
-    with_options = report(model="resnet18")["fusion_kinds"].get(ynn, 0)
+    with_options = fast["fusion_kinds"].get(ynn, 0)
     dots = f"{_YNN}=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
-    dots_only = report("--xla-option", dots, model="resnet18")["fusion_kinds"].get(ynn, 0)
+    dots_only = report("--xla-option", dots)["fusion_kinds"].get(ynn, 0)
     assert with_options > dots_only
 
 
@@ -354,8 +356,14 @@ def test_winograd4_full_matches_float64_numpy():
         return conv2d(xx, ww, algorithm="winograd4_full", strides=(1, 1),
                       padding=((1, 1), (1, 1)), layout="NHWC", kernel_layout="HWIO")  # fmt: skip
 
-    y, vjp = jax.vjp(run, jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
-    dx, dw = vjp(jnp.asarray(dy, jnp.float32))
+    # Under jit, as in a training step (op by op, each of the transforms' many small ops
+    # would compile on its own).
+    @jax.jit
+    def train(xx, ww, gg):
+        y, vjp = jax.vjp(run, xx, ww)
+        return y, *vjp(gg)
+
+    y, dx, dw = train(*(jnp.asarray(a, jnp.float32) for a in (x, w, dy)))
     xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
     ref_y = sum(np.einsum("nhwc,co->nhwo", xp[:, i:i + 9, j:j + 7], w[i, j])
                 for i in range(3) for j in range(3))  # fmt: skip
@@ -396,9 +404,10 @@ def test_tuning_is_skipped_when_it_cannot_pay_and_the_cache_is_used_when_full(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
-    # One conv: which plan source is taken does not depend on how many shapes there are,
-    # and tuning compiles every candidate per shape (small_cnn's three took 3x as long).
-    model = nnx.eval_shape(lambda: nn.Conv(1, 4, 3, rngs=nnx.Rngs(0)))
+    # One 1x1 conv: which plan source is taken depends neither on how many shapes there are
+    # nor on their kind, and tuning compiles every candidate per shape (small_cnn's three
+    # 3x3 convs took 3x as long; a 3x3 conv has 10 training candidates, a 1x1 one 6).
+    model = nnx.eval_shape(lambda: nn.Conv(1, 4, 1, rngs=nnx.Rngs(0)))
     x = jax.ShapeDtypeStruct((8, 8, 8, 1), jnp.float32)
     short = conv_plan_for_run(model, x, steps=10)
     assert short.source == "table" and "too short" in short.detail
@@ -473,9 +482,11 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
     assert all(_YNN in json.loads(r["xla_options"]) for r in fast)
     assert all(json.loads(r["xla_options"]) == {} and not r["conv_plan_source"] for r in plain)
     assert "| plain XLA |" in capsys.readouterr().out
-    # An opt-out flag makes the rows "custom": they are no longer the defaults (one layout:
-    # the label does not depend on it, and each layout is a train-step compile).
-    argv = [*common, "--layouts", "NCHW", "--no-cpu-fast", "--out", str(tmp_path / "b")]
+    # An opt-out flag makes the rows "custom": they are no longer the defaults (one layout
+    # and the forward only: the label depends on neither, and a forward compiles faster
+    # than a training step).
+    argv = [*common, "--layouts", "NCHW", "--modes", "infer", "--no-cpu-fast",
+            "--out", str(tmp_path / "b")]  # fmt: skip
     assert cli.main(argv) == 0
     rows = load_results(tmp_path / "b", source="csv").rows
     assert len(rows) == 1 and {r["defaults"] for r in rows} == {"custom"}

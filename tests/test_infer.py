@@ -216,12 +216,13 @@ def test_predict_normalizes_exactly_like_the_folder_loader(tmp_path):
 # --- export ---------------------------------------------------------------------------------
 
 # Runs in a fresh interpreter that imports JAX and NumPy only: no layoutlab model code.
+# Called with the artifact, then input and output files in pairs.
 RELOAD = """
 import sys
 import jax, numpy as np
 exported = jax.export.deserialize(open(sys.argv[1], "rb").read())
-x = np.load(sys.argv[2])
-np.save(sys.argv[3], np.asarray(exported.call(x)))
+for x, y in zip(sys.argv[2::2], sys.argv[3::2], strict=True):
+    np.save(y, np.asarray(exported.call(np.load(x))))
 assert not [m for m in sys.modules if m.startswith(("layoutlab", "flax"))]
 """
 
@@ -242,21 +243,24 @@ def test_export_round_trip_in_a_fresh_process(run_dir, tmp_path, capsys):
     run = open_run(run_dir)
     assert sidecar["normalization"]["mean"] == list(run.dataset.mean)
     forward = jax.jit(make_forward(run.defs))
-    for batch in (3, 17):
-        images = run.dataset.test_images[:batch]
-        np.save(tmp_path / "x.npy", images)
-        proc = subprocess.run(
-            [sys.executable, "-c", RELOAD, artifact, tmp_path / "x.npy", tmp_path / "y.npy"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        want = np.asarray(forward(run.state(), images))
+    batches = (3, 17)  # one artifact, two batch sizes, in one fresh process
+    files = []
+    for batch in batches:
+        np.save(tmp_path / f"x{batch}.npy", run.dataset.test_images[:batch])
+        files += [tmp_path / f"x{batch}.npy", tmp_path / f"y{batch}.npy"]
+    proc = subprocess.run(
+        [sys.executable, "-c", RELOAD, artifact, *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for batch in batches:
+        want = np.asarray(forward(run.state(), run.dataset.test_images[:batch]))
         # The artifact is the same forward lowered with a symbolic batch; the compiled
         # program may fuse differently than the concrete-batch one, so allow ~10 ulps of
         # logits of size O(10).
-        np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(np.load(tmp_path / f"y{batch}.npy"), want, rtol=0, atol=1e-5)
 
 
 def test_export_rejects_inputs_of_the_wrong_shape(run_dir, tmp_path, capsys):
@@ -400,7 +404,8 @@ def test_nchw_mixed_precision_run_with_hwio_kernels(tmp_path, capsys):
     model = load_model(workdir)
     assert model.features.layers[0].layers[0].kernel.shape == (3, 3, 1, 4)  # HWIO storage
     images = open_run(workdir).dataset.test_images[:5]
-    logits = model(images.transpose(0, 3, 1, 2))
+    # Jitted (op by op, each bfloat16 op of the model would compile on its own).
+    logits = jax.jit(lambda x: model(x))(images.transpose(0, 3, 1, 2))
     assert logits.shape == (5, 10)
     code, _, err = _cli(
         capsys, "export", "--workdir", workdir, "--out", tmp_path / "m.jax", "--platforms", "cpu"
@@ -411,7 +416,7 @@ def test_nchw_mixed_precision_run_with_hwio_kernels(tmp_path, capsys):
     assert sidecar["input"]["layout"] == "NCHW"
     exported = jax.export.deserialize((tmp_path / "m.jax").read_bytes())
     assert sidecar["output"]["dtype"] == str(exported.out_avals[0].dtype) == str(logits.dtype)
-    want = np.asarray(jax.jit(lambda x: model(x))(images.transpose(0, 3, 1, 2)), np.float32)
+    want = np.asarray(logits, np.float32)
     got = np.asarray(exported.call(images.transpose(0, 3, 1, 2)), np.float32)
     # The same bf16-compute program up to fusion (equal in practice): allow two bf16
     # roundings (2**-8 relative each) of the largest logit.

@@ -6,12 +6,20 @@ checkpoint code SIGKILL its own process at that point of ``Checkpointer.save`` (
 reads nothing else and does nothing without the variable). The points cover each state the
 directory passes through: before orbax writes, after orbax committed but before the CRC
 manifest, after the manifest but before old steps are deleted, and between two deletions.
-The killed runs are subprocesses; the resumes run in this process. Kills at steps 2 and 6
-fall between evaluations, so the resumed run's metrics rows, train metrics included, must
-equal the uninterrupted run's.
+
+The kills form chains: a fresh run killed at the first point, then a resume
+(``resume=True``) of that directory killed at the next, and so on, each a process of its
+own (forked from one that imported layoutlab once). The last kill is in the last save, so
+the resume after it, in this process, finds the run complete once it has cleaned up. Every
+kill is thus followed by a resume, and every resume but the last is itself killed at a real
+commit point (one process start serves both). Kills at steps 2 and 6 fall between
+evaluations, so the resumed runs' metrics rows, train metrics included, must equal the
+uninterrupted run's.
 """
 
 import json
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -24,30 +32,81 @@ from layoutlab.train.checkpoint import KILL_HOOK_ENV, KILL_POINTS, read_checkpoi
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 
-# Checkpoints at steps 2, 4, 6, 8; with keep_checkpoints=3 the first deletion is at step 8.
-# Evaluations at 4 and 8 only: a resume from step 2 or 6 starts between two evaluations, so
-# its first record's train metrics must average steps from before the kill too.
+# Checkpoints at steps 2, 4, ..., 10. Evaluations at 4, 8 and 10 (the last step): a resume
+# from step 2 or 6 starts between two evaluations, so its first record's train metrics must
+# average steps from before the kill too.
 BASE = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
     batch_size=32,
-    num_steps=8,
+    num_steps=10,
     eval_every=4,
     checkpoint_every=2,
     seed=5,
+    # Not what a kill or a resume is about (metrics.jsonl and the checkpoints are), and its
+    # tensorboardX import is ~0.6 s of CPU in each of this module's eight killed processes.
+    tensorboard=False,
 )
 
-DRIVER = """
-import json, sys
+# One process imports layoutlab once; each run is a child forked from it before JAX has
+# started a backend or any thread (so the fork is safe): a process of its own, which the hook
+# kills with SIGKILL, without the ~4 s of CPU that importing jax, flax and layoutlab costs.
+# Per job (a JSON line) it answers with the child's exit status.
+FORK_SERVER = """
+import json, os, sys
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
-train_and_evaluate(TrainConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], quiet=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.environ.update(job["env"])
+        out = os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)  # not into this protocol's pipe
+        os.dup2(out, 2)
+        code = 1
+        try:
+            config = TrainConfig.from_dict(job["config"])
+            train_and_evaluate(config, job["workdir"], resume=job["resume"], quiet=True)
+            code = 0
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
+TIMEOUT_S = 300
+
+
+# keep_checkpoints -> [(kill point, the steps a resume may use right after that kill)], in
+# the order of the chain; the first kill is of a fresh run, the others of resumes.
+CHAINS = {
+    "keep1": (
+        1,
+        [
+            # The first save: nothing, or only the committed step without its manifest.
+            ("before_save@2", []),
+            ("after_save@2", [2]),
+            # The second save: orbax used to delete step 2 inside save(), before the manifest.
+            ("before_save@4", [2]),
+            ("after_save@4", [2, 4]),
+            # The resume from 4 deleted step 2 once it certified 4; 6 replaces 4.
+            ("after_manifest@6", [4, 6]),
+            # 8 replaced 6 on the way: the kill comes in the deletion of 8, for 10.
+            ("during_delete@10", [10]),
+        ],
+    ),
+    # keep=3: step 8's save is the first that deletes (step 2), in the resume from 8.
+    "keep3": (3, [("after_save@8", [2, 4, 6, 8]), ("during_delete@10", [6, 8, 10])]),
+}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run's final checkpoint and metrics (keep_checkpoints does not
-    change the numbers, so one reference serves both)."""
+    change the numbers, so one reference serves both chains)."""
     workdir = tmp_path_factory.mktemp("reference")
     train_and_evaluate(BASE, workdir, quiet=True)
     leaves, meta = read_checkpoint(workdir / "checkpoints")
@@ -55,21 +114,42 @@ def reference(tmp_path_factory):
 
 
 def _records(workdir):
-    """``metrics.jsonl`` without its timings (images_per_sec, elapsed)."""
-    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    """``metrics.jsonl`` without its timings (images_per_sec, elapsed); none before it exists."""
+    path = workdir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
     timing = ("images_per_sec", "elapsed")
     return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in lines]
 
 
-def _kill_at(config, workdir, point, env):
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(config.to_dict()), str(workdir)],
-        env={**env, KILL_HOOK_ENV: point},
-        capture_output=True,
+@pytest.fixture(scope="module")
+def fork_server(env):
+    with subprocess.Popen(
+        [sys.executable, "-c", FORK_SERVER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        timeout=300,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
+        start_new_session=True,  # its process group: the server and the runs it forks
+    ) as server:
+        yield server
+        server.stdin.close()  # the server's loop ends; leaving the block waits for it
+
+
+def _kill_at(server, config, workdir, point, resume):
+    """Runs ``config`` (a resume of ``workdir`` where ``resume``) in a forked process until
+    the hook kills it at ``point``; returns its stderr."""
+    stderr = workdir.parent / f"{point}.stderr"
+    job = {"config": config.to_dict(), "workdir": str(workdir), "resume": resume}
+    job.update(env={KILL_HOOK_ENV: point}, stderr=str(stderr))
+    server.stdin.write(json.dumps(job) + "\n")
+    server.stdin.flush()
+    if not select.select([server.stdout], [], [], TIMEOUT_S)[0]:
+        os.killpg(server.pid, signal.SIGKILL)
+        raise AssertionError(f"the run to be killed at {point} still ran after {TIMEOUT_S} s")
+    code = int(server.stdout.readline())
+    err = stderr.read_text()
+    assert code == -signal.SIGKILL, (point, err)
+    return err
 
 
 def _usable_steps(ckpt_dir):
@@ -85,55 +165,58 @@ def _usable_steps(ckpt_dir):
     return sorted(usable)
 
 
-# (keep_checkpoints, kill point, the steps a resume may use right after that kill)
-CASES = [
-    # The first save: nothing, or only the committed step without its manifest.
-    (1, "before_save@2", []),
-    (1, "after_save@2", [2]),
-    # keep=1, second save: orbax used to delete step 2 inside save(), before the manifest.
-    (1, "before_save@4", [2]),
-    (1, "after_save@4", [2, 4]),
-    (1, "after_manifest@4", [2, 4]),
-    (1, "during_delete@4", [4]),
-    # keep=3: step 8's save is the first that deletes (step 2).
-    (3, "after_save@8", [2, 4, 6, 8]),
-    (3, "during_delete@8", [4, 6, 8]),
-]
+def _check_resume_said(err, before, after):
+    """A resume's stderr, ``before`` the kill point and usable steps that it started from."""
+    point, usable = before
+    if not usable:  # the kill came before any checkpoint existed: a fresh start, said so
+        assert "no usable checkpoint" in err and "starting from step 0" in err, (after, err)
+    if point.startswith("after_save"):
+        assert "had no layoutlab_manifest.json" in err, (after, err)
+    # The killed process's lock record was left behind; the resume took it over.
+    assert "which is no longer running; taking it over" in err, (after, err)
 
 
 def test_every_kill_point_is_covered():
-    assert {case[1].split("@")[0] for case in CASES} == set(KILL_POINTS)
+    points = {point for _, chain in CHAINS.values() for point, _ in chain}
+    assert {p.split("@")[0] for p in points} == set(KILL_POINTS)
 
 
-@pytest.mark.parametrize("keep,point,usable", CASES, ids=[f"keep{c[0]}-{c[1]}" for c in CASES])
+@pytest.mark.parametrize("name", list(CHAINS))
 def test_kill_during_save_then_resume_matches_uninterrupted(
-    keep, point, usable, reference, env, tmp_path, capsys
+    name, reference, fork_server, tmp_path, capsys
 ):
+    keep, chain = CHAINS[name]
     config = TrainConfig(**{**BASE.to_dict(), "keep_checkpoints": keep})
     workdir = tmp_path / "run"
-    _kill_at(config, workdir, point, env)
     ckpt_dir = workdir / "checkpoints"
-    assert _usable_steps(ckpt_dir) == usable  # never fewer than before the save began
-    assert (workdir / "config.json").is_file()
+    for i, (point, usable) in enumerate(chain):
+        err = _kill_at(fork_server, config, workdir, point, i > 0)
+        if i > 0:
+            _check_resume_said(err, chain[i - 1], point)
+        assert _usable_steps(ckpt_dir) == usable, point  # never fewer than before the save
+        # The rows so far are the uninterrupted run's, the ones past the last checkpoint too:
+        # so even a resume whose state no later run continues (killed before it saved) is
+        # checked, through every number it evaluated.
+        rows = _records(workdir)
+        assert rows == reference[1][: len(rows)], point
+        assert (workdir / "config.json").is_file(), point
+        assert not (ckpt_dir / "corrupt").exists(), point  # nothing usable was thrown away
+        # A kill between two deletions leaves the one moved aside; a resume removes it.
+        assert (ckpt_dir / "deleting").exists() == point.startswith("during_delete"), point
 
     record = train_and_evaluate(config, workdir, resume=True, quiet=True)
-    err = capsys.readouterr().err
+    _check_resume_said(capsys.readouterr().err, chain[-1], "the last resume")
     want_leaves, want_records = reference
     got, meta = read_checkpoint(ckpt_dir)
-    assert record["step"] == meta["step"] == 8
+    assert record["step"] == meta["step"] == 10
     assert got.keys() == want_leaves.keys()
     for path in want_leaves:  # params, batch stats, RNG, Adam moments, step: bit for bit
         np.testing.assert_array_equal(got[path], want_leaves[path], err_msg=path)
     # Every record equal, train_loss and train_accuracy included: float64 sums of the same
     # float32 values in the same order (the checkpoint carries the sums since the last eval).
+    # Each resume wrote the records after its checkpoint again, so all of them are checked.
     assert _records(workdir) == want_records
-    assert [r["step"] for r in want_records] == [4, 8]
-    assert not (ckpt_dir / "corrupt").exists()  # nothing usable was thrown away
+    assert [r["step"] for r in want_records] == [4, 8, 10]
+    assert not (ckpt_dir / "corrupt").exists()
     assert not (ckpt_dir / "deleting").exists()
-    assert len(_usable_steps(ckpt_dir)) == min(keep, 4)
-    if not usable:  # the kill came before any checkpoint existed: a fresh start, said so
-        assert "no usable checkpoint" in err and "starting from step 0" in err
-    if point.startswith("after_save"):
-        assert "had no layoutlab_manifest.json" in err
-    # The killed process's lock record was left behind; the resume took it over.
-    assert "which is no longer running; taking it over" in err
+    assert len(_usable_steps(ckpt_dir)) == min(keep, 5)

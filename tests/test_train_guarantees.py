@@ -7,8 +7,10 @@ and that nothing on disk changed.
 The CLI is driven in-process through ``layoutlab.cli.main`` (the console script's entry).
 """
 
+import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -62,8 +64,6 @@ def run_dir(guarantees_run):
     return guarantees_run
 
 
-
-
 # -- item 2: loss_scale "none" stays none -------------------------------------------------
 
 
@@ -115,16 +115,32 @@ def test_resume_refuses_precision_change_from_python(copy):
             train_and_evaluate(config, copy, resume=True, quiet=True)
 
 
-def test_resume_may_change_length_and_cadence(copy, run_dir, capsys):
+@pytest.fixture(scope="module")
+def resumed_over_a_stale_lock(guarantees_run, tmp_path_factory):
+    """A copy of the run resumed with ``--steps 6 --set eval_every=3`` over the lock record
+    of a dead process: ``(workdir, exit code, stderr, the dead pid)``. One training resume
+    serves the length-and-cadence test and the stale-lock test (item 7)."""
+    workdir = tmp_path_factory.mktemp("stale_lock") / "run"
+    shutil.copytree(guarantees_run, workdir)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    owner = {"pid": int(dead.stdout), "host": socket.gethostname()}
+    (workdir / LOCK_FILE).write_text(json.dumps(owner))
+    argv = ["train", "--workdir", str(workdir), "--resume", "--steps", "6"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main([*argv, "--set", "eval_every=3", "--quiet"])
+    return workdir, code, err.getvalue(), owner["pid"]
+
+
+def test_resume_may_change_length_and_cadence(resumed_over_a_stale_lock, run_dir):
     # The guarantees page's list, word for word.
     assert MAY_CHANGE == {
         "epochs", "num_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
         "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "xla_options",
         "log_every", "tensorboard", "param_sharding", "cpu_fast",
     }  # fmt: skip
-    code, _, err = _train(
-        capsys, "--workdir", str(copy), "--resume", "--steps", "6", "--set", "eval_every=3"
-    )
+    copy, code, err, _ = resumed_over_a_stale_lock
     assert code == 0, err
     assert read_checkpoint(copy / "checkpoints")[1]["step"] == 6
     # Continued from step 4 (a fresh start would have evaluated at 3 and 6), and 4's
@@ -223,14 +239,10 @@ def test_second_trainer_on_a_workdir_is_refused(copy, capsys):
     assert _snapshot(copy) == before
 
 
-def test_stale_lock_of_a_dead_process_is_taken_over(copy, capsys):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    owner = {"pid": int(dead.stdout), "host": socket.gethostname()}
-    (copy / LOCK_FILE).write_text(json.dumps(owner))
-    code, _, err = _train(capsys, "--workdir", str(copy), "--resume", "--steps", "6")
+def test_stale_lock_of_a_dead_process_is_taken_over(resumed_over_a_stale_lock):
+    copy, code, err, pid = resumed_over_a_stale_lock  # a resume to step 6
     assert code == 0, err
-    assert f"was left by pid {owner['pid']}, which is no longer running" in err
+    assert f"was left by pid {pid}, which is no longer running" in err
     assert (copy / LOCK_FILE).read_text() == ""  # released at exit
 
 

@@ -46,8 +46,6 @@ def run_dir(guarantees_run):
     return guarantees_run
 
 
-
-
 def _assert_same(got, want):
     assert got.keys() == want.keys()
     for path in want:

@@ -12,20 +12,23 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
+from layoutlab import cli
 from layoutlab.train.checkpoint import KILL_HOOK_ENV, read_checkpoint
 from layoutlab.train.metrics import read_records
 from layoutlab.train.step_log import TENSORBOARD_DIR
+from layoutlab.train.supervise import SUPERVISED_ENV
 
 TRAIN = ["--set", "model_kwargs.width=4", "--steps", "6", "--batch-size", "16",
          "--set", "eval_every=3", "--log-every", "2", "--quiet"]  # fmt: skip
 TIMEOUT_S = 240
 
 
-def _env(devices: int, **extra) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", **extra)
+def _env(devices: int, base=None, **extra) -> dict:
+    env = dict(base or os.environ, JAX_PLATFORMS="cpu", **extra)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
 
@@ -60,9 +63,12 @@ def _serving(port: int, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"nothing served port {port} within {timeout_s} s")
 
 
-def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None, serve_first=False):
+def _launch(
+    workdir, *extra, processes=2, env=None, env_extra=None, launch_flags=None, serve_first=False
+):
     """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``.
     ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``.
+    ``env``: the environment to start from (the default: this process's).
     ``serve_first``: start the others once process 0 serves the coordinator's port."""
     port = _free_port()
     procs = []
@@ -73,11 +79,11 @@ def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None, ser
             "--distributed", "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", str(processes), "--process-id", str(i),
         ]  # fmt: skip
-        flags, env = flags if isinstance(flags, tuple) else (flags, {})
+        flags, own = flags if isinstance(flags, tuple) else (flags, {})
         procs.append(
             subprocess.Popen(
                 _command(workdir, *extra, *flags),
-                env=_env(2, **(env_extra or {}), **env),
+                env=_env(2, env, **(env_extra or {}), **own),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -97,21 +103,26 @@ def _launch(workdir, *extra, processes=2, env_extra=None, launch_flags=None, ser
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
+def two_process_run(tmp_path_factory, env):
+    # The module's persistent compilation cache: the killed and the resumed launches below
+    # read the programs that this run compiled.
     workdir = tmp_path_factory.mktemp("multihost") / "run"
-    results = _launch(workdir)
+    results = _launch(workdir, env=env)
     for code, _, err in results:
         assert code == 0, err[-2000:]
     return workdir, results
 
 
-def test_two_processes_train_one_run_like_one_process_with_four_devices(two_process_run, tmp_path):
+def test_two_processes_train_one_run_like_one_process_with_four_devices(
+    two_process_run, tmp_path, capsys
+):
     workdir, _ = two_process_run
+    # The one process with four devices is this one (tests/conftest.py), through the same
+    # command: no second process start, and its programs are compiled here.
+    assert jax.device_count() == 4 and jax.process_count() == 1
     single = tmp_path / "single"
-    proc = subprocess.run(
-        _command(single), env=_env(4), capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    code = cli.main(["train", "--workdir", str(single), *TRAIN])
+    assert code == 0, capsys.readouterr().err[-2000:]
     got, want = read_records(workdir / "metrics.jsonl"), read_records(single / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in want] == [3, 6]
     # The same global batches and the same program; only the gradient all-reduce differs
@@ -140,16 +151,16 @@ def test_only_process_0_writes_the_run_files(two_process_run):
     assert "error" not in results[1][2].lower()
 
 
-def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path):
+def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path, env):
     # The resume joins through JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID.
     # Checkpoints every 2 steps, evaluations every 3: the resume starts from step 4, between
     # evaluations, so step 6's train metrics need step 4's, carried in the checkpoint.
     workdir, every_2 = tmp_path / "killed", ("--set", "checkpoint_every=2")
-    killed = _launch(workdir, *every_2, env_extra={KILL_HOOK_ENV: "before_save@6"})
+    killed = _launch(workdir, *every_2, env=env, env_extra={KILL_HOOK_ENV: "before_save@6"})
     assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == 4, saved
-    resumed = _launch(workdir, "--resume", *every_2, launch_flags=_by_environment)
+    resumed = _launch(workdir, "--resume", *every_2, env=env, launch_flags=_by_environment)
     for code, _, err in resumed:
         assert code == 0, err[-2000:]
     want, _ = read_checkpoint(two_process_run[0] / "checkpoints")
@@ -171,9 +182,10 @@ def _one_line_error(result, *words):
         assert word in lines[0], lines[0]
 
 
-def test_bad_launches_are_one_line_errors(tmp_path):
+def test_bad_launches_are_one_line_errors(tmp_path, capsys, monkeypatch):
     port = _free_port()
     base = [sys.executable, "-m", "layoutlab.cli", "train", "--workdir", str(tmp_path / "x")]
+
     def run(*args):
         proc = subprocess.run(
             [*base, *args], env=_env(2), capture_output=True, text=True, timeout=60
@@ -181,23 +193,24 @@ def test_bad_launches_are_one_line_errors(tmp_path):
         return proc.returncode, proc.stdout, proc.stderr
 
     # Nobody listens at the coordinator: an error after the timeout, not a hang.
-    _one_line_error(
-        run("--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-            "--process-id", "1", "--distributed-timeout", "3"),  # fmt: skip
-        "could not join",
-    )
+    join = ["--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    _one_line_error(run(*join, "--process-id", "1", "--distributed-timeout", "3"), "could not join")
     _one_line_error(run("--distributed"), "found no cluster")
-    _one_line_error(run("--coordinator", "127.0.0.1:1"), "need --distributed")
-    _one_line_error(
-        run("--distributed", "--coordinator", "localhost", "--num-processes", "2",
-            "--process-id", "0"),  # fmt: skip
-        "HOST:PORT",
-    )
-    _one_line_error(
-        run("--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-            "--process-id", "2"),  # fmt: skip
-        "--process-id must lie in [0, 2)",
-    )
+
+    # Flags refused before JAX's distributed client starts: the command in this process, as
+    # the supervised child that reports them (the supervisor passed the lines above through).
+    monkeypatch.setenv(SUPERVISED_ENV, "1")
+
+    def here(*args):
+        code = cli.main(["train", "--workdir", str(tmp_path / "x"), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    _one_line_error(here("--coordinator", "127.0.0.1:1"), "need --distributed")
+    localhost = ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"]
+    _one_line_error(here("--distributed", *localhost), "HOST:PORT")
+    _one_line_error(here(*join, "--process-id", "2"), "--process-id must lie in [0, 2)")
+    assert jax.process_count() == 1  # nothing here joined a run
 
 
 def test_mismatched_process_counts_and_batch_sizes(tmp_path):
