@@ -2,9 +2,15 @@
 
 Runs train a test-only one-conv classifier in NCHW on 8x8x3 synthetic images, batch 8, on one
 device, for 1 to 3 steps: one conv shape keeps the train-step compiles and the CLI's conv
-autotuning (every candidate compiled forward and backward) to seconds on 2 busy cores.
+autotuning (every candidate compiled forward and backward) to seconds on 2 busy cores. The
+CLI's tuning runs once, in this process (``tuned``); the tests that read its cache or resume
+its run take copies, and only the resume that must start from nothing runs in a fresh process.
+This process and that one share a persistent compilation cache, so a run that repeats an
+earlier run's programs (a resume, a cached plan) reads them back instead of compiling them.
 """
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -22,6 +28,7 @@ from layoutlab.nn.conv_config import conv_settings
 from layoutlab.train import loop
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import TrainConfig, apply_overrides, validate
+from layoutlab.xla.cache import compilation_cache
 
 MODEL = "test_one_conv"
 FAST_MATH_OFF = {"xla_cpu_enable_fast_math": False}
@@ -68,6 +75,14 @@ def one_conv_model():
     models.register(MODEL, description="test only: one conv", default_input=(8, 8, 3))(_OneConv)
     yield
     models.unregister(MODEL)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_compiles(env):
+    """This process compiles into the cache the module's subprocesses use (conftest's
+    ``env``); jax's previous cache settings come back after the module."""
+    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
+        yield
 
 
 def _config(**changes) -> TrainConfig:
@@ -180,29 +195,49 @@ def test_rejected_xla_option_is_a_clear_error(tmp_path, capsys):
         loop.check_xla_options({"xla_cpu_enable_fast_math": "sometimes"})
 
 
-def test_cli_conv_flags_autotune_then_read_the_cache(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "conv_cache.json"))
-    flags = [
-        "--conv-algo", "auto",
-        "--conv-tune", "always",  # a 3-step run is too short for tuning to pay by itself
-        "--kernel-storage", "channels_last",
-        "--xla-option", "xla_cpu_enable_fast_math=false",
-    ]  # fmt: skip
-    assert cli.main(["train", *TINY_ARGS, *flags, "--workdir", str(tmp_path / "a")]) == 0
-    out = capsys.readouterr().out
+TUNE_FLAGS = [
+    "--conv-algo", "auto",
+    "--conv-tune", "always",  # a 3-step run is too short for tuning to pay by itself
+    "--kernel-storage", "channels_last",
+    "--xla-option", "xla_cpu_enable_fast_math=false",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """``(workdir, autotune cache, stdout)`` of one CLI run, in this process, that tuned its
+    conv into a cache of its own: read-only, the tests below copy what they change."""
+    root = tmp_path_factory.mktemp("tuned")
+    cache, out = root / "conv_cache.json", io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(cache))
+        assert cli.main(["train", *TINY_ARGS, *TUNE_FLAGS, "--workdir", str(root / "a")]) == 0
+    return root / "a", cache, out.getvalue()
+
+
+def _copy_cache(tuned, tmp_path, monkeypatch):
+    cache = tmp_path / "conv_cache.json"
+    shutil.copyfile(tuned[1], cache)
+    monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(cache))
+    return cache
+
+
+def test_cli_conv_flags_autotune_then_read_the_cache(tuned, tmp_path, monkeypatch, capsys):
+    workdir, _, out = tuned
     line = next(s for s in out.splitlines() if s.startswith("conv plan:"))
     assert line.startswith("conv plan: autotuned (1 shapes (0 cached): "), line
-    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    saved = json.loads((workdir / "config.json").read_text())
     assert saved["conv_algorithm"] == "auto" and saved["kernel_storage"] == "channels_last"
     assert saved["xla_options"] == FAST_MATH_OFF
     plan = conv_algos.ConvPlan.from_dict(saved["conv_plan"])
     assert list(plan) == ["conv"] and plan["conv"].spec_key.startswith("NCHW:n8:8x8:3->4:")
-    meta = read_checkpoint(tmp_path / "a" / "checkpoints")[1]
+    meta = read_checkpoint(workdir / "checkpoints")[1]
     assert meta["extra"]["config"]["conv_plan"] == saved["conv_plan"]
 
     # A second run, with the default --conv-tune auto, reads every choice from the cache.
-    assert cli.main(["train", *TINY_ARGS, *flags[:2], *flags[4:], "--workdir",
-                     str(tmp_path / "b")]) == 0  # fmt: skip
+    _copy_cache(tuned, tmp_path, monkeypatch)
+    flags = [*TUNE_FLAGS[:2], *TUNE_FLAGS[4:]]
+    assert cli.main(["train", *TINY_ARGS, *flags, "--workdir", str(tmp_path / "b")]) == 0
     assert "conv plan: autotune cache (1 shapes (1 cached): " in capsys.readouterr().out
     again = json.loads((tmp_path / "b" / "config.json").read_text())["conv_plan"]
     assert dict(conv_algos.ConvPlan.from_dict(again).items()) == dict(plan.items())
@@ -264,7 +299,6 @@ sys.exit(cli.main(sys.argv[2:]))
 
 
 def _train_in_a_fresh_process(args, cache, env):
-    # The module's shared compilation cache: the resume reads back the programs of the run.
     env = {**env, "LAYOUTLAB_AUTOTUNE_CACHE": str(cache)}
     tests = str(Path(__file__).parent)
     proc = subprocess.run(
@@ -278,11 +312,12 @@ def _train_in_a_fresh_process(args, cache, env):
     return proc
 
 
-def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path, env):
-    cache, workdir = tmp_path / "autotune.json", tmp_path / "run"
-    tune = ["--conv-algo", "auto", "--conv-tune", "always"]
-    first = _train_in_a_fresh_process([*tune, "--workdir", str(workdir)], cache, env)
-    assert "conv plan: autotuned (1 shapes (0 cached)" in first.stdout
+def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(
+    tuned, tmp_path, monkeypatch, capsys, env
+):
+    workdir = tmp_path / "run"
+    shutil.copytree(tuned[0], workdir)
+    cache = _copy_cache(tuned, tmp_path, monkeypatch)
     recorded = json.loads((workdir / "config.json").read_text())["conv_plan"]
     (chosen,) = conv_algos.ConvPlan.from_dict(recorded).algorithms().values()
 
@@ -293,8 +328,9 @@ def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path, env):
         entry["choice"] = other
     cache.write_text(json.dumps(data))
 
+    # A process that has tuned nothing and holds no plan: only the checkpoint has it.
     resumed = _train_in_a_fresh_process(
-        [*tune, "--workdir", str(workdir), "--resume", "--steps", "2"], cache, env
+        [*TUNE_FLAGS[:4], "--workdir", str(workdir), "--resume", "--steps", "2"], cache, env
     )
     assert "conv plan:" not in resumed.stdout  # the run's own plan: neither tuned nor read
     leaves, meta = read_checkpoint(workdir / "checkpoints")
@@ -302,7 +338,7 @@ def test_resume_in_a_fresh_process_runs_the_checkpointed_plan(tmp_path, env):
     assert json.loads((workdir / "config.json").read_text())["conv_plan"] == recorded
 
     # The changed cache is read by a new run: the resumed one would have changed algorithm.
-    fresh = _train_in_a_fresh_process([*tune, "--workdir", str(tmp_path / "new")], cache, env)
-    assert "conv plan: autotune cache (1 shapes (1 cached)" in fresh.stdout
+    assert cli.main(["train", *TINY_ARGS, *TUNE_FLAGS, "--workdir", str(tmp_path / "new")]) == 0
+    assert "conv plan: autotune cache (1 shapes (1 cached)" in capsys.readouterr().out
     new_plan = json.loads((tmp_path / "new" / "config.json").read_text())["conv_plan"]
     assert conv_algos.ConvPlan.from_dict(new_plan).algorithms() == {"conv": other}

@@ -1,6 +1,8 @@
 """The training loop in-process: determinism, data parallelism, accumulation, checkpoints.
 
-All runs use small_cnn's tiny variant on digits for a handful of steps.
+All runs use small_cnn's tiny variant (or a linear model) on digits for a handful of steps,
+compiled without LLVM optimizations (``FAST_COMPILE``), into a persistent compilation cache
+that the resumed run reads the base run's programs back from.
 """
 
 import json
@@ -19,14 +21,30 @@ from layoutlab.train.checkpoint import (
 )
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
+from layoutlab.xla.cache import compilation_cache
 
+# Every run's programs are compiled as the loop compiles init (train.program's
+# INIT_COMPILER_OPTIONS), a third less CPU time per run. What these tests check (the
+# reduction order across devices, the accumulation, checkpoints and resumes) is decided in
+# the HLO, which every level runs the same passes on; the level changes float32 results by
+# rounding alone (no FMA contraction), identically in every run.
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 TINY = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
     batch_size=32,
     num_steps=6,
     eval_every=3,
     keep_checkpoints=2,
+    xla_options=FAST_COMPILE,
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_compiles(tmp_path_factory):
+    """A persistent compilation cache for this module's runs; jax's previous cache settings
+    come back after the module."""
+    with compilation_cache(tmp_path_factory.mktemp("jax_cache")):
+        yield
 
 
 def _train(workdir, config=TINY, **kw):
@@ -97,6 +115,7 @@ def test_accumulation_equals_one_big_batch(tmp_path, linear_model):
         num_steps=4,
         eval_every=2,
         data_parallel=False,
+        xla_options=FAST_COMPILE,
     )
     # Micro-batches 2k and 2k+1 of 16 are batch k of 32: the epoch order does not depend on
     # the batch size, and 4 updates stay inside epoch 0.
@@ -213,7 +232,12 @@ def test_workdir_outputs(base_run):
 
 def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path, linear_model):
     config = TrainConfig(
-        model=linear_model, precision="fp16", num_steps=6, eval_every=3, data_parallel=False
+        model=linear_model,
+        precision="fp16",
+        num_steps=6,
+        eval_every=3,
+        data_parallel=False,
+        xla_options=FAST_COMPILE,
     )
     record, leaves = _train(tmp_path, config)
     assert json.loads((tmp_path / "config.json").read_text())["loss_scale"] == "dynamic"

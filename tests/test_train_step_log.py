@@ -4,6 +4,9 @@ The per-step losses are checked against the compiled train step's own outputs (r
 wrapper that fetches every call, independently of the loop's batched fetches), against the
 loop's per-evaluation ``train_loss`` (a separate accumulator, ``RunningMean``), and against an
 uninterrupted run after a kill -9 and ``--resume`` (same seed: bitwise equal on CPU).
+
+The runs here and the killed subprocess share one persistent compilation cache: the runs
+that differ from ``BASE`` only in what they log (and the resumed one) read its programs back.
 """
 
 import json
@@ -23,6 +26,7 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.metrics import read_records
 from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
+from layoutlab.xla.cache import compilation_cache
 
 BASE = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
@@ -82,6 +86,14 @@ def _train_recording_steps(config, workdir) -> list[dict]:
     return calls
 
 
+@pytest.fixture(scope="module", autouse=True)
+def shared_compiles(env):
+    """This process compiles into the cache the module's subprocesses use (conftest's
+    ``env``); jax's previous cache settings come back after the module."""
+    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
+        yield
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("steps") / "run"
@@ -139,7 +151,8 @@ def test_every_nth_step_and_switches(reference, tmp_path):
     # The same run (logging changes no computation): steps 3 and 6 of the every-step log.
     assert every_third == [r for r in read_records(reference / STEPS_FILE) if r["step"] in (3, 6)]
     assert not (tmp_path / "a" / TENSORBOARD_DIR).exists()
-    none = TrainConfig(**{**BASE.to_dict(), "log_every": 0, "num_steps": 2})
+    # All of BASE's steps, not fewer: the same programs as the reference, read from the cache.
+    none = TrainConfig(**{**BASE.to_dict(), "log_every": 0})
     train_and_evaluate(none, tmp_path / "b", quiet=True)
     assert read_records(tmp_path / "b" / STEPS_FILE) == []
     # TensorBoard still gets the evaluation, and no per-step scalar.
@@ -174,13 +187,13 @@ train_and_evaluate(TrainConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], 
 """
 
 
-def test_a_resumed_run_logs_each_step_once(reference, tmp_path, capsys):
+def test_a_resumed_run_logs_each_step_once(reference, tmp_path, capsys, env):
     workdir = tmp_path / "run"
     # Killed before the step-8 checkpoint is written: steps 5..8 were logged, the resume
     # restarts at 4 and logs them again.
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(BASE.to_dict()), str(workdir)],
-        env={**__import__("os").environ, KILL_HOOK_ENV: "before_save@8"},
+        env={**env, KILL_HOOK_ENV: "before_save@8"},
         capture_output=True,
         text=True,
         timeout=300,
