@@ -222,13 +222,20 @@ def test_shipped_table_rules_depend_on_the_batch():
     assert by_batch == ["im2col", "im2col", "xla", "xla", "winograd4_xla_dw"]
     # ResNet-18's 8x8x256 convs at batch 1: im2col's GEMM weight gradient (gemm_dw), the
     # step 1.03x faster; on ResNet-50's 14x14 ones at 1 (even), XLA's conv. From batch 8 to
-    # 64 all three Winograd on those and ResNet-50's 7x7x512 ones (ResNet-50's step 1.05x
-    # at 16 and 32, ResNet-18's 1.03-1.13x at 8-64); XLA's conv above the measured 64, the
-    # batch-128 rule's Winograd from 128.
+    # 127 all three Winograd on those and ResNet-50's 7x7x512 ones (ResNet-50's step 1.05x
+    # at 16 and 32, ResNet-18's 1.03-1.13x at 8-64, 1.29x at 96 with the batch-128 rule
+    # from 65 on its other convs); from 128 the batch-128 rule's Winograd.
     for size, channels, first in ((8, 256, "gemm_dw"), (14, 256, "xla"), (7, 512, "im2col")):
         by_batch = [default_algorithm(_spec(b, size, channels, channels), "train", "avx2")[0]
-                    for b in (1, 7, 8, 64, 65, 128)]  # fmt: skip
-        assert by_batch == [first, "xla", "winograd4_full", "winograd4_full", "xla",
+                    for b in (1, 7, 8, 64, 96, 127, 128)]  # fmt: skip
+        assert by_batch == [first, "xla", "winograd4_full", "winograd4_full", "winograd4_full",
+                            "winograd4_full", "winograd4_xla_dw"], (size, by_batch)  # fmt: skip
+    # The batch-128 rule reaches down to 65 on ResNet-18's 16x16x128 and 4x4x512 convs (the
+    # 1.29x at 96 above); between the stage rule's 32 and 65, XLA's conv (unmeasured).
+    for size, channels in ((16, 128), (4, 512)):
+        by_batch = [default_algorithm(_spec(b, size, channels, channels), "train", "avx2")[0]
+                    for b in (33, 64, 65, 96, 128)]  # fmt: skip
+        assert by_batch == ["xla", "xla", "winograd4_xla_dw", "winograd4_xla_dw",
                             "winograd4_xla_dw"], (size, by_batch)  # fmt: skip
     # On AVX2 the inference rule starts at batch 16 on 7x7 to 28x28 inputs (ResNet-50's step
     # 1.09x faster at 16), 128 on 4x4.
