@@ -46,9 +46,15 @@ def _assert_same_params(model, other, *, oihw_from_hwio=False):
         np.testing.assert_array_equal(a, b, err_msg=str(path))
 
 
+@pytest.fixture(scope="module")
+def fast_and_plain():
+    """The default model and its plain twin (same seed); the tests below only read them."""
+    return _create(), _create(kernel_storage="layout", activation_storage="layout")
+
+
 @on_cpu
-def test_models_create_stores_hwio_and_computes_channels_last_inside_by_default():
-    fast, plain = _create(), _create(kernel_storage="layout", activation_storage="layout")
+def test_models_create_stores_hwio_and_computes_channels_last_inside_by_default(fast_and_plain):
+    fast, plain = fast_and_plain
     assert fast.compute_layout == Layout.NHWC and fast.conv1.kernel_spec == "HWIO"
     assert plain.compute_layout is None and plain.conv1.kernel_spec == "OIHW"
     _assert_same_params(fast, plain, oihw_from_hwio=True)  # the same seed, the same weights
@@ -59,8 +65,8 @@ def test_models_create_stores_hwio_and_computes_channels_last_inside_by_default(
 
 
 @on_cpu
-def test_torch_weights_and_convert_layout_stay_exact_under_the_defaults():
-    fast, plain = _create(), _create(kernel_storage="layout", activation_storage="layout")
+def test_torch_weights_and_convert_layout_stay_exact_under_the_defaults(fast_and_plain):
+    fast, plain = fast_and_plain
     exported = to_torch_state_dict(fast)
     for key, value in to_torch_state_dict(plain).items():
         np.testing.assert_array_equal(exported[key], value, err_msg=key)  # PyTorch's order

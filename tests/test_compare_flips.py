@@ -131,15 +131,29 @@ def _cli(*argv):
     return args.func(args)
 
 
+@pytest.fixture
+def torch_one_thread():
+    """torch, running single-threaded: the two cores are shared with XLA, and torch's
+    OpenMP pool spin-waits when oversubscribed (as in test_compare_torch.py), and under
+    ``-n 2`` both cores are busy; one thread computes the same problem."""
+    torch = pytest.importorskip("torch")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield torch
+    torch.set_num_threads(saved)
+
+
 @pytest.mark.slow
 @pytest.mark.torch
-def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(tmp_path, capsys):
+def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(
+    tmp_path, capsys, torch_one_thread
+):
     """The audit's ResNet-18 (torchvision definition, random BatchNorm, seed 5) and its
     input, through ``layoutlab compare --against torch --grads --mode train``: on the
     measuring machine one ReLU element of layer1.1 flips and moves the rows before it by up
     to 1e-2; every row out of tolerance as run must be named by the flips that reach it
     and be within tolerance on the reference's decisions."""
-    torch = pytest.importorskip("torch")
+    torch = torch_one_thread
     import grad_audit as ga
 
     tm, x, _ = ga.problem("resnet18", seed=5, batch=4, size=64)
