@@ -27,6 +27,7 @@ __all__ = [
     "add_model_options",
     "deprecated",
     "parse_assignments",
+    "parse_comma_list",
     "parse_image_size",
     "parse_mode",
     "parse_model_args",
@@ -189,6 +190,11 @@ def parse_assignments(items: list[str] | None, what: str) -> dict:
             raise UsageError(f"{what} expects name=value, got {item!r}")
         out[name] = _value(value)
     return out
+
+
+def parse_comma_list(text: str) -> list[str]:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``: a flag's comma-separated names, blanks dropped."""
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def parse_mode(text: str) -> str:

@@ -11,6 +11,7 @@ from layoutlab.arguments import (
     add_conv_tune,
     add_image_size,
     add_model_options,
+    parse_comma_list,
     print_error,
     print_progress,
 )
@@ -22,13 +23,9 @@ from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # n
 __all__ = ["register"]
 
 
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
 def _ints(text: str) -> list[int]:
     try:
-        return [int(t) for t in _csv(text)]
+        return [int(t) for t in parse_comma_list(text)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
 
@@ -75,10 +72,10 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         config = SweepConfig(
             model=args.model,
-            layouts=_csv(args.layouts),
-            precisions=_csv(args.precisions),
+            layouts=parse_comma_list(args.layouts),
+            precisions=parse_comma_list(args.precisions),
             batch_sizes=args.batch_sizes,
-            modes=_csv(args.modes),
+            modes=parse_comma_list(args.modes),
             model_kwargs=model_kwargs(args),
             image_size=args.image_size,
             num_classes=args.num_classes,
@@ -92,7 +89,7 @@ def run_bench(args: argparse.Namespace) -> int:
             torch_compile=args.torch_compile,
             max_step_s=args.max_step_seconds,
             note=args.note,
-            conv_algorithms=_csv(args.conv_algos),
+            conv_algorithms=parse_comma_list(args.conv_algos),
             kernel_storage=args.kernel_storage,
             activation_storage=args.activation_storage,
             xla_options=compile_options_from_flags(args),

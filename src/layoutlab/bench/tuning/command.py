@@ -21,6 +21,7 @@ from layoutlab.arguments import (
     add_json,
     add_model_options,
     deprecated,
+    parse_comma_list,
     parse_mode,
     print_error,
     print_progress,
@@ -109,7 +110,7 @@ def run_layout(args: argparse.Namespace) -> int:
 def _names(text: str | None) -> list[str] | None:
     if text is None:
         return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = parse_comma_list(text)
     if not names:
         raise ValueError(f"--algorithms {text!r} names no algorithm; give some, e.g. xla,im2col.")
     return names
