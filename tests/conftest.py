@@ -104,6 +104,18 @@ def env(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def shared_compiles(env):
+    """This process compiles into the cache the module's subprocesses use (``env``), so its
+    in-process runs that repeat a program read it back; jax's previous cache settings come
+    back after the module. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("shared_compiles")``."""
+    from layoutlab.xla.cache import compilation_cache
+
+    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
+        yield
+
+
 @pytest.fixture(scope="session")
 def guarantees_run(tmp_path_factory):
     """A finished 4-step CLI run of a tiny small_cnn on digits (checkpoints and evaluations

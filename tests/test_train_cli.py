@@ -20,7 +20,8 @@ from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.command import build_config, register
 from layoutlab.train.launch import gpu_platform
 from layoutlab.train.loop import train_and_evaluate
-from layoutlab.xla.cache import compilation_cache
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 # 44 batches of 32 make a digits epoch: every step here is mid-epoch 0.
 ARGS = [
@@ -73,14 +74,6 @@ def _train(env, *argv, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*_cli(), "train", *argv], capture_output=True, text=True, env=env, timeout=timeout
     )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiles(env):
-    """This process compiles into the cache the module's subprocesses use (conftest's
-    ``env``); jax's previous cache settings come back after the module."""
-    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ from layoutlab.nn.conv_config import conv_settings
 from layoutlab.train import loop
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import TrainConfig, apply_overrides, validate
-from layoutlab.xla.cache import compilation_cache
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 MODEL = "test_one_conv"
 FAST_MATH_OFF = {"xla_cpu_enable_fast_math": False}
@@ -75,14 +76,6 @@ def one_conv_model():
     models.register(MODEL, description="test only: one conv", default_input=(8, 8, 3))(_OneConv)
     yield
     models.unregister(MODEL)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiles(env):
-    """This process compiles into the cache the module's subprocesses use (conftest's
-    ``env``); jax's previous cache settings come back after the module."""
-    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
-        yield
 
 
 def _config(**changes) -> TrainConfig:

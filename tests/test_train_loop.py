@@ -21,7 +21,8 @@ from layoutlab.train.checkpoint import (
 )
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
-from layoutlab.xla.cache import compilation_cache
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 # Every run's programs are compiled as the loop compiles init (train.program's
 # INIT_COMPILER_OPTIONS), a third less CPU time per run. What these tests check (the
@@ -37,14 +38,6 @@ TINY = TrainConfig(
     keep_checkpoints=2,
     xla_options=FAST_COMPILE,
 )
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiles(tmp_path_factory):
-    """A persistent compilation cache for this module's runs; jax's previous cache settings
-    come back after the module."""
-    with compilation_cache(tmp_path_factory.mktemp("jax_cache")):
-        yield
 
 
 def _train(workdir, config=TINY, **kw):

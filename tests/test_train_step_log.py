@@ -26,7 +26,8 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.metrics import read_records
 from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
-from layoutlab.xla.cache import compilation_cache
+
+pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 BASE = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
@@ -84,14 +85,6 @@ def _train_recording_steps(config, workdir) -> list[dict]:
         mp.setattr(loop, "compile_train_step", compile_and_record)
         train_and_evaluate(config, workdir, quiet=True)
     return calls
-
-
-@pytest.fixture(scope="module", autouse=True)
-def shared_compiles(env):
-    """This process compiles into the cache the module's subprocesses use (conftest's
-    ``env``); jax's previous cache settings come back after the module."""
-    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
-        yield
 
 
 @pytest.fixture(scope="module")
