@@ -56,7 +56,6 @@ LONGEST_FIRST = (
     "test_train_guarantees.py",
     "test_compare_torch.py",
     "test_infer.py",
-    "test_compare_flips.py",
     "06_train_digits.ipynb",
     "test_docs.py",
     "test_train_integrity.py",

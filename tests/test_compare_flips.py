@@ -1,7 +1,9 @@
 """Gradient comparisons name ReLU/max-pool decision flips: a row reached by a flip is judged
 on the rerun with the reference's decisions pinned and says ``flips: N at site``; an error
-the flips do not explain fails. The mechanism itself (a real flip in a jitted ResNet-18,
-float64's decisions pinned) is tested in test_grad_numerics_torchvision.py."""
+the flips do not explain fails. The CLI's test plants its flip in the float64 reference, so
+it does not depend on this CPU's rounding (a real ResNet-18 problem flipped on one machine
+and not on another). The mechanism itself (a flip in a jitted ResNet-18, float64's
+decisions pinned) is tested in test_grad_numerics_torchvision.py."""
 
 import argparse
 import json
@@ -143,34 +145,84 @@ def torch_one_thread():
     torch.set_num_threads(saved)
 
 
-@pytest.mark.slow
+# The planted element's pre-activation: this far above zero for the candidate and as far
+# below for the reference. float32's own error there is a few 1e-7 (values of order 1 after a
+# BatchNorm), so the candidate's decision cannot go either way; the nudge moves the
+# reference's layer outputs by 4e-5 at one element, inside the forward tolerance.
+NUDGE = 2e-5
+PLANTED = (0, 0, 3, 3)  # NCHW: sample 0, channel 0, row 3, column 3 of features.0's BatchNorm
+
+
+def _planted_problem(tmp_path, torch):
+    """small_cnn's tiny weights and an input, with channel 0's BatchNorm shift set so the
+    planted element's float64 pre-activation is ``+NUDGE``; saved for the CLI."""
+    from layoutlab import models
+    from layoutlab.compare.torch_reference import torch_mirror_of
+    from layoutlab.compare.torch_weights import to_torch_state_dict
+
+    model = fast_model("small_cnn", num_classes=10)
+    x = random_input("small_cnn", "NHWC", 4)
+    mirror = torch_mirror_of(model, "small_cnn", num_classes=10, **models.spec("small_cnn").tiny)
+    seen = []
+    hook = mirror.features[0][1].register_forward_hook(lambda m, a, out: seen.append(out))
+    with torch.no_grad():
+        mirror.double().train()(torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float64)))
+    hook.remove()
+    state = to_torch_state_dict(model, tensors=True)
+    # A train-mode BatchNorm's shift does not enter its statistics: only this sum moves.
+    state["features.0.1.bias"][0] += NUDGE - float(seen[0][PLANTED])
+    weights, inputs = tmp_path / "w.pth", tmp_path / "x.npy"
+    torch.save(state, weights)
+    np.save(inputs, x)
+    return weights, inputs
+
+
+def _nudged_mirrors(monkeypatch):
+    """Every torch mirror the CLI builds gets ``-2 * NUDGE`` added at the planted element of
+    features.0's BatchNorm output: a reference whose value there sits on the other side of
+    zero, as float64 rounding puts a float32 tie, and whose recorded decision (the ReLU's
+    input) and gradients both follow it."""
+    from layoutlab.compare import torch_reference
+
+    built = torch_reference.torch_mirror_of
+
+    def nudged(*args, **kwargs):
+        mirror = built(*args, **kwargs)
+
+        def shift(m, a, out):
+            d = out.new_zeros(out.shape)
+            d[PLANTED] = -2 * NUDGE
+            return out + d
+
+        mirror.features[0][1].register_forward_hook(shift)
+        return mirror
+
+    monkeypatch.setattr(torch_reference, "torch_mirror_of", nudged)
+
+
 @pytest.mark.torch
 def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(
-    tmp_path, capsys, torch_one_thread
+    tmp_path, capsys, monkeypatch, torch_one_thread
 ):
-    """The audit's ResNet-18 (torchvision definition, random BatchNorm, seed 5) and its
-    input, through ``layoutlab compare --against torch --grads --mode train``: on the
-    measuring machine one ReLU element of layer1.1 flips and moves the rows before it by up
-    to 1e-2; every row out of tolerance as run must be named by the flips that reach it
-    and be within tolerance on the reference's decisions."""
-    torch = torch_one_thread
-    import grad_audit as ga
-
-    tm, x, _ = ga.problem("resnet18", seed=5, batch=4, size=64)
-    weights, inputs, out = tmp_path / "w.pth", tmp_path / "x.npy", tmp_path / "r.json"
-    torch.save({k: v.float() for k, v in tm.state_dict().items()}, weights)
-    np.save(inputs, x.transpose(0, 2, 3, 1).astype(np.float32))
-    code = _cli("--model", "resnet18", "--against", "torch", "--grads", "--mode", "train",
-                "--torch-weights", str(weights), "--input", str(inputs),
+    """``layoutlab compare --against torch --grads --mode train`` with one ReLU decision
+    planted on the reference's side (``_nudged_mirrors``): the flip is found at its site,
+    it moves rows out of tolerance as run, and every such row is named by the flip and is
+    within tolerance on the reference's decisions, so the comparison passes."""
+    weights, inputs = _planted_problem(tmp_path, torch_one_thread)
+    _nudged_mirrors(monkeypatch)
+    out = tmp_path / "r.json"
+    code = _cli("--model", "small_cnn", "--tiny", "--against", "torch", "--grads", "--mode",
+                "train", "--torch-weights", str(weights), "--input", str(inputs),
                 "--json-file", str(out))  # fmt: skip
     grads = json.loads(out.read_text())["grads"]
-    assert grads["decision_flips"] is not None  # decisions were compared
+    assert ["features.0.2", "relu", 1] in grads["decision_flips"]
     out_of_tolerance = [r for r in grads["rows"] if not r["report"]["passed"]]
+    assert out_of_tolerance  # the planted flip moved rows: the loop below checks something
     for row in out_of_tolerance:
         assert row["flips"].startswith("flips: ") and row["pinned"]["passed"], row["path"]
+        assert "features.0.2" in row["flips"], row["path"]
     assert code == 0 and grads["passed"]
-    if grads["decision_flips"]:
-        assert "differing from the reference: " in capsys.readouterr().out
+    assert "differing from the reference: " in capsys.readouterr().out
 
 
 def test_cli_input_of_the_wrong_shape_exits_2(tmp_path, capsys):
