@@ -4,12 +4,13 @@ stem) spends its time, per XLA op.
     python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch
 
 Builds the step ``layoutlab bench`` times with the defaults (the shipped conv table, HWIO
-kernels, ``fast_compile_options`` for the optimizer), runs it under ``jax.profiler.trace``
-and sums the trace's op events per op kind (the HLO name without its numeric suffix) over
-every thread (the calling one runs thunks too); XLA:CPU runs independent ops at the same
-time, so read the figures as shares of the threads' time, not as a sum of wall time. Loop
-fusions run inside their events; a conv's Eigen work can run partly outside its event, so
-the conv rows are lower bounds (``benchmarks/results/profile_train_step_b1_avx512_cpu.md``).
+kernels, ``models.model_compile_options`` for the optimizer, batch and input), runs it under
+``jax.profiler.trace`` and sums the trace's op events per op kind (the HLO name without its
+numeric suffix) over every thread (the calling one runs thunks too); XLA:CPU runs
+independent ops at the same time, so read the figures as shares of the threads' time, not as
+a sum of wall time. Loop fusions run inside their events; a conv's Eigen work can run partly
+outside its event, so the conv rows are lower bounds
+(``benchmarks/results/profile_train_step_b1_avx512_cpu.md``).
 ``--show NAME`` prints the optimized HLO line of an op (its shape and operands).
 """
 
@@ -29,7 +30,7 @@ from interleaved_steps import workload
 
 from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.fast_defaults import fast_compile_options
+from layoutlab.models import model_compile_options
 
 
 def main() -> None:
@@ -43,7 +44,12 @@ def main() -> None:
     p.add_argument("--show", action="append", default=[], metavar="NAME")
     args = p.parse_args()
     w = workload(args.model, args.mode, args.batch)
-    options = fast_compile_options(args.mode, "cpu", args.optimizer, args.batch)
+    # The options ``layoutlab bench`` compiles this model's step with at this batch (they
+    # depend on its largest activation: at small batches no elementwise fusions on YNNPACK).
+    shape = (*w.spatial, w.channels)
+    options = model_compile_options(
+        w.model, w.kwargs, args.mode, "cpu", args.optimizer, args.batch, shape
+    )
     options = tuple(sorted(options.items()))
     case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
                    conv_tune="never", activation_storage="channels_last",
