@@ -47,6 +47,24 @@ _BATCH = 4
 _LOGITS_ATOL = 1e-4
 
 
+@pytest.fixture(scope="module")
+def build():
+    """``build(name, layout)``: ``fast_model(name, layout=layout)``, each call a copy of one
+    NHWC build per model (most of fast_model's time is nnx.eval_shape tracing
+    models.create; the NCHW model is converted from the NHWC one, as fast_model does)."""
+    built = {}
+
+    def model(name, layout="NHWC"):
+        if name not in built:
+            built[name] = fast_model(name)
+        copy = nnx.clone(built[name])
+        if models.resolve_layout(layout, models.spec(name).num_spatial).is_channels_last:
+            return copy
+        return nn.convert_layout(copy, layout)
+
+    return model
+
+
 def _calibrate_running_stats(mirror, x_cf):
     norms = [m for m in mirror.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     for m in norms:
@@ -92,9 +110,9 @@ def _to_cf_output(y, layout):
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("name", models.names())
-def test_registry_model_matches_torch(name, layout, record_property):
+def test_registry_model_matches_torch(name, layout, record_property, build):
     spec = models.spec(name)
-    model = fast_model(name, layout=layout)
+    model = build(name, layout)
     lay = models.resolve_layout(layout, spec.num_spatial)
     x = random_input(name, lay, _BATCH, _SPATIAL.get(name, (16,) * spec.num_spatial))
     if spec.num_spatial == 3:
@@ -145,7 +163,7 @@ def test_layerwise_and_grads_against_torch():
     )
 
 
-def test_torchvision_names():
+def test_torchvision_names(build):
     m = fast_model("resnet18", num_classes=10)
     sd = to_torch_state_dict(m)
     for key in (
@@ -161,11 +179,11 @@ def test_torchvision_names():
         assert key in sd, key
     assert sd["conv1.weight"].shape == (8, 3, 3, 3)  # OIHW
     assert sd["fc.weight"].shape == (10, 64)  # (out, in)
-    mb = fast_model("mobilenet_v2")
+    mb = build("mobilenet_v2")
     keys = torch_keys(mb)
     assert "features.0.0.weight" in keys and "features.1.conv.0.0.weight" in keys
     assert "classifier.1.weight" in keys
-    vgg = fast_model("vgg11_bn")
+    vgg = build("vgg11_bn")
     assert {
         "features.0.weight",
         "features.1.running_mean",

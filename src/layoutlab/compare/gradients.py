@@ -15,13 +15,17 @@ from flax import nnx
 
 from layoutlab.compare.decisions import Decision, FlipSite, probe_decisions
 from layoutlab.compare.layer_recording import (
+    PROGRAMS,
     LayerOutput,
+    Program,
     canonical_path,
     highest_precision,
     model_layout,
     module_table,
+    options_key,
     record_layers,
     set_mode,
+    signature,
 )
 from layoutlab.compare.layer_report import (
     LayerTolerance,
@@ -90,35 +94,63 @@ def probed_parameter_grads(
     """``parameter_grads`` that also returns every ReLU/ReLU6/max-pool decision the
     compiled forward took and, with ``pins``, follows the given decisions instead
     (``probe_decisions``). The decisions are outputs of the gradient program itself, so
-    they are the ones its gradients saw."""
+    they are the ones its gradients saw.
+
+    A later call on a model of the same structure and mode with the same options, and
+    without pins, runs the program already compiled (``layer_recording.PROGRAMS``)."""
     model = set_mode(model, train)
     layout = model_layout(model)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    order: list[str] = []
-    meta: list[tuple[str, str, int]] = []
-    done: list[str] = []
-
-    def loss(params, rest, x, labels):
-        m = nnx.merge(graphdef, params, rest, copy=True)
-        probing = probe_decisions(m, pins) if probe else contextlib.nullcontext()
-        with probing as log:
-            logits, records = record_layers(m, x)
-        order[:] = [r.path for r in records]
-        found = log.decisions if probe else []
-        meta[:] = [(d.site, d.kind, d.position) for d in found]
-        done[:] = log.done if probe else []
-        return loss_fn(logits, labels, layout), [d.value for d in found]
-
+    args = (params, rest, x, labels)
+    key = ("grads", graphdef, layout, train, probe, options_key(compiler_options))
+    if pins:
+        # Not kept: the pins are constants of the program (as arguments, XLA fuses the
+        # pinned program differently and its gradients move by an ulp), as large as the
+        # model's activations, and a rerun seldom repeats the same decisions.
+        program = _grad_program(*key[1:], pins)
+    else:
+        program = PROGRAMS.get(key, lambda: _grad_program(*key[1:], None))
     with highest_precision():
-        grad_fn = jax.jit(
-            jax.value_and_grad(loss, has_aux=True), compiler_options=compiler_options or None
-        )
-        (value, values), grads = grad_fn(params, rest, x, labels)
+        (value, values), grads = program.fn(*args)
+        traced = program.traced.get(signature(args))
+        if traced is None:  # arguments whose traced types do not read as given: no reuse
+            program = _grad_program(*key[1:], pins)
+            (value, values), grads = program.fn(*args)
+            (traced,) = program.traced.values()
+    order, meta, done = traced
     decisions = [
         Decision(site, kind, np.asarray(v), position)
         for (site, kind, position), v in zip(meta, values, strict=True)
     ]
-    return ProbedGrads(float(value), grads, order, decisions, list(done))
+    return ProbedGrads(float(value), grads, list(order), decisions, list(done))
+
+
+def _grad_program(
+    graphdef, layout: Layout, train: bool, probe: bool, options: tuple, pins
+) -> Program:
+    """The jitted ``(loss, decision values), grads`` of models split to ``graphdef`` (the
+    structure, static attributes and mode; ``train`` is in it too, named for clarity).
+    Params, state, input and labels are arguments, so jit's own cache keys the compiled
+    programs on their shapes and dtypes; ``pins`` are copied because the program keeps
+    them."""
+    traced: dict = {}
+    pinned = {site: np.array(v) for site, v in (pins or {}).items()}
+
+    def loss(params, rest, x, labels):
+        m = nnx.merge(graphdef, params, rest, copy=True)
+        probing = probe_decisions(m, pinned) if probe else contextlib.nullcontext()
+        with probing as log:
+            logits, records = record_layers(m, x)
+        found = log.decisions if probe else []
+        traced[signature((params, rest, x, labels))] = (
+            tuple(r.path for r in records),
+            tuple((d.site, d.kind, d.position) for d in found),
+            tuple(log.done) if probe else (),
+        )
+        return loss_fn(logits, labels, layout), [d.value for d in found]
+
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    return Program(jax.jit(grad_fn, compiler_options=dict(options) or None), traced)
 
 
 def grads_to_layout(model: nnx.Module, grads: nnx.State, layout: Layout) -> nnx.State:

@@ -14,6 +14,7 @@ Layer paths use the PyTorch naming: ``Sequential``'s inner ``layers`` list is dr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
@@ -228,19 +229,90 @@ def layer_outputs(
     outer = model_layout(model)
     inner = getattr(model, "compute_layout", None) or outer
     graphdef, state = nnx.split(model)
-    meta: list[tuple[str, str]] = []
-
-    def run(state, x):
-        out, records = record_layers(
-            nnx.merge(graphdef, state), x, include_containers=include_containers
-        )
-        meta[:] = [(r.path, r.op) for r in records]
-        return out, [r.value for r in records]
-
+    key = ("forward", graphdef, include_containers, options_key(compiler_options))
+    program = PROGRAMS.get(key, lambda: _forward_program(*key[1:]))
     with highest_precision():
-        out, values = jax.jit(run, compiler_options=compiler_options or None)(state, x)
+        out, values = program.fn(state, x)
+        meta = program.traced.get(signature((state, x)))
+        if meta is None:  # arguments whose traced types do not read as given: no reuse
+            program = _forward_program(*key[1:])
+            out, values = program.fn(state, x)
+            (meta,) = program.traced.values()
     records = [
         LayerOutput(p, op, _in_model_layout(np.asarray(v), inner, outer))
         for (p, op), v in zip(meta, values, strict=True)
     ]
     return np.asarray(out), records
+
+
+def _forward_program(graphdef, include_containers: bool, options: tuple) -> Program:
+    """The jitted forward of ``layer_outputs`` for models split to ``graphdef``."""
+    traced: dict = {}
+
+    def run(state, x):
+        out, records = record_layers(
+            nnx.merge(graphdef, state), x, include_containers=include_containers
+        )
+        traced[signature((state, x))] = tuple((r.path, r.op) for r in records)
+        return out, [r.value for r in records]
+
+    return Program(jax.jit(run, compiler_options=dict(options) or None), traced)
+
+
+# --------------------------------------------------------------------------- compiled programs
+
+
+class Program(NamedTuple):
+    """A jitted function and what its traces saw that is not an array (layer paths, decision
+    sites), by the arguments' ``signature``: a call jit serves from its cache does not trace."""
+
+    fn: Callable
+    traced: dict
+
+
+def options_key(options: dict | None) -> tuple:
+    """Compiler options as part of a ``PROGRAMS`` key."""
+    return tuple(sorted((options or {}).items()))
+
+
+def signature(args: Any) -> tuple:
+    """The pytree structure, shapes and dtypes of ``args``, read alike from arrays and from
+    the tracers jit makes of them."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((tuple(np.shape(v)), _dtype(v)) for v in leaves)
+
+
+def _dtype(value: Any) -> Any:
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return type(value)
+    with contextlib.suppress(TypeError, ValueError):
+        return jax.dtypes.canonicalize_dtype(dtype)
+    return dtype
+
+
+class ProgramCache:
+    """Compiled comparison programs by everything that determines them (the model's
+    ``graphdef``, which holds its structure, static attributes and mode, plus options), so a
+    comparison repeating a program compiles nothing; the least recently used go first. Read
+    and written only outside tracing."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.programs: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, key: tuple, build: Callable[[], Program]) -> Program:
+        try:
+            program = self.programs.pop(key, None)
+        except TypeError:  # an unhashable option value: compile for this call only
+            return build()
+        if program is None:
+            program = build()
+        self.programs[key] = program
+        while len(self.programs) > self.size:
+            self.programs.popitem(last=False)
+        return program
+
+
+# Few: a compiled training program of a large model is tens of MB of machine code.
+PROGRAMS = ProgramCache(8)
