@@ -189,10 +189,14 @@ class BatchNorm(LayoutModule):
         count = x.size // self.num_features
         unbiased = var.astype(jnp.float32) * (count / max(count - 1, 1))
         m = self.momentum
-        self.mean[...] = (1.0 - m) * self.mean[...] + m * lax.stop_gradient(
-            mean.astype(jnp.float32)
+        # ``set_value``, not ``[...] =``: flax's indexed set asks the tracer for its
+        # sharding, and jax builds the message of that lookup's error from the jaxpr traced
+        # so far, once per BatchNorm: ResNet-50's training step traced and lowered in 2.9 s
+        # with it, 2.0 s without (flax 0.12.8, jax 0.10.2).
+        self.mean.set_value(
+            (1.0 - m) * self.mean[...] + m * lax.stop_gradient(mean.astype(jnp.float32))
         )
-        self.var[...] = (1.0 - m) * self.var[...] + m * lax.stop_gradient(unbiased)
+        self.var.set_value((1.0 - m) * self.var[...] + m * lax.stop_gradient(unbiased))
         return y.astype(self.policy.compute_dtype)
 
 
