@@ -81,8 +81,8 @@ def _spec(case, layout, dtype="float32"):
     )
 
 
-def _run(spec, algorithm, inputs, dtype, grads=True):
-    x, w, dy = (jnp.asarray(a, dtype) for a in inputs)
+def _train(spec, algorithm, dtype):
+    """``(x, w, dy) -> (y, dx, dw)`` of ``algorithm`` on ``spec`` with ``dtype`` operands."""
     preferred = jnp.float32 if jnp.dtype(dtype) != jnp.float32 else None
 
     def f(a, b):
@@ -101,10 +101,44 @@ def _run(spec, algorithm, inputs, dtype, grads=True):
         y, vjp = jax.vjp(f, a, b)
         return (y, *vjp(g.astype(y.dtype)))
 
-    if not grads:
-        return {"y": jax.jit(f)(x, w)}
-    outs = jax.jit(train)(x, w, dy)
+    return train
+
+
+def _jit_together(cases):
+    """``{key: (fn, args)}`` -> ``{key: fn(*args)}``, jitted as one program: one XLA compile
+    instead of one per case, about half the CPU time (most of a small program's compile is
+    fixed cost). Each case gets its own parameters, so no case's ops fuse with or fold into
+    another's; a case whose trace raises maps to that error, raised by its own test."""
+    errors = {}
+
+    def together(args):
+        outs = {}
+        for key, (fn, _) in cases.items():
+            try:
+                outs[key] = fn(*args[key])
+            except Exception as err:  # noqa: BLE001 - re-raised by the case's own test
+                errors[key] = err
+        return outs
+
+    outs = jax.jit(together)({key: args for key, (_, args) in cases.items()})
+    return {**outs, **errors}
+
+
+def _outputs(together, key):
+    outs = together[key]
+    if isinstance(outs, Exception):
+        raise outs
     return dict(zip(("y", "dx", "dw"), outs, strict=True))
+
+
+def _conv_cases(params, dtype, seed):
+    """The cases of ``params`` (case, algorithm, layout) with ``dtype`` operands, by id."""
+    cases = {}
+    for case, algorithm, layout in params:
+        spec = _spec(case, layout, jnp.dtype(dtype).name)
+        inputs = tuple(jnp.asarray(a, dtype) for a in spec_inputs(spec, seed=seed))
+        cases[f"{case}-{algorithm}-{layout}"] = (_train(spec, algorithm, dtype), inputs)
+    return cases
 
 
 def _check(spec, outs, refs, dtype):
@@ -126,32 +160,45 @@ def _check(spec, outs, refs, dtype):
     return errors
 
 
+@pytest.fixture(scope="module")
+def float32_outputs():
+    """Every float32 case of ``PARAMS``, compiled as one program (``_jit_together``)."""
+    return _jit_together(_conv_cases([p.values for p in PARAMS], jnp.float32, seed=1))
+
+
 @pytest.mark.parametrize(("case", "algorithm", "layout"), PARAMS)
-def test_algorithm_matches_float64_reference(case, algorithm, layout):
+def test_algorithm_matches_float64_reference(case, algorithm, layout, float32_outputs):
     spec = _spec(case, layout)
     assert ca.select_algorithm(spec, algorithm).name == algorithm  # no silent fallback
     inputs = spec_inputs(spec, seed=1)
     refs = reference_conv(*inputs, spec)
-    errors = _check(spec, _run(spec, algorithm, inputs, jnp.float32), refs, jnp.float32)
+    outs = _outputs(float32_outputs, f"{case}-{algorithm}-{layout}")
+    errors = _check(spec, outs, refs, jnp.float32)
     print(f"{case} {algorithm} {layout} float32 max err / max|ref|: {errors}")
 
 
-@pytest.mark.parametrize(
-    ("case", "algorithm"),
-    [
-        ("3x3s1", "im2col"),
-        ("3x3s1", "gemm_dw"),
-        ("3x3s1", "winograd2"),
-        ("3x3s2", "s2d"),
-        ("1x1s2", "pointwise"),
-        ("dw3x3s2", "depthwise"),
-    ],
-)
-def test_bfloat16_operands_accumulate_in_float32(case, algorithm):
+BFLOAT16_CASES = [
+    ("3x3s1", "im2col"),
+    ("3x3s1", "gemm_dw"),
+    ("3x3s1", "winograd2"),
+    ("3x3s2", "s2d"),
+    ("1x1s2", "pointwise"),
+    ("dw3x3s2", "depthwise"),
+]
+
+
+@pytest.fixture(scope="module")
+def bfloat16_outputs():
+    cases = [(case, algorithm, "NHWC") for case, algorithm in BFLOAT16_CASES]
+    return _jit_together(_conv_cases(cases, jnp.bfloat16, seed=2))
+
+
+@pytest.mark.parametrize(("case", "algorithm"), BFLOAT16_CASES)
+def test_bfloat16_operands_accumulate_in_float32(case, algorithm, bfloat16_outputs):
     spec = _spec(case, "NHWC", "bfloat16")
     inputs = spec_inputs(spec, seed=2)
     refs = reference_conv(*inputs, spec)
-    outs = _run(spec, algorithm, inputs, jnp.bfloat16)
+    outs = _outputs(bfloat16_outputs, f"{case}-{algorithm}-NHWC")
     assert outs["y"].dtype == jnp.float32  # preferred_element_type
     assert outs["dx"].dtype == jnp.bfloat16 and outs["dw"].dtype == jnp.bfloat16
     _check(spec, outs, refs, jnp.bfloat16)
@@ -160,10 +207,9 @@ def test_bfloat16_operands_accumulate_in_float32(case, algorithm):
 WINOGRAD = ("winograd2", "winograd4", "winograd2_xla_dw", "winograd4_xla_dw")
 
 
-def _winograd_errors(spec, methods, inputs, refs, dtype):
-    """``(within conv_tolerance, [normwise error of y, of dx])`` of ``methods`` run directly
-    through ``composed_conv`` (no ``supports`` check) with ``dtype`` operands."""
-    x, w, dy = (jnp.asarray(a, dtype) for a in inputs)
+def _winograd_train(spec, methods, dtype):
+    """``(x, w, dy) -> (y, dx)`` of ``methods`` run directly through ``composed_conv`` (no
+    ``supports`` check) with ``dtype`` operands."""
     preferred = None if dtype == "float32" else jnp.float32
 
     def train(a, b, g):
@@ -171,10 +217,15 @@ def _winograd_errors(spec, methods, inputs, refs, dtype):
         y, vjp = jax.vjp(f, a, b)
         return y, vjp(g.astype(y.dtype))[0]
 
+    return train
+
+
+def _winograd_errors(spec, outs, refs, dtype):
+    """``(within conv_tolerance, [normwise error of y, of dx])`` of a core's ``outs``."""
     passed, norms = True, []
     kh, kw = spec.geometry.kernel_size
     for out, ref, k in zip(
-        jax.jit(train)(x, w, dy),
+        outs,
         (refs["y"], refs["dx"]),
         (kh * kw * spec.in_features, kh * kw * spec.out_features),
         strict=True,
@@ -201,14 +252,33 @@ def test_winograd_dtypes_follow_measured_error():
     spec32 = ca.conv_spec(xs, ws, padding=1)
     inputs = spec_inputs(spec32, seed=3)
     refs = reference_conv(*inputs, spec32)
-    measured = {}
+    dtypes = ("float32", "bfloat16", "float16")
+    # The _xla_dw variants share forward and dX with their plain twin: measure once. Every
+    # core and dtype runs in one program (``_jit_together``).
+    cores = {}
     for name in WINOGRAD:
         methods = ca.get_algorithm(name).core.methods
-        # The _xla_dw variants share forward and dX with their plain twin: measure once.
+        cores.setdefault((methods.forward, methods.input_grad), methods)
+    cases = {
+        f"{key[0]}-{key[1]}-{dtype}": (
+            _winograd_train(spec32, methods, dtype),
+            tuple(jnp.asarray(a, dtype) for a in inputs),
+        )
+        for key, methods in cores.items()
+        for dtype in dtypes
+    }
+    outs = _jit_together(cases)
+    measured = {}
+    for key in cores:
+        for dtype in dtypes:
+            got = outs[f"{key[0]}-{key[1]}-{dtype}"]
+            if isinstance(got, Exception):
+                raise got
+            measured[(key, dtype)] = _winograd_errors(spec32, got, refs, dtype)
+    for name in WINOGRAD:
+        methods = ca.get_algorithm(name).core.methods
         key = (methods.forward, methods.input_grad)
-        for dtype in ("float32", "bfloat16", "float16"):
-            if (key, dtype) not in measured:
-                measured[(key, dtype)] = _winograd_errors(spec32, methods, inputs, refs, dtype)
+        for dtype in dtypes:
             passed, norms = measured[(key, dtype)]
             reason = ca.unsupported_reason(name, dtype)
             print(f"{name} {dtype}: y, dx normwise {norms}, within bar {passed}, refused {reason}")

@@ -30,6 +30,10 @@ from layoutlab.xla.flags import CPU_FAST_OPTIONS
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 _TINY = ["--model", "small_cnn", "--model-arg", "width=4", "--model-arg", "hidden=8"]
 
+# The CLI's default run and the Python API's run the same tiny NCHW model at batch 16 for 2
+# steps: the second reads the first's train, eval and init programs back (~6 s of CPU).
+pytestmark = pytest.mark.usefixtures("shared_compiles")
+
 
 def test_default_train_run_records_the_fast_configuration(tmp_path, capsys):
     workdir = tmp_path / "run"
@@ -69,7 +73,7 @@ def test_each_opt_out_turns_off_its_part_only(tmp_path, flags, field, value):
 
 def test_python_api_gets_the_same_defaults(tmp_path):
     config = TrainConfig(model="small_cnn", model_kwargs={"width": 4, "hidden": 8}, layout="NCHW",
-                         num_steps=1, batch_size=16, log_every=0, tensorboard=False)  # fmt: skip
+                         num_steps=2, batch_size=16, log_every=0, tensorboard=False)  # fmt: skip
     train_and_evaluate(config, tmp_path / "api", quiet=True)
     saved = json.loads((tmp_path / "api" / "config.json").read_text())
     assert saved["kernel_storage"] == "channels_last" and saved["conv_plan"] is not None

@@ -8,6 +8,7 @@ order 1) leaves two orders of magnitude over float32's 1.2e-7 epsilon; gradients
 through BatchNorm's backward, which subtracts nearly equal sums, so they use atol=1e-4.
 """
 
+import functools
 import re
 
 import jax
@@ -59,18 +60,25 @@ def _forward_and_grads(model, x, segmentation=False):
     return y, nnx.merge(graphdef, grads, new_rest)
 
 
+@functools.cache
+def _channels_last_run(name):
+    """``(model, x, logits, grads)`` of registry model ``name``, tiny and channels-last, with
+    NumPy-drawn weights (compare_helpers: eager init compiles each small op at every layer
+    shape). Cached: the remat test compares against the same ResNet-18 run."""
+    model = fast_model(name)
+    x = _input(name, model.layout)
+    return model, x, *_forward_and_grads(model, x, models.spec(name).task == "segmentation")
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_converted_model_matches(name):
     s = models.spec(name)
-    # NumPy-drawn weights (compare_helpers): eager init compiles each small op at every
-    # layer shape, and a layout conversion must hold for any weights.
-    nhwc = fast_model(name)
+    # A layout conversion must hold for any weights: NumPy-drawn ones will do.
+    nhwc, x, y_a, grads_a = _channels_last_run(name)
     nchw = convert_layout(nhwc, "NCHW")
     src, dst = nhwc.layout, nchw.layout
-    x = _input(name, src)
 
     seg = s.task == "segmentation"
-    y_a, grads_a = _forward_and_grads(nhwc, x, seg)
     y_b, grads_b = _forward_and_grads(nchw, to_layout(x, src, dst), seg)
     assert_close(y_b, y_a, rtol=1e-5, atol=1e-5, msg=f"{name} logits")
 
@@ -213,11 +221,9 @@ def test_too_small_input_is_a_clear_error():
 
 
 def test_remat_gives_the_same_gradients():
-    kw = dict(num_classes=4, layout="NHWC", width=4, stem="cifar")
-    plain = fast_model("resnet18", **kw)
-    remat = fast_model("resnet18", remat=True, **kw)
-    x = _input("resnet18", plain.layout)
-    y_a, g_a = _forward_and_grads(plain, x)
+    # The plain side is test_converted_model_matches[resnet18]'s run (tiny: CIFAR stem).
+    _, x, y_a, g_a = _channels_last_run("resnet18")
+    remat = fast_model("resnet18", remat=True)
     y_b, g_b = _forward_and_grads(remat, x)
     # Rematerialisation recomputes the same ops: equal to float32 rounding.
     assert_close(y_b, y_a, rtol=1e-6, atol=1e-6)

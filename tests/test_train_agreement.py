@@ -5,7 +5,6 @@ test_train_multihost), and the fingerprint and its comparison in-process."""
 import json
 import time
 
-import pytest
 from test_train_multihost import _launch, _one_line_error
 
 from layoutlab.train.agreement import describe_differences, run_fingerprint
@@ -25,26 +24,15 @@ def _per_process(flags_of):
 
 
 # A learning rate and a conv algorithm in one launch: the line names every field that
-# differs (up to four), so each must appear in it; the data's fields come in a launch of
-# their own, since with them the line would pass four.
-@pytest.mark.parametrize(
-    "flags, words",
-    [
-        (
-            (["--lr", "0.003"], ["--lr", "0.1", "--conv-algo", "im2col"]),
-            [
-                "learning_rate: 0.003 on process 0, 0.1 on process 1",
-                'conv_algorithm: "auto" on process 0, "im2col" on process 1',
-            ],
-        ),
-        (
-            (["--data", "synthetic:8x8x1:10:64"], ["--data", "synthetic:8x8x1:10:96"]),
-            ["data.train_size", "51 on process 0", "77 on process 1", "data.contents"],
-        ),
-    ],
-    ids=["lr-and-conv-algo", "data"],
-)
-def test_processes_that_differ_stop_before_compiling(tmp_path, flags, words):
+# differs (up to four), so each must appear in it. That the data's fields are compared is
+# test_data_differences_name_the_data_fields, in-process: the launch, its exit and its line
+# are the same whatever differs, and a second launch cost two fresh processes (~10 s CPU).
+def test_processes_that_differ_stop_before_compiling(tmp_path):
+    flags = (["--lr", "0.003"], ["--lr", "0.1", "--conv-algo", "im2col"])
+    words = [
+        "learning_rate: 0.003 on process 0, 0.1 on process 1",
+        'conv_algorithm: "auto" on process 0, "im2col" on process 1',
+    ]
     start = time.perf_counter()
     results = _launch(tmp_path / "run", *FAST, launch_flags=_per_process(flags))
     seconds = time.perf_counter() - start
@@ -56,26 +44,57 @@ def test_processes_that_differ_stop_before_compiling(tmp_path, flags, words):
     assert seconds < 60, seconds
 
 
-def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path):
+def _seed_conv_cache(path, monkeypatch, *convs):
+    """Writes ``path`` as a run of the test below would find it after tuning ``convs``
+    (``(in_size, cin, cout)`` of the run's small_cnn convs, width 4 on digits): each
+    entry keyed as the run keys it (autotune_conv with the run's compile options), XLA's
+    conv chosen, nothing compiled."""
+    from layoutlab.bench.tuning import convs as tuning
+    from layoutlab.bench.tuning.conv_candidates import CandidateResult
+    from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
+    from layoutlab.train.config import TrainConfig, validate
+    from layoutlab.train.fast_config import compile_options
+
+    config = validate(TrainConfig(precision="bf16", eval_batch_size=16), 4)
+    options = compile_options(config, "train")
+    skipped = lambda spec, name, *a, **k: CandidateResult(name, error="seeded")  # noqa: E731
+    monkeypatch.setattr(tuning, "check_candidate", skipped)
+    for size, cin, cout in convs:
+        # Batch 16 and width 4: the shapes the run's own spec keys name (n16, 1->4, 4->8, 8->8).
+        geom = resolve_geometry((size, size), 3, 1, "SAME")
+        spec = make_spec((16, size, size, cin), cout, geom, dtype="bfloat16", layout="NHWC")
+        tuning.autotune_conv(spec, compiler_options=options or None, cache=path)
+    monkeypatch.undo()
+
+
+def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path, monkeypatch):
     # Each process gets its own autotune cache: only process 0 may tune (and write one).
     caches = [tmp_path / f"autotune{i}.json" for i in range(2)]
+    # Process 0's holds two of the three conv shapes, so it tunes one (each shape compiles
+    # every candidate: ~15 s of CPU); process 1's is empty, so had it decided for itself,
+    # it would have tuned all three and written its cache.
+    _seed_conv_cache(caches[0], monkeypatch, (8, 1, 4), (4, 8, 8))
     flags = tuple(([], {"LAYOUTLAB_AUTOTUNE_CACHE": str(c)}) for c in caches)
     workdir = tmp_path / "run"
-    # bfloat16: 5 candidates per conv shape instead of 8 (no Winograd F(4x4)), a cheaper tuning.
+    # bfloat16: 7 candidates per conv shape instead of 10 (no Winograd F(4x4)), a cheaper tuning.
     flags_all = ["--conv-tune", "always", "--steps", "1", "--precision", "bf16",
                  "--set", "eval_batch_size=16"]  # fmt: skip
     results = _launch(workdir, *FAST, *flags_all, launch_flags=_per_process(flags))
     for code, _, err in results:
         assert code == 0, err[-2000:]
-    assert "conv plan: autotuned (3 shapes (0 cached)" in results[0][1]
+    assert "conv plan: autotuned (3 shapes (2 cached)" in results[0][1], results[0][1][-2000:]
     assert "conv plan" not in results[1][1] and "conv plan" not in results[1][2]
     assert caches[0].is_file() and not caches[1].exists()
     # The run finished past the second check, of the plan each process compiles; the
-    # plan recorded is process 0's tuning (with its measurements), one entry per conv.
+    # plan recorded is process 0's (its cache and its tuning, with the measurements), one
+    # entry per conv.
     convs = json.loads((workdir / "config.json").read_text())["conv_plan"]["convs"]
     tuned = json.loads(caches[0].read_text())["entries"]
     assert len(convs) == 3 and len(tuned) == 3
-    assert all("evidence" in entry for entry in convs.values()), convs
+    sources = sorted(entry["evidence"]["source"] for entry in convs.values())
+    assert sources == ["cache", "cache", "measured"], convs
+    measured = [e for e in convs.values() if e["evidence"]["source"] == "measured"]
+    assert measured[0]["spec_key"].startswith("NHWC:n16:8x8:4->8:"), measured
 
 
 def test_duplicate_process_id_is_one_line_on_both(tmp_path):
@@ -121,6 +140,17 @@ def test_fingerprint_compares_resolved_values():
     assert line.startswith("model_kwargs: {\"width\": 4} on process 0, {\"width\": 8} on "
                            "process 2; model state ("), line  # fmt: skip
     assert "process 1" not in line and "\n" not in line
+
+
+def test_data_differences_name_the_data_fields():
+    # Other data of the same shape: the fingerprint holds the data's sizes and contents, and
+    # the line names them (with the data's own fields it passes four, so this is its own case).
+    line = describe_differences(
+        [_fingerprint(data="synthetic:8x8x1:10:64"), _fingerprint(data="synthetic:8x8x1:10:96")]
+    )
+    for word in ("data.train_size", "51 on process 0", "77 on process 1", "data.contents"):
+        assert word in line, line
+    assert "\n" not in line
 
 
 def test_supervisor_holds_back_a_fatal_trace_and_names_its_reason():
