@@ -28,13 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, with_rules, workload
+from interleaved_steps import bench_options, median_cell, runner, with_rules, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_kind
-from layoutlab.models import model_compile_options
 from layoutlab.nn.conv_algos import default_plan
 
 DROPS = {
@@ -68,10 +67,7 @@ def main(argv=None) -> None:
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
     w = workload(args.model, args.mode, args.batch)
-    # What ``layoutlab bench`` compiles the model's step with at this batch: at small batches
-    # a training step leaves elementwise fusions to XLA's loops (its largest activation).
-    shape = (*w.spatial, w.channels)
-    opts = model_compile_options(w.model, w.kwargs, args.mode, "cpu", "pytorch", args.batch, shape)
+    opts = bench_options(w)
     runners = [
         runner(w, label, opts, cls=cls)
         for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))

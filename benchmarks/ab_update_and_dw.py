@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, workload
+from interleaved_steps import bench_options, median_cell, runner, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_fast_options
 from layoutlab.nn.conv_algos import im2col
 from layoutlab.train import skip, steps
 
@@ -83,7 +82,7 @@ def main(argv=None) -> None:
     if unknown := sorted(set(names) - set(PATCHES)):
         p.error(f"unknown variants {unknown}; choose from {', '.join(PATCHES)}")
     w = workload(args.model, "train", args.batch)
-    opts = cpu_fast_options("train", args.optimizer, batch=args.batch)
+    opts = bench_options(w, args.optimizer)
     runners = [runner(w, "now", opts, optimizer=args.optimizer)] + [
         runner(w, name, opts, optimizer=args.optimizer, cls=_patched(PATCHES[name]))
         for name in names

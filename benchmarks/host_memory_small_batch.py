@@ -33,15 +33,14 @@ def main(argv=None) -> None:
         from layoutlab.xla import keep_host_memory
 
         keep_host_memory(args.keep)  # before JAX starts
-    from interleaved_steps import runner, workload
+    from interleaved_steps import bench_options, runner, workload
 
     from layoutlab.bench.cases import TorchCase
     from layoutlab.bench.timing import timed
     from layoutlab.bench.torch_runner import TorchRunner
-    from layoutlab.fast_defaults import cpu_fast_options
 
     w = workload(args.model, args.mode, args.batch)
-    jax_step = runner(w, "defaults", cpu_fast_options(args.mode, "pytorch", batch=args.batch))
+    jax_step = runner(w, "defaults", bench_options(w))
     jax_step.setup()
     torch_step = TorchRunner(TorchCase(w, "channels_last", "fp32"))
     torch_step.setup()

@@ -38,6 +38,17 @@ def workload(model: str, mode: str, batch: int) -> Workload:
     return make_workload(name, {**kwargs, **extra}, shape, classes, mode, batch)
 
 
+def bench_options(w: Workload, optimizer: str = "pytorch") -> dict:
+    """The XLA:CPU compile options ``layoutlab bench`` gives ``w``'s step: they depend on the
+    model's largest activation at this batch (at small batches a training step leaves
+    elementwise fusions to XLA's loops), so ``cpu_fast_options`` without it is another
+    configuration."""
+    shape = (*w.spatial, w.channels)
+    return models.model_compile_options(
+        w.model, w.kwargs, w.mode, "cpu", optimizer, w.batch_size, shape
+    )
+
+
 def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",
            algo: str = "auto", cls=JaxRunner, backend: str = "cpu") -> JaxRunner:  # fmt: skip
     """A ``cls`` runner of ``w`` on ``backend`` in NHWC fp32 with HWIO kernels, conv

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 
-from interleaved_steps import runner, save_results, workload
+from interleaved_steps import bench_options, runner, save_results, workload
 
 from layoutlab.bench.cases import TorchCase
 from layoutlab.bench.machine import machine_info
 from layoutlab.bench.sweep import run_group
 from layoutlab.bench.torch_runner import TorchRunner
-from layoutlab.fast_defaults import cpu_fast_options
 
 KEEP = ("framework", "step_ms_median", "step_ms_ci_low", "step_ms_ci_high", "dispersion",
         "other_cores", "status", "unstable_reason")  # fmt: skip
@@ -31,7 +30,7 @@ KEEP = ("framework", "step_ms_median", "step_ms_ci_low", "step_ms_ci_high", "dis
 
 def _groups(model: str, mode: str, batch: int):
     w = workload(model, mode, batch)
-    options = cpu_fast_options(mode, "pytorch", batch=batch)
+    options = bench_options(w)
 
     def ours():
         return runner(w, "defaults", options)

@@ -4,7 +4,7 @@ stem) spends its time, per XLA op.
     python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch
 
 Builds the step ``layoutlab bench`` times with the defaults (the shipped conv table, HWIO
-kernels, ``models.model_compile_options`` for the optimizer, batch and input), runs it under
+kernels, ``interleaved_steps.bench_options`` for the optimizer), runs it under
 ``jax.profiler.trace`` and sums the trace's op events per op kind (the HLO name without its
 numeric suffix) over every thread (the calling one runs thunks too); XLA:CPU runs
 independent ops at the same time, so read the figures as shares of the threads' time, not as
@@ -26,11 +26,10 @@ import tempfile
 import time
 
 import jax
-from interleaved_steps import workload
+from interleaved_steps import bench_options, workload
 
 from layoutlab.bench.cases import JaxCase
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.models import model_compile_options
 
 
 def main() -> None:
@@ -44,12 +43,7 @@ def main() -> None:
     p.add_argument("--show", action="append", default=[], metavar="NAME")
     args = p.parse_args()
     w = workload(args.model, args.mode, args.batch)
-    # The options ``layoutlab bench`` compiles this model's step with at this batch (they
-    # depend on its largest activation: at small batches no elementwise fusions on YNNPACK).
-    shape = (*w.spatial, w.channels)
-    options = model_compile_options(
-        w.model, w.kwargs, args.mode, "cpu", args.optimizer, args.batch, shape
-    )
+    options = bench_options(w, args.optimizer)
     options = tuple(sorted(options.items()))
     case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
                    conv_tune="never", activation_storage="channels_last",

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, workload
+from interleaved_steps import bench_options, median_cell, runner, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_fast_options
 from layoutlab.train import program
 
 
@@ -43,7 +42,7 @@ def main(argv=None) -> None:
     p.add_argument("--time-budget", type=float, default=15.0)
     args = p.parse_args(argv)
     w = workload(args.model, "train", args.batch)
-    opts = cpu_fast_options("train", args.optimizer, batch=args.batch)
+    opts = bench_options(w, args.optimizer)
     runners = [
         runner(w, label, opts, optimizer=args.optimizer, cls=cls)
         for cls, label in ((JaxRunner, "cond"), (SelectRunner, "select"))
