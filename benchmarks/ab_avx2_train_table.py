@@ -40,12 +40,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import median_cell, runner, with_rules, workload
+from interleaved_steps import bench_options, median_cell, runner, with_rules, workload
 
-from layoutlab import models
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_fast_options, cpu_kind
+from layoutlab.fast_defaults import cpu_kind
 from layoutlab.nn.conv_algos import default_plan as plan
 
 KEYS = {"train": ("avx2", "train", "float32"), "infer": ("avx2", "inference", "float32")}
@@ -137,10 +136,7 @@ def main(argv=None) -> None:
         p.error(f"this CPU is {cpu_kind()}, not avx2: the swapped table would not be read")
     tables = _tables(args.mode)
     w = workload(args.model, args.mode, args.batch)
-    name = args.model.split(":")[0]
-    largest = models.largest_conv_output(name, w.kwargs, (*w.spatial, w.channels))
-    activation = None if largest is None else largest * args.batch
-    opts = cpu_fast_options(args.mode, "pytorch", batch=args.batch, activation=activation)
+    opts = bench_options(w)
     key, eltwise = "xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_ELTWISE"
     kinds = [k for k in opts[key].split(",") if k != eltwise]
     options = {"": opts, "-": {**opts, key: ",".join(kinds)},
