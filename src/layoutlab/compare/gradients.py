@@ -15,7 +15,6 @@ from flax import nnx
 
 from layoutlab.compare.decisions import Decision, FlipSite, probe_decisions
 from layoutlab.compare.layer_recording import (
-    PROGRAMS,
     LayerOutput,
     Program,
     canonical_path,
@@ -24,6 +23,7 @@ from layoutlab.compare.layer_recording import (
     module_table,
     options_key,
     record_layers,
+    run_program,
     set_mode,
     signature,
 )
@@ -103,21 +103,13 @@ def probed_parameter_grads(
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     args = (params, rest, x, labels)
     key = ("grads", graphdef, layout, train, probe, options_key(compiler_options))
-    if pins:
-        # Not kept: the pins are constants of the program (as arguments, XLA fuses the
-        # pinned program differently and its gradients move by an ulp), as large as the
-        # model's activations, and a rerun seldom repeats the same decisions.
-        program = _grad_program(*key[1:], pins)
-    else:
-        program = PROGRAMS.get(key, lambda: _grad_program(*key[1:], None))
+    # Pinned programs are not kept: the pins are constants of the program (as arguments,
+    # XLA fuses the pinned program differently and its gradients move by an ulp), as large
+    # as the model's activations, and a rerun seldom repeats the same decisions.
     with highest_precision():
-        (value, values), grads = program.fn(*args)
-        traced = program.traced.get(signature(args))
-        if traced is None:  # arguments whose traced types do not read as given: no reuse
-            program = _grad_program(*key[1:], pins)
-            (value, values), grads = program.fn(*args)
-            (traced,) = program.traced.values()
-    order, meta, done = traced
+        ((value, values), grads), (order, meta, done) = run_program(
+            None if pins else key, lambda: _grad_program(*key[1:], pins), args
+        )
     decisions = [
         Decision(site, kind, np.asarray(v), position)
         for (site, kind, position), v in zip(meta, values, strict=True)

@@ -230,14 +230,8 @@ def layer_outputs(
     inner = getattr(model, "compute_layout", None) or outer
     graphdef, state = nnx.split(model)
     key = ("forward", graphdef, include_containers, options_key(compiler_options))
-    program = PROGRAMS.get(key, lambda: _forward_program(*key[1:]))
     with highest_precision():
-        out, values = program.fn(state, x)
-        meta = program.traced.get(signature((state, x)))
-        if meta is None:  # arguments whose traced types do not read as given: no reuse
-            program = _forward_program(*key[1:])
-            out, values = program.fn(state, x)
-            (meta,) = program.traced.values()
+        (out, values), meta = run_program(key, lambda: _forward_program(*key[1:]), (state, x))
     records = [
         LayerOutput(p, op, _in_model_layout(np.asarray(v), inner, outer))
         for (p, op), v in zip(meta, values, strict=True)
@@ -316,3 +310,16 @@ class ProgramCache:
 
 # Few: a compiled training program of a large model is tens of MB of machine code.
 PROGRAMS = ProgramCache(8)
+
+
+def run_program(key: tuple | None, build: Callable[[], Program], args: tuple) -> tuple:
+    """``(outputs, traced)``: ``build()``'s program called on ``args`` (kept in ``PROGRAMS``
+    under ``key``; None: built for this call only) and what its trace recorded for them."""
+    program = build() if key is None else PROGRAMS.get(key, build)
+    out = program.fn(*args)
+    traced = program.traced.get(signature(args))
+    if traced is None:  # arguments whose traced types do not read as given: no reuse
+        program = build()
+        out = program.fn(*args)
+        (traced,) = program.traced.values()
+    return out, traced
