@@ -126,6 +126,27 @@ def test_pins_make_the_program_follow_the_given_decisions(run):
     assert log.decisions == []
 
 
+def test_a_repeated_comparison_runs_its_kept_program_and_a_pinned_one_traces(run, monkeypatch):
+    from layoutlab.compare import gradients
+
+    model, x, labels, ref = run
+    probed_parameter_grads(model, x, labels, train=True)  # kept, if evicted since the fixture
+    traces = []
+    recording = gradients.record_layers
+    monkeypatch.setattr(
+        gradients, "record_layers", lambda *a, **k: traces.append(1) or recording(*a, **k)
+    )
+    again = probed_parameter_grads(model, x, labels, train=True)
+    assert traces == []  # read back: nothing traced, so nothing compiled
+    assert again.loss == ref.loss and again.order == ref.order
+    for a, b in zip(jax.tree.leaves(again.grads), jax.tree.leaves(ref.grads), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same program
+    _, pins = decision_flips(ref.decisions, ref.decisions)
+    for _ in range(2):  # pinned programs are not kept: each call traces its own
+        probed_parameter_grads(model, x, labels, train=True, pins=pins)
+    assert len(traces) == 2
+
+
 def _cli(*argv):
     parser = argparse.ArgumentParser(prog="layoutlab")
     command.register(parser.add_subparsers(dest="command"))
