@@ -26,6 +26,7 @@ from layoutlab.nn.conv_config import conv_settings, set_kernel_storage
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.xla.flags import CPU_FAST_OPTIONS
+from layoutlab.xla.host_memory import ENV_SETTING_PER_THREAD
 
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 _TINY = ["--model", "small_cnn", "--model-arg", "width=4", "--model-arg", "hidden=8"]
@@ -463,7 +464,7 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
     assert kept(*big, "--no-keep-host-memory") == "default glibc malloc"
     assert kept("--image-size", "8", "--batch-sizes", "32") == "mallopt (per-thread arenas)"
     # The host-memory guide's way to per-thread arenas at any batch, from the command line.
-    per_thread = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+    per_thread = ENV_SETTING_PER_THREAD.split("=", 1)[1]
     assert kept(*big, tunables=per_thread) == "environment (per-thread arenas)"
 
 

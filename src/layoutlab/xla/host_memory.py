@@ -13,11 +13,15 @@ reuse it (the first few calls still grow the heap to its peak):
 - ``M_MMAP_MAX=0``: large blocks come from the heap, not from ``mmap``.
 - ``M_TRIM_THRESHOLD=-1``: the heap is never shrunk, so the pages stay mapped.
 
-``keep_host_memory(arenas="per_thread")`` sets the last two only. Each thread keeps its own
-arena, whose heap holds blocks up to 64 MiB (glibc's ``HEAP_MAX_SIZE``): a smaller temp buffer
-stays mapped without the lock every thread takes on one arena, a larger one is mapped fresh
-on every call as with glibc's defaults. The commands choose it for small batches, where one
-arena measured slower (``layoutlab.xla.host_memory_flag``).
+``keep_host_memory(arenas="per_thread")`` sets the last two and ``M_TOP_PAD=128 MiB``. Each
+thread keeps its own arena, whose heaps hold blocks up to 64 MiB (glibc's ``HEAP_MAX_SIZE``):
+a smaller temp buffer stays mapped without the lock every thread takes on one arena, a
+larger one is mapped fresh on every call as with glibc's defaults. The top pad is what keeps
+a thread's heap: when a free leaves a secondary heap empty, glibc unmaps it whatever the trim
+threshold says, unless the pad (at least a whole heap) asks it to stay. Without the pad a
+temp buffer alone in its heap was mapped fresh again on up to half of the calls. The commands
+choose per-thread arenas for small batches, where one arena measured slower
+(``layoutlab.xla.host_memory_flag``).
 
 The price is that the process keeps its peak heap until it exits, which is what a training or
 benchmark process wants. The settings are process-wide: PyTorch running in the same process
@@ -38,6 +42,7 @@ from typing import NamedTuple
 __all__ = [
     "ARENAS",
     "ENV_SETTING",
+    "ENV_SETTING_PER_THREAD",
     "HostMemoryError",
     "HostMemoryState",
     "backend_started",
@@ -47,19 +52,29 @@ __all__ = [
 
 # glibc's mallopt parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
+# glibc's heap_trim unmaps an empty secondary heap unless the top pad exceeds what the heap
+# before it could still take, which is under one HEAP_MAX_SIZE (64 MiB); twice that is
+# clear of the boundary. Address space only: pages are touched when used.
+_TOP_PAD = 128 << 20
 # (parameter, value) by ``arenas``; a trim threshold of -1 turns trimming off.
 _HEAP = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
-_SETTINGS = {"one": ((_M_ARENA_MAX, 1), *_HEAP), "per_thread": _HEAP}
+_SETTINGS = {"one": ((_M_ARENA_MAX, 1), *_HEAP), "per_thread": (*_HEAP, (_M_TOP_PAD, _TOP_PAD))}
 ARENAS = tuple(_SETTINGS)
 # The same settings for a process's environment, read by glibc when the process starts.
 ENV_SETTING = (
     "GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
     "glibc.malloc.trim_threshold=68719476736"
 )
+ENV_SETTING_PER_THREAD = (
+    "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736:"
+    f"glibc.malloc.top_pad={_TOP_PAD}"
+)
 _TUNABLES = ("glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold")
 _ONE_ARENA = "glibc.malloc.arena_max=1"
+_TOP_PAD_ITEM = "glibc.malloc.top_pad="
 # What ``how`` adds when threads keep their own arenas.
 _PER_THREAD = " (per-thread arenas)"
 
@@ -90,7 +105,11 @@ def _from_environment() -> str | None:
     items = os.environ.get("GLIBC_TUNABLES", "").split(":")
     if not all(any(item.startswith(t) for item in items) for t in _TUNABLES):
         return None
-    return "one" if _ONE_ARENA in items else "per_thread"
+    if _ONE_ARENA in items:
+        return "one"
+    pads = [item[len(_TOP_PAD_ITEM) :] for item in items if item.startswith(_TOP_PAD_ITEM)]
+    # Per-thread arenas without the pad still unmap a buffer alone in its heap.
+    return "per_thread" if any(p.isdigit() and int(p) >= _TOP_PAD for p in pads) else None
 
 
 def backend_started() -> bool:
