@@ -360,12 +360,16 @@ def _check_numerics(ok, logits, workload, images, backend) -> None:
     reference = logits.get(_REFERENCE)
     if reference is None:
         reference = _forward_logits(ref_case, images, backend)
-    layers = weight_layers(build_model(ref_case))
+    # Only the kernels' ranks count: an abstract model, no weights drawn.
+    layers = weight_layers(nnx.eval_shape(lambda: build_model(ref_case)))
     platform = resolve_backend(backend).platform
     for e in ok:
-        out = logits.get((e["layout"], e["precision"]))
+        name = (e["layout"], e["precision"])
+        out = logits.get(name)
+        if out is None and name == _REFERENCE:  # the same model and weights, already run
+            out = reference
         if out is None:
-            out = _forward_logits(JaxCase(workload, e["layout"], e["precision"]), images, backend)
+            out = _forward_logits(JaxCase(workload, *name), images, backend)
         tol = candidate_tolerance(e["precision"], layers, reference, platform)
         report = compare(out, reference, rtol=tol.rtol, atol=tol.atol, name="logits")
         e.update(
