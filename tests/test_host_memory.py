@@ -75,11 +75,10 @@ def test_kept_host_memory_stops_the_temp_buffer_faulting(arenas, how):
     # runs at load 3-6 on 2 cores; most settle by the 9th). Steady state: calls 17 to 48.
     # Per-thread arenas without glibc's top pad faulted the whole buffer again on up to 19 of
     # these 32 calls under load: glibc unmaps a thread's heap that a free leaves empty,
-    # whatever the trim threshold (keep_host_memory's docstring). With the pad, 20 runs at
-    # load 4-6 on 2 cores faulted none after the 9th call. The claim stays about the typical
-    # steady call, not every one, as a loaded machine can still interleave a worker's free
-    # with the next call's allocation: most of them (more than half: the median call) reuse
-    # the heap, under 1% of the buffer's pages faulted, where without the setting every
+    # whatever the trim threshold (keep_host_memory's docstring). With the pad, 24 runs at
+    # load 3-7 on 2 cores faulted none after the 11th call. The claim stays about the typical
+    # steady call, not every one, since 24 runs bound only what they saw: most of them (more
+    # than half: the median call) reuse the heap, under 1% of the buffer's pages faulted, where without the setting every
     # steady call faults the whole buffer again (one fault per page, unless transparent huge
     # pages back the mapping: then faults are cheap too and the comparison says nothing).
     steady_default, steady_kept = default["faults"][16:], kept["faults"][16:]
