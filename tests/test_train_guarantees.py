@@ -30,6 +30,10 @@ from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.resume import MAY_CHANGE, ResumeError
 from layoutlab.train.workdir import LOCK_FILE, WorkdirError, WorkdirLock
 
+# The resumes below compile the same programs again (a train step per --steps, the eval
+# step); the module's persistent cache (tests/conftest.py) serves the repeats.
+pytestmark = pytest.mark.usefixtures("shared_compiles")
+
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
 RUN = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2", *TINY]
 
