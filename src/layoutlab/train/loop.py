@@ -47,7 +47,6 @@ from layoutlab.train.metrics import (
     truncate_records,
     write_json,
 )
-from layoutlab.train.plot import plot_metrics
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
@@ -282,6 +281,9 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) 
     if record is None:  # nothing left to train: report the final state as it is
         record = _eval_record(run, state, schedule.total_steps)
     if main:
+        # matplotlib takes about 1 s to import: only the process that plots pays it.
+        from layoutlab.train.plot import plot_metrics
+
         plot_metrics(
             read_records(workdir / METRICS_FILE),
             workdir / PLOT_FILE,
