@@ -104,9 +104,11 @@ CHAINS = {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, shared_compiles):
     """The uninterrupted run's final checkpoint and metrics (keep_checkpoints does not
-    change the numbers, so one reference serves both chains)."""
+    change the numbers, so one reference serves both chains). It compiles into the cache
+    the forked runs read (``env``): the first of them, which would otherwise compile the
+    same programs itself, reads them back (~8 s of CPU)."""
     workdir = tmp_path_factory.mktemp("reference")
     train_and_evaluate(BASE, workdir, quiet=True)
     leaves, meta = read_checkpoint(workdir / "checkpoints")
