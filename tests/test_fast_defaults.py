@@ -120,8 +120,10 @@ def test_inspect_reads_back_options_and_kernel_layout_of_a_default_train_step(ca
         return {c["logical"] for c in rep["convolutions"]}
 
     assert "NHWC*HWIO->NHWC" in logical(fast) and not any("NCHW" in s for s in logical(fast))
-    # Each opt-out alone: HWIO kernels in an NCHW program, and OIHW ones in plain XLA.
-    nchw = report("--activation-storage", "layout")
+    # Each opt-out alone: HWIO kernels in an NCHW program, and OIHW ones in plain XLA. The
+    # forward convs say it, so the NCHW program is a forward (its training step's forward
+    # convs are the same, and a training step compiles about 5x slower).
+    nchw = report("--activation-storage", "layout", "--mode", "infer")
     nchw_fwd = {s for s in logical(nchw) if s.startswith("NCHW*")}
     assert "NCHW*HWIO->NCHW" in nchw_fwd and not any("OIHW" in s for s in nchw_fwd)
     plain_fwd = {s for s in logical(plain) if s.startswith("NCHW*")}
@@ -404,12 +406,17 @@ def test_torch_round_trip_and_convert_layout_are_exact_with_hwio_kernels():
     load_torch_state_dict(other, state)
     model.eval(), other.eval()  # no dropout: their rngs differ
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 1, 8, 8)), jnp.float32)
-    np.testing.assert_array_equal(np.asarray(model(x)), np.asarray(other(x)))  # same weights
+
+    # One program per model structure rather than one compile per op: model and other
+    # share theirs (their weights are its arguments).
+    forward = nnx.jit(lambda m, inputs: m(inputs))
+    want = np.asarray(forward(model, x))
+    np.testing.assert_array_equal(np.asarray(forward(other, x)), want)  # same weights
     nhwc = convert_layout(model, "NHWC")
     nhwc.eval()
     # The other layout: equal up to float32 reassociation of the same sums (1e-5).
-    np.testing.assert_allclose(np.asarray(nhwc(jnp.moveaxis(x, 1, -1))), np.asarray(model(x)),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    got = np.asarray(forward(nhwc, jnp.moveaxis(x, 1, -1)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_tuning_is_skipped_when_it_cannot_pay_and_the_cache_is_used_when_full(
@@ -474,8 +481,11 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
     from layoutlab.bench.results import load_results
 
     monkeypatch.setenv("LAYOUTLAB_AUTOTUNE_CACHE", str(tmp_path / "cache.json"))
+    # Forward steps only: the labels depend on neither mode nor layout, and a forward
+    # compiles about 5x faster than a training step. Each mode's own options in the cases
+    # a sweep runs: test_bench_conv_options.py::test_cpu_fast_sweep_uses_each_modes_options.
     common = ["bench", *_TINY, "--precisions", "fp32",
-              "--batch-sizes", "2", "--modes", "train", "--repeats", "1", "--warmup", "0",
+              "--batch-sizes", "2", "--modes", "infer", "--repeats", "1", "--warmup", "0",
               "--no-plots", "--no-roofline"]  # fmt: skip
     argv = [*common, "--layouts", "NHWC,NCHW", "--baseline-plain", "--out", str(tmp_path / "a")]
     assert cli.main(argv) == 0
@@ -494,11 +504,9 @@ def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(
     assert all(_YNN in json.loads(r["xla_options"]) for r in fast)
     assert all(json.loads(r["xla_options"]) == {} and not r["conv_plan_source"] for r in plain)
     assert "| plain XLA |" in capsys.readouterr().out
-    # An opt-out flag makes the rows "custom": they are no longer the defaults (one layout
-    # and the forward only: the label depends on neither, and a forward compiles faster
-    # than a training step).
-    argv = [*common, "--layouts", "NCHW", "--modes", "infer", "--no-cpu-fast",
-            "--out", str(tmp_path / "b")]  # fmt: skip
+    # An opt-out flag makes the rows "custom": they are no longer the defaults (one layout:
+    # the label does not depend on it).
+    argv = [*common, "--layouts", "NCHW", "--no-cpu-fast", "--out", str(tmp_path / "b")]
     assert cli.main(argv) == 0
     rows = load_results(tmp_path / "b", source="csv").rows
     assert len(rows) == 1 and {r["defaults"] for r in rows} == {"custom"}

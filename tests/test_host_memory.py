@@ -78,9 +78,10 @@ def test_kept_host_memory_stops_the_temp_buffer_faulting(arenas, how):
     # whatever the trim threshold (keep_host_memory's docstring). With the pad, 24 runs at
     # load 3-7 on 2 cores faulted none after the 11th call. The claim stays about the typical
     # steady call, not every one, since 24 runs bound only what they saw: most of them (more
-    # than half: the median call) reuse the heap, under 1% of the buffer's pages faulted, where without the setting every
-    # steady call faults the whole buffer again (one fault per page, unless transparent huge
-    # pages back the mapping: then faults are cheap too and the comparison says nothing).
+    # than half: the median call) reuse the heap, under 1% of the buffer's pages faulted,
+    # where without the setting every steady call faults the whole buffer again (one fault
+    # per page, unless transparent huge pages back the mapping: then faults are cheap too and
+    # the comparison says nothing).
     steady_default, steady_kept = default["faults"][16:], kept["faults"][16:]
     if statistics.median(steady_default) < pages / 2:
         pytest.skip("this kernel backs fresh mappings with huge pages; nothing to compare")

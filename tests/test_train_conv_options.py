@@ -3,8 +3,11 @@
 Runs train a test-only one-conv classifier in NCHW on 8x8x3 synthetic images, batch 8, on one
 device, for 1 to 3 steps: one conv shape keeps the train-step compiles and the CLI's conv
 autotuning (every candidate compiled forward and backward) to seconds on 2 busy cores. The
-CLI's tuning runs once, in this process (``tuned``); the tests that read its cache or resume
-its run take copies, and only the resume that must start from nothing runs in a fresh process.
+CLI runs' conv is 1x1: it has 6 training candidates where a 3x3 one has 10, whose four
+Winograd ones are the costly compiles (the tuning run took 8 s of CPU against 28), and which
+plan source a run takes does not depend on the kernel. The CLI's tuning runs once, in this
+process (``tuned``); the tests that read its cache or resume its run take copies, and only
+the resume that must start from nothing runs in a fresh process.
 This process and that one share a persistent compilation cache, so a run that repeats an
 earlier run's programs (a resume, a cached plan) reads them back instead of compiling them.
 """
@@ -53,15 +56,19 @@ TINY_ARGS = [
     "--batch-size", "8",
     "--set", "data_parallel=false",
     "--set", "eval_batch_size=16",
+    "--model-arg", "kernel=1",
     "--quiet",
 ]  # fmt: skip
 
 
 class _OneConv(nnx.Module):
-    """conv 3x3 -> relu -> global average pool -> dense."""
+    """conv 3x3 (or ``kernel``, "same" padded) -> relu -> global average pool -> dense."""
 
-    def __init__(self, *, num_classes, layout, policy, rngs, in_channels=3):
-        self.conv = nn.Conv(in_channels, 4, 3, padding=1, layout=layout, policy=policy, rngs=rngs)
+    def __init__(self, *, num_classes, layout, policy, rngs, in_channels=3, kernel=3):
+        pad = kernel // 2
+        self.conv = nn.Conv(
+            in_channels, 4, kernel, padding=pad, layout=layout, policy=policy, rngs=rngs
+        )
         self.act = nn.ReLU()
         self.pool = nn.GlobalAvgPool(layout=layout, policy=policy)
         self.dense = nn.Dense(4, num_classes, policy=policy, rngs=rngs)
@@ -179,9 +186,11 @@ def test_rejected_xla_option_is_a_clear_error(tmp_path, capsys):
     config = _config(conv_algorithm="auto", xla_options={"xla_no_such_option": True})
     with pytest.raises(ValueError, match="XLA rejected xla_options.*xla_no_such_option"):
         loop.train_and_evaluate(config, tmp_path, quiet=False)
-    # A partial plan: the convs it lacks run XLA's conv, and the loop says how many.
+    # A partial plan: the convs it lacks run XLA's conv, and the loop says how many. (With
+    # the default trajectory's option its programs are that run's: read back, not compiled.)
     plan = {"convs": {}}
-    loop.train_and_evaluate(_config(conv_algorithm="auto", conv_plan=plan), tmp_path / "p")
+    config = _config(conv_algorithm="auto", conv_plan=plan, xla_options=FAST_MATH_OFF)
+    loop.train_and_evaluate(config, tmp_path / "p")
     err = capsys.readouterr().err
     assert "conv_algorithm=auto: 1 of 1 conv(s) have no conv_plan entry" in err
     with pytest.raises(ValueError, match="While setting option xla_cpu_enable_fast_math"):
@@ -223,7 +232,7 @@ def test_cli_conv_flags_autotune_then_read_the_cache(tuned, tmp_path, monkeypatc
     assert saved["conv_algorithm"] == "auto" and saved["kernel_storage"] == "channels_last"
     assert saved["xla_options"] == FAST_MATH_OFF
     plan = conv_algos.ConvPlan.from_dict(saved["conv_plan"])
-    assert list(plan) == ["conv"] and plan["conv"].spec_key.startswith("NCHW:n8:8x8:3->4:")
+    assert list(plan) == ["conv"] and plan["conv"].spec_key.startswith("NCHW:n8:8x8:3->4:k1x1:")
     meta = read_checkpoint(workdir / "checkpoints")[1]
     assert meta["extra"]["config"]["conv_plan"] == saved["conv_plan"]
 
