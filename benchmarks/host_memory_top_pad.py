@@ -2,7 +2,7 @@
 
     python benchmarks/host_memory_top_pad.py --runs 10 --load
 
-Runs the probe of ``tests/test_host_memory.py`` (a jitted product through a 36 MB float32
+Runs the probe of ``tests/host_memory_probe.py`` (a jitted product through a 36 MB float32
 intermediate, 48 calls, minor page faults per call) in fresh processes, alternating three
 settings given through ``GLIBC_TUNABLES``: glibc's defaults, per-thread arenas without the top
 pad (``mmap_max=0``, no trimming) and with it (``ENV_SETTING_PER_THREAD``). ``--load`` runs two
@@ -14,24 +14,15 @@ line per probe: how many of calls 17-48 faulted more than half the buffer, and t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-_PROBE = """
-import json, resource
-import jax, jax.numpy as jnp
-f = jax.jit(lambda x: (jnp.outer(x, x) + 1.0) @ x)
-x = jnp.arange(3072, dtype=jnp.float32)
-temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
-faults = []
-for _ in range(48):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    f(x).block_until_ready()
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"temp": temp, "faults": faults}))
-"""
+# The probe is the test suite's (tests/host_memory_probe.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from host_memory_probe import probe  # noqa: E402
+
 _LOAD = """
 import time, jax, jax.numpy as jnp
 f = jax.jit(lambda a: jnp.tanh(a @ a))
@@ -50,15 +41,6 @@ def _settings() -> dict[str, str | None]:
     return {"glibc defaults": None, "per-thread, no top pad": without, "per-thread": with_pad}
 
 
-def _probe(tunables: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    if tunables:
-        env["GLIBC_TUNABLES"] = tunables
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                         text=True, check=True, timeout=600).stdout  # fmt: skip
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=10)
@@ -73,7 +55,7 @@ def main(argv=None) -> None:
     try:
         for _ in range(args.runs):
             for name, tunables in _settings().items():
-                r = _probe(tunables)
+                r = probe("default", tunables)
                 half = r["temp"] / os.sysconf("SC_PAGE_SIZE") / 2
                 marks = "".join("X" if f > half else "." for f in r["faults"])
                 bad[name].append(marks[16:].count("X"))

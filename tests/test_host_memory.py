@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from host_memory_probe import probe
 
 from layoutlab import cli
 from layoutlab.xla import HostMemoryError, host_memory_state, keep_host_memory
@@ -24,40 +25,6 @@ glibc_only = pytest.mark.skipif(
     reason="the malloc settings exist on Linux with glibc only",
 )
 
-# A jitted product through a 3072 x 3072 float32 intermediate (36 MB): the matmul does not fuse
-# with its producer, so XLA:CPU allocates a temp buffer of that size on every call, above
-# glibc's largest mmap threshold (32 MiB), and by default each call maps it fresh. A matmul, not
-# a sort of as many floats: the same buffer in 25 ms a call instead of 1.3 s.
-_PROBE = """
-import json, resource, sys
-from layoutlab.xla import keep_host_memory, host_memory_state
-if sys.argv[1] != "default":
-    keep_host_memory(sys.argv[1])
-import jax, jax.numpy as jnp
-f = jax.jit(lambda x: (jnp.outer(x, x) + 1.0) @ x)
-x = jnp.arange(3072, dtype=jnp.float32)
-temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
-faults = []
-for _ in range(48):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    f(x).block_until_ready()
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"temp": temp, "faults": faults, "state": list(host_memory_state())}))
-"""
-
-
-def _probe(mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, mode],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
 
 @glibc_only
 @pytest.mark.parametrize(
@@ -65,7 +32,7 @@ def _probe(mode: str) -> dict:
 )
 def test_kept_host_memory_stops_the_temp_buffer_faulting(arenas, how):
     # Per-thread arenas too: the 36 MB buffer is under the 64 MiB a thread's arena holds.
-    default, kept = _probe("default"), _probe(arenas)
+    default, kept = probe("default"), probe(arenas)
     assert default["state"] == [False, "default glibc malloc"]
     assert kept["state"] == [True, how]
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
