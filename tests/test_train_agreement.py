@@ -5,7 +5,7 @@ test_train_multihost), and the fingerprint and its comparison in-process."""
 import json
 import time
 
-from test_train_multihost import _launch, _one_line_error
+from test_train_multihost import LEVEL_0, _launch, _one_line_error
 
 from layoutlab.train.agreement import describe_differences, run_fingerprint
 
@@ -52,10 +52,12 @@ def _seed_conv_cache(path, monkeypatch, *convs):
     from layoutlab.bench.tuning import convs as tuning
     from layoutlab.bench.tuning.conv_candidates import CandidateResult
     from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
-    from layoutlab.train.config import TrainConfig, validate
+    from layoutlab.train.config import TrainConfig, apply_overrides, validate
     from layoutlab.train.fast_config import compile_options
 
-    config = validate(TrainConfig(precision="bf16", eval_batch_size=16), 4)
+    # The launches' own XLA options (test_train_multihost.TRAIN) are part of every key.
+    config = TrainConfig(precision="bf16", eval_batch_size=16)
+    config = validate(apply_overrides(config, [f"xla_options.{LEVEL_0}"]), 4)
     options = compile_options(config, "train")
     skipped = lambda spec, name, *a, **k: CandidateResult(name, error="seeded")  # noqa: E731
     monkeypatch.setattr(tuning, "check_candidate", skipped)

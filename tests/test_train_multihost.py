@@ -26,9 +26,10 @@ from layoutlab.train.supervise import SUPERVISED_ENV
 # against the uninterrupted run), so they compile at LLVM level 0 (docs/development.md): the
 # same HLO passes and cpu_fast options, ~3 s less CPU per trainer that compiles, and process 1
 # compiles in every launch (its cache keys name its own topology, and only process 0 writes).
+LEVEL_0 = "xla_backend_optimization_level=0"
 TRAIN = ["--set", "model_kwargs.width=4", "--steps", "6", "--batch-size", "16",
          "--set", "eval_every=3", "--log-every", "2", "--quiet",
-         "--xla-option", "xla_backend_optimization_level=0"]  # fmt: skip
+         "--xla-option", LEVEL_0]  # fmt: skip
 TIMEOUT_S = 240
 
 
