@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from host_memory_probe import probe  # noqa: E402
 
 _LOAD = """
-import time, jax, jax.numpy as jnp
+import jax, jax.numpy as jnp
 f = jax.jit(lambda a: jnp.tanh(a @ a))
 a = jnp.ones((1500, 1500))
 while True:
@@ -51,10 +51,11 @@ def main(argv=None) -> None:
         busy = [sys.executable, "-c", "while True: pass"]
         load = [subprocess.Popen(busy), subprocess.Popen(busy),
                 subprocess.Popen([sys.executable, "-c", _LOAD])]  # fmt: skip
-    bad = {name: [] for name in _settings()}
+    settings = _settings()
+    bad = {name: [] for name in settings}
     try:
         for _ in range(args.runs):
-            for name, tunables in _settings().items():
+            for name, tunables in settings.items():
                 r = probe("default", tunables)
                 half = r["temp"] / os.sysconf("SC_PAGE_SIZE") / 2
                 marks = "".join("X" if f > half else "." for f in r["faults"])

@@ -124,11 +124,16 @@ def _jit_together(cases):
     return {**outs, **errors}
 
 
-def _outputs(together, key):
+def _result(together, key):
+    """A case's outputs from ``_jit_together``, or the error its trace raised, raised here."""
     outs = together[key]
     if isinstance(outs, Exception):
         raise outs
-    return dict(zip(("y", "dx", "dw"), outs, strict=True))
+    return outs
+
+
+def _outputs(together, key):
+    return dict(zip(("y", "dx", "dw"), _result(together, key), strict=True))
 
 
 def _conv_cases(params, dtype, seed):
@@ -271,9 +276,7 @@ def test_winograd_dtypes_follow_measured_error():
     measured = {}
     for key in cores:
         for dtype in dtypes:
-            got = outs[f"{key[0]}-{key[1]}-{dtype}"]
-            if isinstance(got, Exception):
-                raise got
+            got = _result(outs, f"{key[0]}-{key[1]}-{dtype}")
             measured[(key, dtype)] = _winograd_errors(spec32, got, refs, dtype)
     for name in WINOGRAD:
         methods = ca.get_algorithm(name).core.methods
