@@ -12,6 +12,7 @@ import platform
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from host_memory_probe import probe
@@ -80,6 +81,14 @@ def test_environment_setting_names_every_tunable():
     # The fallback printed in the error must carry all three settings keep_host_memory sets.
     for tunable in ("arena_max=1", "mmap_max=0", "trim_threshold="):
         assert f"glibc.malloc.{tunable}" in ENV_SETTING
+
+
+def test_the_host_memory_guide_gives_both_environment_settings():
+    # The guide spells the settings out for the command line; they must be the ones that
+    # host_memory_state() reads back as kept (the per-thread one with its top pad).
+    guide = (Path(__file__).resolve().parents[1] / "docs/guides/host-memory.md").read_text()
+    for setting in (ENV_SETTING, ENV_SETTING_PER_THREAD):
+        assert setting in guide, setting
 
 
 @pytest.mark.parametrize(
