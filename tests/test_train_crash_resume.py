@@ -18,14 +18,11 @@ uninterrupted run's.
 """
 
 import json
-import os
-import select
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from block_server import BlockServer
 
 from layoutlab import models
 from layoutlab.train.checkpoint import KILL_HOOK_ENV, KILL_POINTS, read_checkpoint
@@ -47,36 +44,6 @@ BASE = TrainConfig(
     tensorboard=False,
 )
 
-# One process imports layoutlab once; each run is a child forked from it before JAX has
-# started a backend or any thread (so the fork is safe): a process of its own, which the hook
-# kills with SIGKILL, without the ~4 s of CPU that importing jax, flax and layoutlab costs.
-# Per job (a JSON line) it answers with the child's exit status.
-FORK_SERVER = """
-import json, os, sys
-from layoutlab.train.config import TrainConfig
-from layoutlab.train.loop import train_and_evaluate
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        os.environ.update(job["env"])
-        out = os.open(job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(out, 1)  # not into this protocol's pipe
-        os.dup2(out, 2)
-        code = 1
-        try:
-            config = TrainConfig.from_dict(job["config"])
-            train_and_evaluate(config, job["workdir"], resume=job["resume"], quiet=True)
-            code = 0
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
-"""
 TIMEOUT_S = 300
 
 
@@ -124,34 +91,31 @@ def _records(workdir):
 
 
 @pytest.fixture(scope="module")
-def fork_server(env):
-    with subprocess.Popen(
-        [sys.executable, "-c", FORK_SERVER],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its process group: the server and the runs it forks
-    ) as server:
-        yield server
-        server.stdin.close()  # the server's loop ends; leaving the block waits for it
+def fork_server(env, tmp_path_factory):
+    """Each run is a child forked from one process that imported layoutlab once
+    (``block_server``), before JAX started a backend: a process of its own, which the hook
+    kills with SIGKILL, without the ~4 s of CPU that importing jax, flax and layoutlab costs."""
+    server = BlockServer(env, tmp_path_factory.mktemp("fork_server"))
+    yield server
+    server.close()
 
 
 def _kill_at(server, config, workdir, point, resume):
     """Runs ``config`` (a resume of ``workdir`` where ``resume``) in a forked process until
-    the hook kills it at ``point``; returns its stderr."""
-    stderr = workdir.parent / f"{point}.stderr"
-    job = {"config": config.to_dict(), "workdir": str(workdir), "resume": resume}
-    job.update(env={KILL_HOOK_ENV: point}, stderr=str(stderr))
-    server.stdin.write(json.dumps(job) + "\n")
-    server.stdin.flush()
-    if not select.select([server.stdout], [], [], TIMEOUT_S)[0]:
-        os.killpg(server.pid, signal.SIGKILL)
-        raise AssertionError(f"the run to be killed at {point} still ran after {TIMEOUT_S} s")
-    code = int(server.stdout.readline())
-    err = stderr.read_text()
-    assert code == -signal.SIGKILL, (point, err)
-    return err
+    the hook kills it at ``point``; returns what it printed (stdout, then stderr)."""
+    code = (
+        "import json, os\n"
+        "from layoutlab.train.config import TrainConfig\n"
+        "from layoutlab.train.loop import train_and_evaluate\n"
+        f"os.environ[{KILL_HOOK_ENV!r}] = {point!r}\n"
+        f"config = TrainConfig.from_dict(json.loads({json.dumps(config.to_dict())!r}))\n"
+        f"train_and_evaluate(config, {str(workdir)!r}, resume={resume!r}, quiet=True)\n"
+    )
+    cwd = workdir.parent / point.replace("@", "_")
+    cwd.mkdir()
+    rc, out, err = server.run(code, cwd, TIMEOUT_S)
+    assert rc == -signal.SIGKILL, (point, out + err)
+    return out + err
 
 
 def _usable_steps(ckpt_dir):
