@@ -11,6 +11,7 @@ and recorded in ``threads``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -73,20 +74,34 @@ def torch_precisions(device: str, precision_class: str) -> tuple[str, ...]:
 def build_torch_model(case: TorchCase, seed: int = 0):
     """The PyTorch mirror of ``case``'s model, loaded with the layoutlab model's weights
     (built with the same seed, so both frameworks start from the same parameters)."""
-    from flax import nnx
-
-    from layoutlab import models
     from layoutlab.compare.torch_mirrors import build_torch_mirror
-    from layoutlab.compare.torch_weights import to_torch_state_dict
 
     w = case.workload
     kwargs = {"in_channels": w.channels, **w.kwargs}
-    jax_model = models.create(
-        w.model, num_classes=w.num_classes, layout="NHWC", rngs=nnx.Rngs(seed), **kwargs
-    )
     module = build_torch_mirror(w.model, num_classes=w.num_classes, **kwargs)
-    module.load_state_dict(to_torch_state_dict(jax_model, tensors=True))
+    # load_state_dict copies, so the cached tensors are never written through a module.
+    module.load_state_dict(
+        _layoutlab_weights(w.model, w.num_classes, w.model_kwargs, w.channels, seed)
+    )
     return module
+
+
+@functools.lru_cache(maxsize=1)
+def _layoutlab_weights(model: str, num_classes: int, items: tuple, channels: int, seed: int):
+    """The layoutlab model's initial weights as a torch state dict. Every torch row of one
+    workload (layouts, memory formats, batch sizes, modes, torch.compile) starts from these,
+    so a sweep builds the model once per workload instead of once per row; one entry,
+    because a sweep takes its workloads one after another."""
+    from flax import nnx
+
+    from layoutlab import models
+    from layoutlab.compare.torch_weights import to_torch_state_dict
+
+    kwargs = {"in_channels": channels, **dict(items)}
+    jax_model = models.create(
+        model, num_classes=num_classes, layout="NHWC", rngs=nnx.Rngs(seed), **kwargs
+    )
+    return to_torch_state_dict(jax_model, tensors=True)
 
 
 def torch_tf32(torch, device: str) -> str:
