@@ -27,13 +27,19 @@ glibc_only = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def default_probe():
+    """glibc's defaults, probed once: the baseline of both arena settings below."""
+    return probe("default")
+
+
 @glibc_only
 @pytest.mark.parametrize(
     "arenas, how", [("one", "mallopt"), ("per_thread", "mallopt (per-thread arenas)")]
 )
-def test_kept_host_memory_stops_the_temp_buffer_faulting(arenas, how):
+def test_kept_host_memory_stops_the_temp_buffer_faulting(default_probe, arenas, how):
     # Per-thread arenas too: the 36 MB buffer is under the 64 MiB a thread's arena holds.
-    default, kept = probe("default"), probe(arenas)
+    default, kept = default_probe, probe(arenas)
     assert default["state"] == [False, "default glibc malloc"]
     assert kept["state"] == [True, how]
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
