@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compare_helpers import fast_model
+from compare_helpers import fast_model, fill_random
 from flax import nnx
 
 from layoutlab import convert_layout, models, to_layout
@@ -32,12 +32,12 @@ def _input(name, layout, batch=2):
     return jax.random.normal(jax.random.key(1), shape, jnp.float32)
 
 
-def _forward_and_grads(model, x, segmentation=False):
-    """Train-mode logits, grads of a fixed projection of the logits, and new batch stats."""
+def _forward_and_grads_fn(model, segmentation=False):
+    """``(fn, state)``: ``fn(*state, x)`` gives train-mode logits, grads of a fixed projection
+    of the logits, and new batch stats; ``_as_model`` makes the last two a model."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     layout = model.layout
 
-    @jax.jit
     def run(params, rest, x):
         def loss(params):
             m = nnx.merge(graphdef, params, rest, copy=True)
@@ -53,33 +53,57 @@ def _forward_and_grads(model, x, segmentation=False):
         grads, (y, new_rest) = jax.grad(loss, has_aux=True)(params)
         return y, grads, new_rest
 
-    # LLVM's optimization level changes speed and, at most, float32 rounding; both sides of
-    # every comparison here compile alike, and level 0 compiles in about half the time.
-    compiled = run.lower(params, rest, x).compile(FAST_COMPILE)
-    y, grads, new_rest = compiled(params, rest, x)
+    return run, (params, rest), graphdef
+
+
+def _as_model(graphdef, out):
+    y, grads, new_rest = out
     return y, nnx.merge(graphdef, grads, new_rest)
 
 
+def _compile_and_run(fn, *args):
+    # LLVM's optimization level changes speed and, at most, float32 rounding; both sides of
+    # every comparison here compile alike, and level 0 compiles in about half the time.
+    return jax.jit(fn).lower(*args).compile(FAST_COMPILE)(*args)
+
+
+def _forward_and_grads(model, x, segmentation=False):
+    """Train-mode logits, grads of a fixed projection of the logits, and new batch stats."""
+    fn, state, graphdef = _forward_and_grads_fn(model, segmentation)
+    return _as_model(graphdef, _compile_and_run(fn, *state, x))
+
+
 @functools.cache
-def _channels_last_run(name):
-    """``(model, x, logits, grads)`` of registry model ``name``, tiny and channels-last, with
-    NumPy-drawn weights (compare_helpers: eager init compiles each small op at every layer
-    shape). Cached: the remat test compares against the same ResNet-18 run."""
-    model = fast_model(name)
-    x = _input(name, model.layout)
-    return model, x, *_forward_and_grads(model, x, models.spec(name).task == "segmentation")
+def _both_layouts_run(name):
+    """``(nhwc, nchw, x, (logits, grads) of nhwc, (logits, grads) of nchw)`` of registry
+    model ``name``, tiny, with NumPy-drawn weights (compare_helpers: eager init compiles each
+    small op at every layer shape), ``nchw`` converted from ``nhwc``.
+
+    Both layouts' runs are one program, compiled once: each side has its own parameters and
+    input, so neither's ops fuse with or fold into the other's, and the XLA compile costs
+    about a third less than two programs (its fixed cost is paid once, and kernels the two
+    layouts share are built once). Cached: the remat test compares against the ResNet-18 run.
+    """
+    seg = models.spec(name).task == "segmentation"
+    nhwc = fast_model(name)
+    nchw = convert_layout(nhwc, "NCHW")
+    x = _input(name, nhwc.layout)
+    fn_a, state_a, graphdef_a = _forward_and_grads_fn(nhwc, seg)
+    fn_b, state_b, graphdef_b = _forward_and_grads_fn(nchw, seg)
+    out_a, out_b = _compile_and_run(
+        lambda a, b, x: (fn_a(*a, x), fn_b(*b, to_layout(x, nhwc.layout, nchw.layout))),
+        state_a,
+        state_b,
+        x,
+    )
+    return nhwc, nchw, x, _as_model(graphdef_a, out_a), _as_model(graphdef_b, out_b)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converted_model_matches(name):
-    s = models.spec(name)
     # A layout conversion must hold for any weights: NumPy-drawn ones will do.
-    nhwc, x, y_a, grads_a = _channels_last_run(name)
-    nchw = convert_layout(nhwc, "NCHW")
-    src, dst = nhwc.layout, nchw.layout
-
-    seg = s.task == "segmentation"
-    y_b, grads_b = _forward_and_grads(nchw, to_layout(x, src, dst), seg)
+    nhwc, nchw, x, (y_a, grads_a), (y_b, grads_b) = _both_layouts_run(name)
+    src = nhwc.layout
     assert_close(y_b, y_a, rtol=1e-5, atol=1e-5, msg=f"{name} logits")
 
     # ``grads_b`` is a model whose params are the gradients: converting it back to the
@@ -160,8 +184,9 @@ def test_layout_mismatch_errors():
 
 
 # Every model, both layouts; built abstractly (nnx.eval_shape: the check runs before any
-# layer, and eager init dominates the time) except the two small ones, built for real to
-# show that a refused empty batch leaves BatchNorm's running statistics alone.
+# layer, and eager init dominates the time) except the two small ones, given concrete
+# (NumPy-drawn: compare_helpers.fill_random) weights and statistics to show that a refused
+# empty batch leaves BatchNorm's running statistics alone.
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("name", NAMES)
 def test_list_empty_and_unbatched_inputs_are_clear_errors(name, layout):
@@ -170,7 +195,9 @@ def test_list_empty_and_unbatched_inputs_are_clear_errors(name, layout):
     s = models.spec(name)
     concrete = name in ("small_cnn", "small_cnn3d")
     build = lambda: models.create(name, layout=layout, rngs=nnx.Rngs(0), **s.tiny)  # noqa: E731
-    m = build() if concrete else nnx.eval_shape(build)
+    m = nnx.eval_shape(build)
+    if concrete:
+        fill_random(m)
     lay, cls = m.layout, type(m).__name__
     axes = "\\(" + ", ".join(lay.value) + "\\)"
     x = np.asarray(_input(name, layout))
@@ -222,7 +249,7 @@ def test_too_small_input_is_a_clear_error():
 
 def test_remat_gives_the_same_gradients():
     # The plain side is test_converted_model_matches[resnet18]'s run (tiny: CIFAR stem).
-    _, x, y_a, g_a = _channels_last_run("resnet18")
+    _, _, x, (y_a, g_a), _ = _both_layouts_run("resnet18")
     remat = fast_model("resnet18", remat=True)
     y_b, g_b = _forward_and_grads(remat, x)
     # Rematerialisation recomputes the same ops: equal to float32 rounding.
