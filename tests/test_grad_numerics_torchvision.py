@@ -113,6 +113,9 @@ _OTHERS = {
     "mobilenet_v2": dict(mode=False, size=64, kw={"width_mult": 0.5, "last_channel": 128}),
     "resnet50": dict(mode=True, size=64, kw={"width": 16}),
 }
+# At seed 0 on the AVX2 EPYC, VGG-11-BN and MobileNetV2 flip no decision in either layout, so
+# each compiles one program; ResNet-50 flipped in both layouts at every seed 0-9 (1-5
+# elements), so its pinned rerun, a second compile, stays (measured 2026-11-28).
 
 # ResNet-50 in train mode is held to PyTorch's own float32 error instead of 1e-4: its float32
 # forward is ~5e-5 off float64 after 50 layers (PyTorch's too), a train-mode BatchNorm's
@@ -135,14 +138,15 @@ TORCH_FACTOR = 2.0
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_torchvision_models_jitted_gradients_match_float64(name, layout, references):
     case = _OTHERS[name]
-    if name not in references:  # the float64 reference serves both layouts
+    if name not in references:  # the float64 reference (and PyTorch's float32) serve both layouts
         tm, x, ct = ga.problem(name, seed=0, batch=4, size=case["size"], **case["kw"])
-        references[name] = tm, x, ct, ga.reference(tm, x, ct, case["mode"])
-    tm, x, ct, ref = references[name]
+        ref = ga.reference(tm, x, ct, case["mode"])
+        own = ga.torch_float32(tm, x, ct, ref, case["mode"]) if name == "resnet50" else None
+        references[name] = tm, x, ct, ref, own
+    tm, x, ct, ref, own = references[name]
     model = ga.layoutlab_model(name, tm, layout, case["mode"], True, x, **case["kw"])
     tols = {}
     if name == "resnet50":
-        own = ga.torch_float32(tm, x, ct, ref, case["mode"])
         # The yardstick must be rounding itself: an unpinned flip (1e-2) would void the bound.
         assert max(own.pinned_dx, own.pinned_dparams) < 10 * GRAD_TOL, own
         tols = {
