@@ -95,4 +95,7 @@ def row(name, mode, seed, run, r) -> str:
 
 
 if __name__ == "__main__":
+    if not sys.argv[1:] or {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
     main(sys.argv[1:])
