@@ -31,11 +31,30 @@ from layoutlab.train.resume import MAY_CHANGE, ResumeError
 from layoutlab.train.workdir import LOCK_FILE, WorkdirError, WorkdirLock
 
 # The resumes below compile the same programs again (a train step per --steps, the eval
-# step); the module's persistent cache (tests/conftest.py) serves the repeats.
+# step); the module's persistent cache (tests/conftest.py) serves the repeats. The first test
+# uses no run, so ``guarantees_run``, when this module builds it, compiles into that cache.
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
 RUN = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2", *TINY]
+# The resumes to step 6 are compared with no other run (they check what is kept, refused or
+# reported), so they compile at LLVM level 0 (docs/development.md), the option xla_options
+# may change on resume; a resume compared bit for bit with ``guarantees_run`` keeps its level.
+LEVEL_0 = ["--xla-option", "xla_backend_optimization_level=0"]
+
+
+def shared_cache_env(env, tmp_path_factory) -> dict:
+    """``env`` with a persistent compilation cache shared by this module and
+    test_train_integrity on one xdist worker: whichever builds ``guarantees_run`` there
+    (under ``shared_compiles``) leaves its programs to the other's resumes of it."""
+    cache = tmp_path_factory.getbasetemp() / "guarantees_run_jax_cache"
+    cache.mkdir(exist_ok=True)
+    return {**env, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+
+
+@pytest.fixture(scope="module")
+def env(env, tmp_path_factory):
+    return shared_cache_env(env, tmp_path_factory)
 
 
 def _train(capsys, *argv):
@@ -121,16 +140,16 @@ def test_resume_refuses_precision_change_from_python(copy):
 
 @pytest.fixture(scope="module")
 def resumed_over_a_stale_lock(guarantees_run, tmp_path_factory):
-    """A copy of the run resumed with ``--steps 6 --set eval_every=3`` over the lock record
-    of a dead process: ``(workdir, exit code, stderr, the dead pid)``. One training resume
-    serves the length-and-cadence test and the stale-lock test (item 7)."""
+    """A copy of the run resumed with ``--steps 6 --set eval_every=3`` (and ``LEVEL_0``) over
+    the lock record of a dead process: ``(workdir, exit code, stderr, the dead pid)``. One
+    training resume serves the length-and-cadence test and the stale-lock test (item 7)."""
     workdir = tmp_path_factory.mktemp("stale_lock") / "run"
     shutil.copytree(guarantees_run, workdir)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     owner = {"pid": int(dead.stdout), "host": socket.gethostname()}
     (workdir / LOCK_FILE).write_text(json.dumps(owner))
-    argv = ["train", "--workdir", str(workdir), "--resume", "--steps", "6"]
+    argv = ["train", "--workdir", str(workdir), "--resume", "--steps", "6", *LEVEL_0]
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         code = cli.main([*argv, "--set", "eval_every=3", "--quiet"])
@@ -269,7 +288,7 @@ def test_filesystem_error_while_saving_is_one_line(copy, capsys, monkeypatch, co
             raise RuntimeError("orbax: save failed") from e
 
     monkeypatch.setattr(checkpoint_module.ocp.CheckpointManager, "save", failing_save)
-    code, _, err = _train(capsys, "--workdir", str(copy), "--resume", "--steps", "6")
+    code, _, err = _train(capsys, "--workdir", str(copy), "--resume", "--steps", "6", *LEVEL_0)
     assert code == 2
     _one_line_error(err, str(copy / "checkpoints" / "6"), fragment)
     kept = {k: v for k, v in before.items() if k.startswith("checkpoints/")}

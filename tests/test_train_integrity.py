@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
-from test_train_guarantees import _one_line_error
+from test_train_guarantees import LEVEL_0, _one_line_error, shared_cache_env
 
 from layoutlab import cli, models
 from layoutlab.infer.load import open_run
@@ -26,8 +26,18 @@ from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.resume import check_resume
 
+# A resume of ``guarantees_run`` and the evaluations repeat its programs: they read them back
+# from the cache this module shares with test_train_guarantees. The first test uses no run,
+# so ``guarantees_run``, when this module builds it, compiles into that cache.
+pytestmark = pytest.mark.usefixtures("shared_compiles")
+
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
 RUN = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2", *TINY]
+
+
+@pytest.fixture(scope="module")
+def env(env, tmp_path_factory):
+    return shared_cache_env(env, tmp_path_factory)
 
 
 def _cli(capsys, *argv):
@@ -50,6 +60,17 @@ def _assert_same(got, want):
     assert got.keys() == want.keys()
     for path in want:
         np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+
+
+# -- item 3: model kwargs in the model's declared ranges ----------------------------------
+
+
+def test_declared_ranges_name_builder_arguments():
+    for name in models.names():
+        ranges = models.spec(name).ranges
+        assert set(ranges) <= set(builder_options(name)), name
+        defaults = {p: v for p, v in models.spec(name).tiny.items() if p in ranges}
+        assert all(v in ranges[p] for p, v in defaults.items()), name
 
 
 # -- item 1: a checkpoint is certified by its content -------------------------------------
@@ -180,17 +201,6 @@ def test_checkpoints_that_is_a_file_is_one_line(copy, tmp_path, capsys):
         _one_line_error(err, "checkpoints")
 
 
-# -- item 3: model kwargs in the model's declared ranges ----------------------------------
-
-
-def test_declared_ranges_name_builder_arguments():
-    for name in models.names():
-        ranges = models.spec(name).ranges
-        assert set(ranges) <= set(builder_options(name)), name
-        defaults = {p: v for p, v in models.spec(name).tiny.items() if p in ranges}
-        assert all(v in ranges[p] for p, v in defaults.items()), name
-
-
 # -- item 4: readers never write into a run -----------------------------------------------
 
 
@@ -235,12 +245,13 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 config = TrainConfig(model_kwargs={"width": 4, "hidden": 16}, batch_size=8, num_steps=20,
                      eval_every=20, checkpoint_every=1, keep_checkpoints=1, log_every=0,
-                     tensorboard=False)
+                     tensorboard=False, xla_options={"xla_backend_optimization_level": 0})
 train_and_evaluate(config, sys.argv[1], quiet=True)
 """
 
 
 def test_reader_in_a_loop_during_a_keep_1_run_never_fails(tmp_path, env):
+    # The run checks files, not numbers: it compiles at LLVM level 0 (docs/development.md).
     workdir = tmp_path / "live"
     proc = subprocess.Popen(
         [sys.executable, "-c", LIVE, str(workdir)], env=env, stderr=subprocess.PIPE, text=True
@@ -278,7 +289,8 @@ def test_resume_on_changed_folder_data_is_refused(tmp_path, capsys):
     _folder(data)
     workdir = tmp_path / "run"
     argv = ["train", "--workdir", str(workdir), "--data", f"folder:{data}", "--quiet"]
-    code, _, err = _cli(capsys, *argv, "--steps", "2", "--batch-size", "8", *TINY)
+    # A run for its config.json only (refusals, no numbers): LLVM level 0 (docs/development.md).
+    code, _, err = _cli(capsys, *argv, "--steps", "2", "--batch-size", "8", *TINY, *LEVEL_0)
     assert code == 0, err
     before = _digests(workdir, "config.json", "metrics.jsonl")
 

@@ -7,6 +7,10 @@ uninterrupted run after a kill -9 and ``--resume`` (same seed: bitwise equal on 
 
 The runs here and the killed subprocess share one persistent compilation cache: the runs
 that differ from ``BASE`` only in what they log (and the resumed one) read its programs back.
+Every comparison here is between layoutlab's own programs (a step's logged loss against that
+step's output, a resumed run against the uninterrupted one), so every run compiles at LLVM
+level 0 (docs/development.md): the same HLO passes and fusions, less CPU per compile. The
+resume reads the level from the run's config.json.
 """
 
 import json
@@ -36,6 +40,7 @@ BASE = TrainConfig(
     eval_every=4,
     log_every=1,
     seed=3,
+    xla_options={"xla_backend_optimization_level": 0},
 )
 
 
