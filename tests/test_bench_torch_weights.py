@@ -51,4 +51,5 @@ def test_rows_of_one_workload_start_from_the_layoutlab_weights_built_once(monkey
     # Another seed gives other weights, built anew.
     other = torch_runner.build_torch_model(_case("infer", 1, "contiguous"), seed=4)
     assert len(created) == 2
-    assert not np.array_equal(other.state_dict()["classifier.3.weight"].numpy(), expected["classifier.3.weight"])
+    key = "classifier.3.weight"
+    assert not np.array_equal(other.state_dict()[key].numpy(), expected[key])

@@ -5,11 +5,20 @@ test_train_multihost), and the fingerprint and its comparison in-process."""
 import json
 import time
 
-from test_train_multihost import LEVEL_0, _launch, _one_line_error
+import pytest
+from test_train_multihost import LEVEL_0, _launch, _one_line_error, start_forks
 
 from layoutlab.train.agreement import describe_differences, run_fingerprint
 
 FAST = ["--distributed-timeout", "30"]
+
+
+@pytest.fixture(scope="module")
+def forks(env, tmp_path_factory):
+    """Process 1 of each launch is forked from here (test_train_multihost.start_forks)."""
+    server = start_forks(env, tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
 
 
 def _per_process(flags_of):
@@ -26,15 +35,15 @@ def _per_process(flags_of):
 # A learning rate and a conv algorithm in one launch: the line names every field that
 # differs (up to four), so each must appear in it. That the data's fields are compared is
 # test_data_differences_name_the_data_fields, in-process: the launch, its exit and its line
-# are the same whatever differs, and a second launch cost two fresh processes (~10 s CPU).
-def test_processes_that_differ_stop_before_compiling(tmp_path):
+# are the same whatever differs, and a second launch would cost ~5 s of CPU.
+def test_processes_that_differ_stop_before_compiling(tmp_path, forks):
     flags = (["--lr", "0.003"], ["--lr", "0.1", "--conv-algo", "im2col"])
     words = [
         "learning_rate: 0.003 on process 0, 0.1 on process 1",
         'conv_algorithm: "auto" on process 0, "im2col" on process 1',
     ]
     start = time.perf_counter()
-    results = _launch(tmp_path / "run", *FAST, launch_flags=_per_process(flags))
+    results = _launch(tmp_path / "run", *FAST, launch_flags=_per_process(flags), forks=forks)
     seconds = time.perf_counter() - start
     for result in results:
         _one_line_error(result, "the processes of this run differ", *words)
@@ -69,7 +78,7 @@ def _seed_conv_cache(path, monkeypatch, *convs):
     monkeypatch.undo()
 
 
-def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path, monkeypatch):
+def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path, monkeypatch, forks):
     # Each process gets its own autotune cache: only process 0 may tune (and write one).
     caches = [tmp_path / f"autotune{i}.json" for i in range(2)]
     # Process 0's holds two of the three conv shapes, so it tunes one (each shape compiles
@@ -81,7 +90,7 @@ def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path, monkeypatch):
     # bfloat16: 7 candidates per conv shape instead of 10 (no Winograd F(4x4)), a cheaper tuning.
     flags_all = ["--conv-tune", "always", "--steps", "1", "--precision", "bf16",
                  "--set", "eval_batch_size=16"]  # fmt: skip
-    results = _launch(workdir, *FAST, *flags_all, launch_flags=_per_process(flags))
+    results = _launch(workdir, *FAST, *flags_all, launch_flags=_per_process(flags), forks=forks)
     for code, _, err in results:
         assert code == 0, err[-2000:]
     assert "conv plan: autotuned (3 shapes (2 cached)" in results[0][1], results[0][1][-2000:]
@@ -99,21 +108,23 @@ def test_conv_tune_always_is_decided_by_process_0_alone(tmp_path, monkeypatch):
     assert measured[0]["spec_key"].startswith("NHWC:n16:8x8:4->8:"), measured
 
 
-def test_duplicate_process_id_is_one_line_on_both(tmp_path):
+def test_duplicate_process_id_is_one_line_on_both(tmp_path, forks):
     def flags(i, port):
         return ["--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes",
-                "2", "--process-id", "0", "--distributed-timeout", "20"]  # fmt: skip
+                "2", "--process-id", "0", "--distributed-timeout", "5"]  # fmt: skip
 
     # The second starts once the first serves the coordinator's port, as a duplicate
     # started by mistake does. (Two started within the same instant both find the port free
     # and both time out waiting, with the join error that names --process-id.)
-    results = _launch(tmp_path / "run", launch_flags=flags, serve_first=True)
+    results = _launch(tmp_path / "run", launch_flags=flags, serve_first=True, forks=forks)
     words = {r[2].strip().split(":")[1].split()[0] for r in results}
     for result in results:
         _one_line_error(result)
     # The second finds the coordinator's port taken; the first waits for a
-    # process 1 that never comes. Its wait is 20 s so that it still holds the port when the
-    # second, started after it, reaches its check on a loaded 2-core machine.
+    # process 1 that never comes. Its wait is 5 s, for it must still hold the port when the
+    # second, started after it, reaches its check: forked with everything imported, the
+    # second gets there 0.1 s after it starts (a fresh interpreter needed up to ~10 s on a
+    # loaded 2-core machine, and the wait was 20 s).
     joined = " ".join(r[2] for r in results)
     assert "another process was started with --process-id 0" in joined, joined
     assert words == {"port", "could"}, words

@@ -18,8 +18,15 @@ from layoutlab.train.run_data import load_run_data
 from layoutlab.train.sharding import make_shardings, state_shardings
 from layoutlab.train.step_schedule import make_step_schedule
 
+pytestmark = pytest.mark.usefixtures("shared_compiles")
+
+# Both sides of every comparison are layoutlab's own programs (the fsdp run against the
+# replicated one), so they compile at LLVM level 0 (docs/development.md): the same HLO passes
+# and partitioning, less CPU. The run's init then compiles with the same options as
+# _per_device_bytes's, and the runs read those two programs back from the module's cache.
 BASE = TrainConfig(model_kwargs=models.spec("small_cnn").tiny, batch_size=16, num_steps=4,
-                   eval_every=2, seed=1)  # fmt: skip
+                   eval_every=2, seed=1,
+                   xla_options={"xla_backend_optimization_level": 0})  # fmt: skip
 
 
 def _per_device_bytes(config):

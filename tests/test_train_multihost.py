@@ -2,6 +2,12 @@
 one run: it finishes, matches one process x four devices, writes its files once, and a
 kill -9 of both processes followed by ``--resume`` on both ends bit for bit where the
 uninterrupted two-process run ends. Every subprocess has a timeout, so nothing hangs.
+
+Process 0 of every launch is the command as a user runs it (``python -m layoutlab.cli``, its
+supervisor and the trainer child). Process 1 runs that trainer child's part, ``cli.main``
+with ``SUPERVISED_ENV`` set, in a process forked from one that imported layoutlab once
+(``tests/block_server.py``): its own process, backend and distributed client, without the
+~3.5 s of CPU that the interpreter and the imports cost each launch.
 """
 
 import json
@@ -10,11 +16,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from block_server import BlockServer
 
 from layoutlab import cli
 from layoutlab.train.checkpoint import KILL_HOOK_ENV, read_checkpoint
@@ -69,51 +79,70 @@ def _serving(port: int, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"nothing served port {port} within {timeout_s} s")
 
 
-def _launch(
-    workdir, *extra, processes=2, env=None, env_extra=None, launch_flags=None, serve_first=False
-):
-    """Starts ``processes`` trainers of one run; returns ``[(returncode, stdout, stderr)]``.
+def start_forks(env: dict, log_dir: Path) -> BlockServer:
+    """The server that process 1 of each launch is forked from: two devices, ``env``'s
+    compilation cache (read at import), and nothing started."""
+    return BlockServer(_env(2, env), log_dir)
+
+
+def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Path):
+    """``layoutlab <argv>`` as the supervisor's child runs it (``SUPERVISED_ENV`` set, the
+    environment's additions in place before anything reads them), in a child of ``forks``."""
+    code = (
+        "import os, sys\n"
+        f"os.environ.update({ {SUPERVISED_ENV: '1', **environ}!r})\n"
+        "from layoutlab import cli\n"
+        f"sys.exit(cli.main({argv!r}))\n"
+    )
+    cwd = Path(tempfile.mkdtemp(prefix=f"{workdir.name}-process1-", dir=workdir.parent))
+    return forks.run(code, cwd, TIMEOUT_S)
+
+
+def _launch(workdir, *extra, forks, env=None, env_extra=None, launch_flags=None, serve_first=False):
+    """Starts the two trainers of one run; returns ``[(returncode, stdout, stderr)]``.
+    ``forks``: the server process 1 is forked from (``start_forks``).
     ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``.
-    ``env``: the environment to start from (the default: this process's).
-    ``serve_first``: start the others once process 0 serves the coordinator's port."""
+    ``env``: process 0's environment to start from (the default: this process's).
+    ``serve_first``: start process 1 once process 0 serves the coordinator's port."""
     port = _free_port()
-    procs = []
-    for i in range(processes):
-        if serve_first and i == 1:
-            _serving(port)
+    commands = []
+    for i in range(2):
         flags = launch_flags(i, port) if launch_flags else [
             "--distributed", "--coordinator", f"127.0.0.1:{port}",
-            "--num-processes", str(processes), "--process-id", str(i),
+            "--num-processes", "2", "--process-id", str(i),
         ]  # fmt: skip
         flags, own = flags if isinstance(flags, tuple) else (flags, {})
-        procs.append(
-            subprocess.Popen(
-                _command(workdir, *extra, *flags),
-                env=_env(2, env, **(env_extra or {}), **own),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=TIMEOUT_S)
-            results.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
+        commands.append((_command(workdir, *extra, *flags), {**(env_extra or {}), **own}))
+    (command, environ), (forked, forked_environ) = commands
+    with ThreadPoolExecutor(1) as pool:
+        proc = subprocess.Popen(command, env=_env(2, env, **environ), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            if serve_first:
+                _serving(port)
+            # forked[3:]: the command's arguments, after python -m layoutlab.cli
+            other = pool.submit(_run_forked, forks, forked[3:], forked_environ, Path(workdir))
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        finally:  # process 1 then ends too: its coordinator, or the run, is gone
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        return [(proc.returncode, out, err), other.result()]
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory, env):
+def forks(env, tmp_path_factory):
+    server = start_forks(env, tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, env, forks):
     # The module's persistent compilation cache: the killed and the resumed launches below
     # read the programs that this run compiled.
     workdir = tmp_path_factory.mktemp("multihost") / "run"
-    results = _launch(workdir, env=env)
+    results = _launch(workdir, env=env, forks=forks)
     for code, _, err in results:
         assert code == 0, err[-2000:]
     return workdir, results
@@ -157,16 +186,19 @@ def test_only_process_0_writes_the_run_files(two_process_run):
     assert "error" not in results[1][2].lower()
 
 
-def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path, env):
+def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path, env, forks):
     # The resume joins through JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID.
     # Checkpoints every 2 steps, evaluations every 3: the resume starts from step 4, between
     # evaluations, so step 6's train metrics need step 4's, carried in the checkpoint.
     workdir, every_2 = tmp_path / "killed", ("--set", "checkpoint_every=2")
-    killed = _launch(workdir, *every_2, env=env, env_extra={KILL_HOOK_ENV: "before_save@6"})
+    kill = {KILL_HOOK_ENV: "before_save@6"}
+    killed = _launch(workdir, *every_2, env=env, env_extra=kill, forks=forks)
     assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == 4, saved
-    resumed = _launch(workdir, "--resume", *every_2, env=env, launch_flags=_by_environment)
+    resumed = _launch(
+        workdir, "--resume", *every_2, env=env, launch_flags=_by_environment, forks=forks
+    )
     for code, _, err in resumed:
         assert code == 0, err[-2000:]
     want, _ = read_checkpoint(two_process_run[0] / "checkpoints")
@@ -228,16 +260,16 @@ def test_bad_launches_are_one_line_errors(tmp_path, capsys, monkeypatch):
     assert jax.process_count() == 1  # nothing here joined a run
 
 
-def test_mismatched_process_counts_and_batch_sizes(tmp_path):
+def test_mismatched_process_counts_and_batch_sizes(tmp_path, forks):
     def flags(i, port):
         count = ["2", "3"][i]  # process 1 was told another count
         return ["--distributed", "--coordinator", f"127.0.0.1:{port}",
                 "--num-processes", count, "--process-id", str(i)]  # fmt: skip
 
-    for result in _launch(tmp_path / "a", launch_flags=flags):
+    for result in _launch(tmp_path / "a", launch_flags=flags, forks=forks):
         _one_line_error(result, "--num-processes")
     # 4 devices in all: a global batch of 6 does not split over them.
-    for result in _launch(tmp_path / "b", "--batch-size", "6"):
+    for result in _launch(tmp_path / "b", "--batch-size", "6", forks=forks):
         _one_line_error(result, "batch_size=6", "4 devices")
 
 
