@@ -80,7 +80,9 @@ _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
 
 
-def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
+def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
+    """The run's abstract model (``run_plan.abstract_model``) once ``config`` is known to
+    build and run on ``dataset``'s images; the run's later steps reuse it."""
     channels = config.model_kwargs.get("in_channels")
     if channels is not None and channels != dataset.num_channels:
         raise ValueError(
@@ -89,10 +91,11 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
         )
     # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
     # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
-    inputs = InputSpec.of(dataset, 2)
+    # The model depends on the data's classes and channels, not on the batch: built for the
+    # run's batch (what the run reuses), called on two images (all the check needs).
     try:
-        model = abstract_model(config, inputs)
-        images, _ = inputs.batch(resolve_spec(config).layout)
+        model = abstract_model(config, InputSpec.of(dataset, config.batch_size))
+        images, _ = InputSpec.of(dataset, 2).batch(resolve_spec(config).layout)
         nnx.eval_shape(lambda m, x: m(x), model, images)
     except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
         raise ValueError(f"conv_plan: {e}") from None
@@ -102,6 +105,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> None:
             f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
             f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
         ) from None
+    return model
 
 
 def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
@@ -178,15 +182,16 @@ def train_and_evaluate(
             make_workdir(workdir, create=False)
             config = check_resume(config, workdir, workdir / CHECKPOINT_DIR, asked)
         schedule = make_step_schedule(config, dataset)
-        _check_dataset(config, dataset)
+        model = _check_dataset(config, dataset)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
-            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, abstract_model(
-                config, InputSpec.of(dataset, config.batch_size))))  # fmt: skip
+            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, model))
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
-                return _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner)
+                return _run(
+                    config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
+                )
             finally:
                 ckpt.close()
     except WorkdirError:
@@ -215,20 +220,21 @@ class _Run:
     step_log: StepLog
 
 
-def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner) -> dict:
+def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
+    """The run of a checked ``config``; ``model``: its abstract model (``_check_dataset``)."""
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(config.data_parallel)
     inputs = InputSpec.of(dataset, config.batch_size)
     steps = schedule.total_steps * schedule.accum_steps
-    with_plan = planned(config, inputs, steps, shard.batch, conv_planner)
+    with_plan = planned(config, inputs, steps, shard.batch, conv_planner, model)
     # A plan made just now covers every conv of this model and batch: no coverage to report.
     report_coverage, config = with_plan is config, with_plan
     program = _program(config, dataset, schedule)
     init = program.init
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     if report_coverage:
-        report_plan_coverage(config, inputs, shard.batch, progress_log)
+        report_plan_coverage(config, inputs, shard.batch, progress_log, model)
     state, start, meter = None, 0, RunningMean()
     if resume:
         abstract = _abstract(init, state_sharding)
