@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 __all__ = [
+    "cpu_id",
     "cpu_model",
     "finish_machine_info",
     "library_versions",
@@ -34,6 +35,28 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_id(text: str | None = None) -> str | None:
+    """``vendor/family/model`` of the first processor in /proc/cpuinfo (or ``text``), e.g.
+    ``"AuthenticAMD/25/17"``; None where those fields are missing (not x86, not Linux). A
+    model name such as "AMD EPYC" covers generations whose convs run at different speeds
+    (first-generation Zen with AVX2, Zen 4 with AVX-512); these numbers tell them apart."""
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() and fields:  # the first processor's block is enough
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    try:
+        return f"{fields['vendor_id']}/{fields['cpu family']}/{fields['model']}"
+    except KeyError:
+        return None
+
+
 def _cpu_flags() -> list[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -46,10 +69,12 @@ def _cpu_flags() -> list[str]:
 
 
 def machine_fingerprint() -> str:
-    """What a timing-based choice depends on besides the software: CPU model, usable
-    cores and the vector features present. An autotune cache entry made under another
-    fingerprint is not reused (the choice is measured again)."""
-    return f"{cpu_model()}|cores={_usable_cores()}|{'+'.join(_cpu_flags()) or 'no-flags'}"
+    """What a timing-based choice depends on besides the software: CPU model (its name and,
+    where known, vendor, family and model numbers), usable cores and the vector features
+    present. An autotune cache entry made under another fingerprint is not reused (the
+    choice is measured again)."""
+    name = cpu_model() + (f" ({cpu_id()})" if cpu_id() else "")
+    return f"{name}|cores={_usable_cores()}|{'+'.join(_cpu_flags()) or 'no-flags'}"
 
 
 def library_versions() -> dict[str, str | None]:
@@ -91,6 +116,7 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
     host = host_memory_state()
     return {
         "cpu_model": cpu_model(),
+        "cpu_id": cpu_id(),
         "cpu_flags": _cpu_flags(),
         "fingerprint": machine_fingerprint(),
         "cpu_count": os.cpu_count(),
