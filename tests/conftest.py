@@ -107,6 +107,18 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def forks(env, tmp_path_factory):
+    """The server that process 1 of each multi-process launch is forked from
+    (``test_train_multihost.start_forks``), one per module that launches them (the
+    multihost and agreement tests), with that module's ``env``."""
+    from test_train_multihost import start_forks
+
+    server = start_forks(env, tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
 def shared_compiles(env):
     """This process compiles into the cache the module's subprocesses use (``env``), so its
     in-process runs that repeat a program read it back; jax's previous cache settings come

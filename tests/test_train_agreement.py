@@ -5,20 +5,11 @@ test_train_multihost), and the fingerprint and its comparison in-process."""
 import json
 import time
 
-import pytest
-from test_train_multihost import LEVEL_0, _launch, _one_line_error, start_forks
+from test_train_multihost import LEVEL_0, _launch, _one_line_error
 
 from layoutlab.train.agreement import describe_differences, run_fingerprint
 
 FAST = ["--distributed-timeout", "30"]
-
-
-@pytest.fixture(scope="module")
-def forks(env, tmp_path_factory):
-    """Process 1 of each launch is forked from here (test_train_multihost.start_forks)."""
-    server = start_forks(env, tmp_path_factory.mktemp("forks"))
-    yield server
-    server.close()
 
 
 def _per_process(flags_of):

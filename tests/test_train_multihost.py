@@ -131,13 +131,6 @@ def _launch(workdir, *extra, forks, env=None, env_extra=None, launch_flags=None,
 
 
 @pytest.fixture(scope="module")
-def forks(env, tmp_path_factory):
-    server = start_forks(env, tmp_path_factory.mktemp("forks"))
-    yield server
-    server.close()
-
-
-@pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, env, forks):
     # The module's persistent compilation cache: the killed and the resumed launches below
     # read the programs that this run compiled.

@@ -73,7 +73,8 @@ def machine_fingerprint() -> str:
     where known, vendor, family and model numbers), usable cores and the vector features
     present. An autotune cache entry made under another fingerprint is not reused (the
     choice is measured again)."""
-    name = cpu_model() + (f" ({cpu_id()})" if cpu_id() else "")
+    ident = cpu_id()
+    name = cpu_model() + (f" ({ident})" if ident else "")
     return f"{name}|cores={_usable_cores()}|{'+'.join(_cpu_flags()) or 'no-flags'}"
 
 
