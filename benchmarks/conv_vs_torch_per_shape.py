@@ -108,7 +108,14 @@ def main(argv=None) -> None:
     p.add_argument("--mode", default="infer", choices=("infer", "train"))
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--block", type=int, default=5, help="timed calls per case per round")
-    p.add_argument("--out", help="folder for conv_vs_torch_<mode>_b<batch>.json")
+    p.add_argument(
+        "--alone",
+        action="store_true",
+        help="time each case in rounds of its own, one case after the other, not interleaved "
+        "(a conv right after PyTorch's ran 19-40%% slower on a 2-core Zen 4); the ratio is "
+        "then of the medians, no interval",
+    )
+    p.add_argument("--out", help="folder for conv_vs_torch_<mode>_b<batch>[_alone].json")
     args = p.parse_args(argv)
     machine = machine_info("cpu")
     rows = []
@@ -116,16 +123,24 @@ def main(argv=None) -> None:
     print(f"| shape (NHWC, n{args.batch}) {head}")
     print("|---|---|---|---|---|")
     for shape in SHAPES:
-        times = _rounds(_cases(args.mode, args.batch, shape), args.rounds, args.block)
+        cases = _cases(args.mode, args.batch, shape)
+        if args.alone:
+            times = {k: _rounds({k: run}, args.rounds, args.block)[k] for k, run in cases.items()}
+        else:
+            times = _rounds(cases, args.rounds, args.block)
         med = {name: statistics.median(t) for name, t in times.items()}
         ratio = paired_ratio(times["torch"], times["xla"])
+        if args.alone:  # not paired: the two ran in different rounds
+            ratio = ratio._replace(value=med["torch"] / med["xla"], low=float("nan"),
+                                   high=float("nan"))  # fmt: skip
         c_in, c_out, size, stride = shape
         name = f"{size}x{size}:{c_in}->{c_out}:s{stride}"
         print(f"| {name} | {med['xla']:.2f} | {med['xla+ynn_conv']:.2f} | {med['torch']:.2f} | "
               f"{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}] |", flush=True)  # fmt: skip
         rows.append({"shape": name, "mode": args.mode, "batch": args.batch, "round_ms": times})
     if args.out:
-        path = Path(args.out) / f"conv_vs_torch_{args.mode}_b{args.batch}.json"
+        suffix = "_alone" if args.alone else ""
+        path = Path(args.out) / f"conv_vs_torch_{args.mode}_b{args.batch}{suffix}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         result = {"machine": finish_machine_info(machine), "rows": rows}
         path.write_text(json.dumps(result, indent=1) + "\n")
