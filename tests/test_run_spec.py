@@ -17,7 +17,7 @@ from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.loop import _program
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
 from layoutlab.train.run_data import load_run_data
-from layoutlab.train.run_plan import planned
+from layoutlab.train.run_plan import abstract_model, planned
 from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.step_schedule import make_step_schedule
 from layoutlab.xla.inspect import build_abstract, inspect_spec
@@ -65,7 +65,8 @@ def _train_run():
     dataset = load_run_data(config)
     schedule = make_step_schedule(config, dataset)
     inputs = InputSpec.of(dataset, config.batch_size)
-    config = planned(config, inputs, schedule.total_steps, None, None)
+    model = abstract_model(config, inputs)  # what the loop's dataset check builds
+    config = planned(config, inputs, schedule.total_steps, None, None, model)
     program = _program(config, dataset, schedule)
     images, labels = program.batch()
     return program.spec, _fingerprint(

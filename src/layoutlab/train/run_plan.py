@@ -26,16 +26,15 @@ def abstract_model(config: TrainConfig, inputs: InputSpec) -> nnx.Module:
 
 
 def report_plan_coverage(
-    config: TrainConfig, inputs: InputSpec, sharding, log, model: nnx.Module | None = None
+    config: TrainConfig, inputs: InputSpec, sharding, log, model: nnx.Module
 ) -> None:
     """``"auto"`` convs without a ``conv_plan`` entry for their shape run XLA's native conv;
     say how many, and how to plan them (bench/ sits above train/, so not from here).
-    ``model``: ``abstract_model(config, inputs)`` when the caller has it (saves a trace)."""
+    ``model``: ``abstract_model(config, inputs)``, which the caller has built already."""
     if config.conv_algorithm != AUTO:
         return
     spec = resolve_spec(config)
     images, _ = inputs.batch(spec.layout, sharding=sharding)
-    model = abstract_model(config, inputs) if model is None else model
     missing, total = plan_coverage(model, images)
     if missing:
         log(
@@ -48,26 +47,25 @@ def report_plan_coverage(
 
 def planned(
     config: TrainConfig, inputs: InputSpec, total_micro_steps: int, sharding,
-    conv_planner: Callable | None, model: nnx.Module | None = None,
+    conv_planner: Callable | None, model: nnx.Module,
 ) -> TrainConfig:  # fmt: skip
     """``config`` with a conv plan, when it runs ``"auto"`` convs without one: decided by
     process 0 of a multi-process run alone (a tuning measures, the table depends on the
     CPU) and taken by the others. ``conv_planner(model, images, steps, compiler_options)``:
     the CLI's (cached, tuned or the table's); None, or its None: the shipped table's.
-    ``model``: ``abstract_model(config, inputs)`` when the caller has it (saves a trace)."""
+    ``model``: ``abstract_model(config, inputs)``, which the caller has built already."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
 
     def decide() -> dict:
         spec = resolve_spec(config)
-        abstract = abstract_model(config, inputs) if model is None else model
         images, _ = inputs.batch(spec.layout, sharding=sharding)
         if conv_planner is not None:
             options = spec.compile_options("train")
-            plan = conv_planner(abstract, images, total_micro_steps, options)
+            plan = conv_planner(model, images, total_micro_steps, options)
             if plan is not None:
                 return plan.to_dict()
-        return with_default_plan(config, abstract, images).conv_plan
+        return with_default_plan(config, model, images).conv_plan
 
     config = dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
     # What every process compiles, checked like the rest of the run.
