@@ -129,14 +129,15 @@ def main(argv=None) -> None:
         else:
             times = _rounds(cases, args.rounds, args.block)
         med = {name: statistics.median(t) for name, t in times.items()}
-        ratio = paired_ratio(times["torch"], times["xla"])
         if args.alone:  # not paired: the two ran in different rounds
-            ratio = ratio._replace(value=med["torch"] / med["xla"], low=float("nan"),
-                                   high=float("nan"))  # fmt: skip
+            ratio = f"{med['torch'] / med['xla']:.2f} (of medians)"
+        else:
+            r = paired_ratio(times["torch"], times["xla"])  # None: too few rounds
+            ratio = f"{r.value:.2f} [{r.low:.2f}, {r.high:.2f}]" if r else "-"
         c_in, c_out, size, stride = shape
         name = f"{size}x{size}:{c_in}->{c_out}:s{stride}"
         print(f"| {name} | {med['xla']:.2f} | {med['xla+ynn_conv']:.2f} | {med['torch']:.2f} | "
-              f"{ratio.value:.2f} [{ratio.low:.2f}, {ratio.high:.2f}] |", flush=True)  # fmt: skip
+              f"{ratio} |", flush=True)  # fmt: skip
         rows.append({"shape": name, "mode": args.mode, "batch": args.batch, "round_ms": times})
     if args.out:
         suffix = "_alone" if args.alone else ""
