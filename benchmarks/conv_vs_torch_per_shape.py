@@ -30,6 +30,7 @@ from jax import lax
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.timing import settle
 from layoutlab.fast_defaults import cpu_fast_options
 
 # (in channels, out channels, input size, stride): ResNet-18 CIFAR's 3x3 convs.
@@ -87,13 +88,15 @@ def _rounds(cases: dict, rounds: int, block: int, warmup: int = 3) -> dict[str, 
     """Per round and case: one unmeasured call, then the mean of ``block`` consecutive ones
     (``bench``'s blocks: each side runs as in a loop of its own, not right after the other
     framework's call, whose threads and caches slow a millisecond-long call; see
-    ``benchmarks/results/interleaving_bias_avx512_cpu.md``)."""
+    ``benchmarks/results/interleaving_bias_avx512_cpu.md``), once this process is idle
+    (``bench.timing.settle``)."""
     for run in cases.values():
         for _ in range(warmup):
             run()
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, run in cases.items():
+            settle()
             run()
             start = time.perf_counter()
             for _ in range(block):

@@ -5,12 +5,15 @@
 
 ``bench --torch`` runs one step of each configuration per round (A B A B ...), so both see
 the same machine load. Each step then starts after the other framework's: its caches,
-thread pool and allocator state are the other one's. This times, per case, three groups
-with the bench's own runners and timer (``bench.sweep.run_group``): layoutlab alone
-(its defaults, NHWC fp32), PyTorch eager alone (channels_last fp32), and the two
-interleaved; twice, in the order alone, alone, interleaved and again, so drift shows.
-Prints each median and the ratio PyTorch / layoutlab (above 1: layoutlab faster) alone and
-interleaved, and writes ``results.json`` with every row and the machine.
+thread pool and allocator state are the other one's, and PyTorch's OpenMP threads spin for
+about 10 ms after its step. This times, per case, four groups with the bench's own runners
+and timer (``bench.sweep.run_group``, in blocks as ``bench`` runs them with ``--blocks``):
+layoutlab alone (its defaults, NHWC fp32), PyTorch eager alone (channels_last fp32), the
+two interleaved as ``bench`` does (each turn once the process is idle,
+``bench.timing.settle``), and the two interleaved with no wait; twice, in that order and
+again, so drift shows. Prints each median and the ratio PyTorch / layoutlab (above 1:
+layoutlab faster) alone and interleaved, and writes ``results.json`` with every row and the
+machine.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from interleaved_steps import bench_options, runner, save_results, workload
 from layoutlab.bench.cases import TorchCase
 from layoutlab.bench.machine import machine_info
 from layoutlab.bench.sweep import run_group
+from layoutlab.bench.timing import settle
 from layoutlab.bench.torch_runner import TorchRunner
 
 KEEP = ("framework", "step_ms_median", "step_ms_ci_low", "step_ms_ci_high", "dispersion",
@@ -39,7 +43,8 @@ def _groups(model: str, mode: str, batch: int):
         return TorchRunner(TorchCase(w, "channels_last", "fp32"))
 
     return {"layoutlab alone": lambda: [ours()], "torch alone": lambda: [theirs()],
-            "interleaved": lambda: [ours(), theirs()]}  # fmt: skip
+            "interleaved": lambda: [ours(), theirs()],
+            "interleaved, no wait": lambda: [ours(), theirs()]}  # fmt: skip
 
 
 def _median(rows: list[dict], framework: str) -> float | None:
@@ -47,14 +52,16 @@ def _median(rows: list[dict], framework: str) -> float | None:
     return found[0]["step_ms_median"] if found else None
 
 
-def run(cases: list[str], budget: float) -> list[dict]:
+def run(cases: list[str], budget: float, blocks: bool) -> list[dict]:
     out = []
     for case in cases:
         model, mode, batch = case.rsplit(":", 2)
         groups = _groups(model, mode, int(batch))
         for repeat in (1, 2):
             for name, make in groups.items():
-                rows = run_group(make(), repeats="auto", warmup=3, budget_s=budget)
+                quiet = (lambda: None) if name.endswith("no wait") else settle
+                rows = run_group(make(), repeats="auto", warmup=3, budget_s=budget,
+                                 blocks=blocks, quiet=quiet)  # fmt: skip
                 for r in rows:
                     out.append({"case": case, "repeat": repeat, "group": name,
                                 **{k: r.get(k) for k in KEEP}})  # fmt: skip
@@ -64,9 +71,11 @@ def run(cases: list[str], budget: float) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
+    groups = ("interleaved", "interleaved, no wait")
     lines = ["| case | repeat | layoutlab alone ms | torch alone ms | torch / layoutlab alone "
-             "| layoutlab interleaved ms | torch interleaved ms | torch / layoutlab interleaved |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             + "".join(f"| layoutlab {g} ms | torch {g} ms | torch / layoutlab {g} "
+                       for g in groups) + "|",
+             "|---" * 11 + "|"]  # fmt: skip
     for case in dict.fromkeys(r["case"] for r in rows):
         for repeat in (1, 2):
 
@@ -74,12 +83,12 @@ def markdown(rows: list[dict]) -> str:
                 return _median([r for r in rows if (r["case"], r["repeat"], r["group"])
                                 == (case, repeat, group)], fw)  # fmt: skip
 
-            a, b = ms("layoutlab alone", "layoutlab"), ms("torch alone", "torch")
-            c, d = ms("interleaved", "layoutlab"), ms("interleaved", "torch")
-            if None in (a, b, c, d):
+            pairs = [(ms(g, "layoutlab"), ms(g, "torch")) for g in ("layoutlab alone",) + groups]
+            pairs[0] = (pairs[0][0], ms("torch alone", "torch"))
+            if None in sum(pairs, ()):
                 continue
-            lines.append(f"| {case} | {repeat} | {a:.2f} | {b:.2f} | {b / a:.2f} | {c:.2f} | "
-                         f"{d:.2f} | {d / c:.2f} |")  # fmt: skip
+            cells = [f"{a:.2f} | {b:.2f} | {b / a:.2f}" for a, b in pairs]
+            lines.append(f"| {case} | {repeat} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -91,10 +100,11 @@ def main() -> None:
         help="MODEL:MODE:BATCH,... (MODEL as interleaved_steps.workload takes it)",
     )
     p.add_argument("--time-budget", type=float, default=10.0, help="seconds per group")
+    p.add_argument("--blocks", action="store_true", help="short steps in blocks, as bench")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     machine = machine_info("cpu", note="interleaving_bias")
-    rows = run(args.cases.split(","), args.time_budget)
+    rows = run(args.cases.split(","), args.time_budget, args.blocks)
     save_results(args.out, machine, rows)
     print(markdown(rows))
 

@@ -5,7 +5,8 @@
 
 Trains a run for one step on synthetic 32x32x3 data (the weights do not change the
 time), writes one PNG, then times in interleaved rounds, each starting one call later (A B
-C, B C A, ...: each call follows every other equally often):
+C, B C A, ...: each call follows every other equally often), each call once this process
+is idle (``bench.timing.settle``: PyTorch's OpenMP threads spin for about 10 ms after it):
 
 - ``layoutlab predict_files``: what `layoutlab predict` runs after loading the run: read
   and normalize the image, the run's forward (compiled once, with the run's inference XLA
@@ -38,7 +39,7 @@ from layoutlab.bench.cases import TorchCase, Workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.report import markdown_grid
 from layoutlab.bench.stats import OtherLoad, dispersion, median_interval, paired_ratio
-from layoutlab.bench.timing import interleaved_rounds
+from layoutlab.bench.timing import interleaved_rounds, settle
 from layoutlab.bench.torch_runner import build_torch_model
 from layoutlab.infer.load import open_run
 from layoutlab.infer.predict import load_images, predict_files
@@ -136,7 +137,7 @@ def main(argv=None) -> None:
 
     calls["torch eager contiguous, 1 thread"] = one_thread
     meter = OtherLoad()
-    rounds = interleaved_rounds(calls, args.rounds, warmup=3, rotate=True)
+    rounds = interleaved_rounds(calls, args.rounds, warmup=3, rotate=True, quiet=settle)
     others = meter.cores()
     torch_rows = [k for k in rounds if k.startswith("torch")]
     best = min(torch_rows, key=lambda k: np.median(rounds[k]))

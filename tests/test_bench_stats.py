@@ -89,6 +89,7 @@ def _group(runners, *, others=0.0, budget_s=60.0, repeats="auto", blocks=False):
     rows = run_group(
         runners, repeats=repeats, warmup=1, clock=clock, timer=timer, load=lambda: 1.0,
         other_load=lambda: (lambda: others), budget_s=budget_s, blocks=blocks,
+        quiet=lambda: None,
     )  # fmt: skip
     return {r["name"]: r for r in rows}
 
@@ -411,3 +412,24 @@ def test_short_steps_run_in_blocks_so_another_frameworks_step_does_not_slow_them
     # About 50 ms of steps a round, at most MAX_BLOCK; a step of 50 ms or more runs alone.
     got = [steps_per_round(s) for s in (0.0, 0.004, 0.013, 0.03, 0.05, 2.0)]
     assert got == [MAX_BLOCK, MAX_BLOCK, 4, 2, 1, 1]
+
+
+def test_a_group_waits_for_quiet_cores_before_each_runners_turn():
+    # A runner that leaves threads spinning after its step (PyTorch's OpenMP workers) slows
+    # the next runner's step while they spin; run_group calls quiet() before every turn of
+    # a group of several, so the spin is over before the clock starts. Alone, no waiting.
+    seen = []
+
+    class Logged(Synthetic):
+        def step(self):
+            seen.append(self.name)
+            return 0.01
+
+    run_group([Logged("a", ()), Logged("b", ())], repeats=3, warmup=1, load=lambda: 1.0,
+              other_load=lambda: (lambda: 0.0), timer=lambda step: step(),
+              quiet=lambda: seen.append("."))  # fmt: skip
+    assert "".join(seen) == ".a.b" * 4  # the warm-up round, then 3 measured ones
+    seen.clear()
+    run_group([Logged("a", ())], repeats=3, warmup=1, load=lambda: 1.0,
+              other_load=lambda: (lambda: 0.0), quiet=lambda: seen.append("."))  # fmt: skip
+    assert "".join(seen) == "aaaa"

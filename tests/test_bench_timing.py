@@ -70,3 +70,60 @@ def test_interleaved_rounds_rotate_the_order_when_asked():
     # other one equally often, and round i of every call is still its i-th time.
     assert "".join(seen) == "ABC" + "ABC" + "BCA" + "CAB" + "ABC"
     assert list(rounds) == ["A", "B", "C"] and all(len(v) == 4 for v in rounds.values())
+
+
+def test_settle_waits_until_the_process_is_idle_and_no_longer():
+    from layoutlab.bench.timing import QUIET_CORES, SETTLE_MAX_S, SETTLE_WINDOW_S, settle
+
+    class Fake:
+        """A clock and a CPU-time meter: threads burn ``busy_cores`` until ``busy_until``."""
+
+        def __init__(self, busy_until, busy_cores=1.0):
+            self.now, self.cpu_s = 0.0, 0.0
+            self.busy_until, self.busy_cores = busy_until, busy_cores
+
+        def sleep(self, s):
+            busy = max(0.0, min(self.now + s, self.busy_until) - self.now)
+            self.cpu_s += busy * self.busy_cores + s * 0.01  # a sleeping process's own crumbs
+            self.now += s
+
+    # One spinning worker for 10 ms (what PyTorch's libgomp leaves after a call): settle
+    # returns in the first window that is idle, one window after the spin ends.
+    f = Fake(busy_until=0.010)
+    waited = settle(lambda: f.cpu_s, lambda: f.now, f.sleep)
+    assert 0.010 <= waited <= 0.010 + 2 * SETTLE_WINDOW_S
+    # Idle already: one window.
+    f = Fake(busy_until=0.0)
+    assert settle(lambda: f.cpu_s, lambda: f.now, f.sleep) == pytest.approx(SETTLE_WINDOW_S)
+    # Busy for good (a thread of the process's own at work): it gives up at the cap.
+    f = Fake(busy_until=1e9, busy_cores=QUIET_CORES * 2)
+    waited = settle(lambda: f.cpu_s, lambda: f.now, f.sleep)
+    assert SETTLE_MAX_S <= waited < SETTLE_MAX_S + SETTLE_WINDOW_S + 1e-9
+
+
+def test_settle_sees_a_real_spinning_thread():
+    import threading
+    import time
+
+    from layoutlab.bench.timing import settle
+
+    def spin(until):
+        while time.perf_counter() < until:
+            pass
+
+    # A thread that burns a core for 40 ms: settle must wait most of that. The bound leaves
+    # 20 ms for the thread to start and for the scheduler on a loaded 2-core machine.
+    t = threading.Thread(target=spin, args=(time.perf_counter() + 0.040,))
+    t.start()
+    waited = settle()
+    t.join()
+    assert waited >= 0.020
+
+
+def test_interleaved_rounds_call_quiet_before_each_measured_call():
+    from layoutlab.bench.timing import interleaved_rounds
+
+    seen = []
+    calls = {k: (lambda k=k: seen.append(k)) for k in "AB"}
+    interleaved_rounds(calls, repeats=2, warmup=1, quiet=lambda: seen.append("."))
+    assert "".join(seen) == "AB" + ".A.B" * 2

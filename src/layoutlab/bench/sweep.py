@@ -19,6 +19,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 from layoutlab.bench.cases import JaxCase, TorchCase, Workload, make_workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
@@ -52,7 +53,7 @@ from layoutlab.bench.sweep_config import (
     resolve_input,
     validate,
 )
-from layoutlab.bench.timing import steps_per_round, summarize, timed, timed_block
+from layoutlab.bench.timing import settle, steps_per_round, summarize, timed, timed_block
 from layoutlab.xla import resolve_backend
 
 __all__ = [
@@ -200,6 +201,7 @@ def run_group(
     load: Callable[[], float | None] = load_average,
     other_load: Callable[[], Callable[[], float | None]] = lambda: OtherLoad().cores,
     blocks: bool = False,
+    quiet: Callable[[], Any] = settle,
 ):
     """Set up, warm up, then time ``runners`` round-robin; one row each, failures included.
 
@@ -213,6 +215,8 @@ def run_group(
     other processes use (``bench.stats.OtherLoad``; tests pass synthetic ones).
     ``blocks``: a runner whose warm step is short runs several steps per round, the round's
     time their median after an unmeasured lead step (``bench.timing.steps_per_round``).
+    ``quiet()`` runs before each runner's turn when the group has several, so that none
+    starts while another's threads still spin (``bench.timing.settle``).
     """
     rows, live = [], []
     for r in runners:
@@ -228,6 +232,8 @@ def run_group(
             log(f"{_what(r.row())} set up in {time.perf_counter() - began:.1f} s")
 
     def run(entry: _Live, measured: bool) -> None:
+        if len(live) > 1:
+            quiet()
         try:
             t = timed_block(entry.runner.step, entry.block, timer)
         except Exception as err:

@@ -30,6 +30,7 @@ __all__ = [
     "TimingStats",
     "interleaved_ms",
     "interleaved_rounds",
+    "settle",
     "steps_per_round",
     "summarize",
     "timed",
@@ -89,11 +90,42 @@ def timed_block(call: Callable[[], Any], steps: int, timer: Callable = timed) ->
     return statistics.median(timer(call) for _ in range(steps))
 
 
+# PyTorch's OpenMP workers (GNU libgomp) keep spinning on a core for about 10 ms after each
+# call returns; XLA's threads go idle at once. A step timed right after PyTorch's shared the
+# cores with that spin: on 2 cores ResNet-18 inference at batch 1 ran 10.6-11.1 ms alone
+# and 14.0-15.4 ms interleaved (benchmarks/results/every_batch_zen4_cpu.md). Waiting for
+# this process to go idle before each configuration's turn gives every one quiet cores.
+QUIET_CORES = 0.2
+SETTLE_WINDOW_S = 0.002
+SETTLE_MAX_S = 0.1
+
+
+def settle(
+    cpu: Callable[[], float] = time.process_time,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Sleep until this process's threads are idle: until one ``SETTLE_WINDOW_S`` sleep
+    used under ``QUIET_CORES`` cores of CPU time, or ``SETTLE_MAX_S`` passed. Returns the
+    seconds waited."""
+    start = clock()
+    while True:
+        c0, t0 = cpu(), clock()
+        sleep(SETTLE_WINDOW_S)
+        cores = (cpu() - c0) / max(clock() - t0, 1e-9)
+        if cores < QUIET_CORES or clock() - start >= SETTLE_MAX_S:
+            return clock() - start
+
+
 K = TypeVar("K", bound=Hashable)
 
 
 def interleaved_rounds(
-    calls: Mapping[K, Callable[[], Any]], repeats: int, warmup: int = 1, rotate: bool = False
+    calls: Mapping[K, Callable[[], Any]],
+    repeats: int,
+    warmup: int = 1,
+    rotate: bool = False,
+    quiet: Callable[[], Any] | None = None,
 ) -> dict[K, list[float]]:
     """Milliseconds of each blocking call in each round, all called in turn each round (A B
     C A B C ...) after ``warmup`` unmeasured calls each, so every one sees the same machine
@@ -102,7 +134,10 @@ def interleaved_rounds(
     ``rotate``: round ``i`` starts at call ``i mod n`` (A B C, B C A, C A B, ...), so each
     call follows every other one equally often. Without it a call always runs after the
     same neighbour, and inherits what that one leaves behind (its data in the caches, or
-    other memory in them)."""
+    other memory in them).
+
+    ``quiet``: called before each measured call, e.g. ``settle`` when one of the calls
+    leaves threads spinning after it returns (PyTorch on CPU)."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"Need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}.")
     for call in calls.values():
@@ -113,6 +148,8 @@ def interleaved_rounds(
     for i in range(repeats):
         shift = i % len(order) if rotate else 0
         for k in order[shift:] + order[:shift]:
+            if quiet is not None:
+                quiet()
             times[k].append(1e3 * timed(calls[k]))
     return times
 
