@@ -200,3 +200,27 @@ def test_default_tolerance_scales_with_dtype():
     assert bf16.rtol == pytest.approx(16 * 2.0**-7)
     assert f16.rtol == pytest.approx(16 * 2.0**-10)
     assert default_layer_tolerance(np.float32, jnp.bfloat16) == bf16
+
+
+def test_compare_layerwise_compiles_both_sides_with_the_given_xla_options(monkeypatch):
+    # The options reach both compiles: an option XLA does not know fails the comparison,
+    # and the run's own CPU options give a passing comparison of a layout conversion.
+    from layoutlab.fast_defaults import fast_compile_options
+
+    ref = fast_model("small_cnn")
+    cand = nn.convert_layout(ref, "NCHW")
+    x = random_input("small_cnn", "NHWC", 2)
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        compare_layerwise(ref, cand, x, TOL, compiler_options={"xla_no_such_option": "1"})
+    import layoutlab.compare.layerwise as layerwise
+
+    seen = []
+
+    def recording(model, inputs, **kw):
+        seen.append(kw["compiler_options"])
+        return layer_outputs(model, inputs, **kw)
+
+    monkeypatch.setattr(layerwise, "layer_outputs", recording)
+    options = fast_compile_options("infer", "cpu")
+    assert compare_layerwise(ref, cand, x, TOL, compiler_options=options).passed
+    assert seen == [options, options]

@@ -92,13 +92,17 @@ def compare_layerwise(
     include_containers: bool = False,
     reference_name: str | None = None,
     candidate_name: str | None = None,
+    compiler_options: dict | None = None,
 ) -> LayerwiseReport:
     """Run two configurations of one architecture on ``x`` (in the reference's layout) and
-    compare every layer's output, the candidate's moved to the reference's layout."""
+    compare every layer's output, the candidate's moved to the reference's layout.
+    ``compiler_options``: XLA options of both sides' compiles, as ``layoutlab compare``'s
+    ``--xla-option`` (e.g. ``fast_defaults.fast_compile_options``)."""
     ref_layout, cand_layout = model_layout(reference), model_layout(candidate)
-    ref = layer_outputs(reference, x, train=train, include_containers=include_containers)
+    kw = dict(train=train, include_containers=include_containers, compiler_options=compiler_options)
+    ref = layer_outputs(reference, x, **kw)
     x_cand = to_reference_layout(np.asarray(x), ref_layout, cand_layout)
-    cand = layer_outputs(candidate, x_cand, train=train, include_containers=include_containers)
+    cand = layer_outputs(candidate, x_cand, **kw)
     _, report = activation_report(
         ref,
         cand,
