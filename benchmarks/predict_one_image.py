@@ -11,7 +11,10 @@ is idle (``bench.timing.settle``: PyTorch's OpenMP threads spin for about 10 ms 
 - ``layoutlab predict_files``: what `layoutlab predict` runs after loading the run: read
   and normalize the image, the run's forward (compiled once, with the run's inference XLA
   options), top-k;
-- ``layoutlab forward``: that forward alone on the prepared image;
+- ``layoutlab forward``: that forward alone on the prepared image, ``jax.jit`` of
+  ``make_forward`` called with the run's state (its pytree flattened on every call);
+- ``layoutlab Run.logits``: the same program as predict calls it, the state's leaves
+  flattened once when the run was opened;
 - ``layoutlab forward, no XLA options``: the same forward compiled without the options
   (what predict ran before);
 - ``torch eager <format>``: the PyTorch mirror of the model (``bench.torch_runner``) on
@@ -113,6 +116,7 @@ def main(argv=None) -> None:
     calls = {
         "layoutlab predict_files": lambda: predict_files(run, [png]),
         "layoutlab forward": lambda: np.asarray(fast(state, image)),
+        "layoutlab Run.logits": lambda: np.asarray(run.logits(image)),
         "layoutlab forward, no XLA options": lambda: np.asarray(plain(state, image)),
     }
     workload = Workload(args.model, (("stem", args.stem),), (32, 32), 3, 10, "infer", 1)

@@ -156,6 +156,18 @@ def test_load_model_matches_the_eval_forward_and_converts_layout(run_dir):
     np.testing.assert_allclose(np.asarray(got_nchw), got, rtol=0, atol=1e-5)
 
 
+def test_run_logits_is_the_eval_forward_on_the_runs_state(run_dir):
+    # predict's forward takes the state's leaves flattened once; the program is the same
+    # make_forward with the run's inference options, so its logits equal that jitted call's
+    # bit for bit (the numerics against eager are checked above).
+    run = open_run(run_dir)
+    images = run.dataset.test_images[:4]
+    options = dict(run.spec.compile_options("infer")) or None
+    want = jax.jit(make_forward(run.defs), compiler_options=options)(run.state(), images)
+    np.testing.assert_array_equal(np.asarray(run.logits(images)), np.asarray(want))
+    assert open_run(run_dir).logits.func is run.logits.func  # one compiled program per model
+
+
 # --- predict --------------------------------------------------------------------------------
 
 

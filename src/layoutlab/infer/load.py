@@ -59,13 +59,19 @@ class Run:
         return resolve_spec(self.config)
 
     @functools.cached_property
-    def forward(self) -> Callable:
-        """The run's eval-mode forward ``(state, images) -> logits``, jitted with its
-        inference XLA options (on CPU those evaluation uses, which made a batch-1 ResNet-18
-        forward 3-5x faster: benchmarks/results/predict_one_image_resnet18_cifar_cpu.md).
-        Shared by every ``Run`` of the same model and options, so the same run opened again
-        reuses the compiled program."""
-        return _jitted_forward(self.defs, tuple(sorted(self.spec.compile_options("infer").items())))
+    def logits(self) -> Callable:
+        """``images -> logits``: the run's eval-mode forward (``make_forward``) on this run's
+        state, jitted with its inference XLA options (on CPU those evaluation uses, which
+        made a batch-1 ResNet-18 forward 3-5x faster:
+        benchmarks/results/predict_one_image_resnet18_cifar_cpu.md). The state's leaves are
+        flattened once here, not on every call: flattening ResNet-18's nested state made a
+        batch-1 call 3.5% [1.8, 5.3] slower on a 2-core CPU, the logits the same bit for bit
+        (benchmarks/results/predict_one_image_resnet18_cifar_zen4_settle_cpu.md). The compiled
+        program is shared by every ``Run`` of the same model and options, so the same run
+        opened again does not compile it again."""
+        leaves, treedef = jax.tree.flatten(self.state())
+        options = tuple(sorted(self.spec.compile_options("infer").items()))
+        return functools.partial(_jitted_flat_forward(self.defs, treedef, options), leaves)
 
     def model(self) -> nnx.Module:
         """The model in eval mode, in the run's layout and precision policy."""
@@ -83,8 +89,13 @@ class Run:
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_forward(defs: ModelDefs, options: tuple) -> Callable:
-    return jax.jit(make_forward(defs), compiler_options=dict(options) or None)
+def _jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
+    forward = make_forward(defs)
+
+    def flat(leaves, images):
+        return forward(jax.tree.unflatten(treedef, leaves), images)
+
+    return jax.jit(flat, compiler_options=dict(options) or None)
 
 
 def class_names(dataset: Dataset) -> list[str]:

@@ -105,12 +105,12 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
         )
     files = collect_images(paths)
     images = load_images(files, run.dataset)
-    forward = run.forward
+    forward = run.logits
     # Chunks of the eval batch size: a large folder compiles at most two batch shapes.
     chunk = run.config.eval_batch_size
     logits = np.concatenate(
         [
-            np.asarray(jax.device_get(forward(run.state(), batch)), np.float32)
+            np.asarray(jax.device_get(forward(batch)), np.float32)
             for batch in (
                 to_layout(images[i : i + chunk], "NHWC", run.config.layout)
                 for i in range(0, len(images), chunk)
