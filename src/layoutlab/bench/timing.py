@@ -92,9 +92,10 @@ def timed_block(call: Callable[[], Any], steps: int, timer: Callable = timed) ->
 
 # PyTorch's OpenMP workers (GNU libgomp) keep spinning on a core for about 10 ms after each
 # call returns; XLA's threads go idle at once. A step timed right after PyTorch's shared the
-# cores with that spin: on 2 cores ResNet-18 inference at batch 1 ran 10.6-11.1 ms alone
-# and 14.0-15.4 ms interleaved (benchmarks/results/every_batch_zen4_cpu.md). Waiting for
-# this process to go idle before each configuration's turn gives every one quiet cores.
+# cores with that spin: on 2 cores ResNet-18 inference at batch 8 ran 51-52 ms alone,
+# 57-62 ms interleaved and 54 ms interleaved after this wait
+# (benchmarks/results/every_batch_zen4_cpu.md). Waiting for this process to go idle before
+# each configuration's turn gives every one quiet cores.
 QUIET_CORES = 0.2
 SETTLE_WINDOW_S = 0.002
 SETTLE_MAX_S = 0.1
