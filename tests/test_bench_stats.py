@@ -433,3 +433,29 @@ def test_a_group_waits_for_quiet_cores_before_each_runners_turn():
     run_group([Logged("a", ())], repeats=3, warmup=1, load=lambda: 1.0,
               other_load=lambda: (lambda: 0.0), quiet=lambda: seen.append("."))  # fmt: skip
     assert "".join(seen) == "aaaa"
+
+
+def test_rounds_begun_with_the_process_still_busy_make_a_row_unstable():
+    # settle gives up at SETTLE_MAX_S: a thread of the process's own kept a core busy, so
+    # that turn shared the cores. Past one round in ten the row says so; a few do not.
+    from layoutlab.bench.stats import BUSY_TURNS_LIMIT
+    from layoutlab.bench.timing import SETTLE_MAX_S
+
+    def group(waits):
+        waits = iter(waits)
+        return {r["name"]: r for r in run_group(
+            [Synthetic("a", (0.1 for _ in range(100))), Synthetic("b", (0.1 for _ in range(100)))],
+            repeats=20, warmup=1, load=lambda: 1.0, other_load=lambda: (lambda: 0.0),
+            timer=lambda step: step(), quiet=lambda: next(waits),
+        )}  # fmt: skip
+
+    # Warm-up turns (a, b) do not count; then 20 rounds of (a, b).
+    always = group([SETTLE_MAX_S] * 42)
+    assert always["a"]["busy_turns"] == always["b"]["busy_turns"] == 20
+    assert always["a"]["unstable"] and "20 of 20 rounds began" in always["a"]["unstable_reason"]
+    few = int(BUSY_TURNS_LIMIT * 20)  # 2 of 20 for "a": at the limit, not past it
+    some = group([SETTLE_MAX_S] * 2 + [SETTLE_MAX_S, 0.002] * few + [0.002] * 50)
+    assert some["a"]["busy_turns"] == few and not some["a"]["unstable"]
+    assert some["b"]["busy_turns"] == 0
+    quiet = group([0.002] * 42)
+    assert quiet["a"]["busy_turns"] == 0 and not quiet["a"]["unstable"]

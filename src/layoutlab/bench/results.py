@@ -63,6 +63,7 @@ _SCHEMA: dict[str, type] = {
     "unstable_reason": str,
     "round_ms": str,  # JSON: each measured round's ms, in round order (for paired ratios)
     "steps_per_round": int,  # steps run back to back per round (after a lead step when > 1)
+    "busy_turns": int,  # measured rounds begun with this process still busy (timing.settle)
     "compile_s": float,
     "conv_tune_s": float,  # layoutlab, conv_algo auto: seconds autotuning (0 when cached)
     "flops": float,  # XLA's cost analysis of the step; PyTorch rows: the same workload's

@@ -137,6 +137,10 @@ def imprecise(ci: Interval) -> bool:
 # Other processes using or waiting for more than this many cores while a group ran make
 # it unstable.
 OTHERS_LIMIT_CORES = 0.5
+# A round that began while this process's own threads were busy (``bench.timing.settle``
+# gave up after its cap) shared the cores with them. The median shrugs off a few such
+# rounds; past one in ten the row is flagged.
+BUSY_TURNS_LIMIT = 0.1
 # How often ``OtherLoad`` counts the runnable tasks: often enough for a few hundred samples
 # in a minute's group, rarely enough that reading /proc costs well under 1% of a core.
 SAMPLE_S = 0.1
@@ -258,14 +262,20 @@ class OtherLoad:
         )
 
 
-def unstable_reason(values: Sequence[float], others: float | None) -> str | None:
-    """Why a row's times cannot be trusted, or None: too much spread, or other processes
-    using or waiting for more than ``OTHERS_LIMIT_CORES`` cores while it was measured."""
+def unstable_reason(
+    values: Sequence[float], others: float | None, busy_turns: int = 0
+) -> str | None:
+    """Why a row's times cannot be trusted, or None: too much spread, other processes
+    using or waiting for more than ``OTHERS_LIMIT_CORES`` cores while it was measured, or
+    more than ``BUSY_TURNS_LIMIT`` of its rounds starting while this process's own threads
+    were still busy (``bench.timing.settle`` gave up waiting)."""
     spread = dispersion(values)
     if spread > UNSTABLE_DISPERSION:
         return f"IQR/median {spread:.0%} > {UNSTABLE_DISPERSION:.0%}"
     if others is not None and others > OTHERS_LIMIT_CORES:
         return f"other processes used {others:.1f} cores"
+    if values and busy_turns > BUSY_TURNS_LIMIT * len(values):
+        return f"{busy_turns} of {len(values)} rounds began with this process's threads still busy"
     return None
 
 

@@ -53,7 +53,14 @@ from layoutlab.bench.sweep_config import (
     resolve_input,
     validate,
 )
-from layoutlab.bench.timing import settle, steps_per_round, summarize, timed, timed_block
+from layoutlab.bench.timing import (
+    SETTLE_MAX_S,
+    settle,
+    steps_per_round,
+    summarize,
+    timed,
+    timed_block,
+)
 from layoutlab.xla import resolve_backend
 
 __all__ = [
@@ -113,11 +120,13 @@ def _row(runner, fields: dict, status: str = OK, error: str | None = None) -> di
     return {**runner.row(), **fields, "status": status, "error": error}
 
 
-def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load, others) -> dict:
+def _timing_fields(
+    seconds: list[float], batch: int, flops, warmup: int, load, others, busy: int = 0
+) -> dict:
     stats = summarize(seconds)
     ms = [1e3 * s for s in seconds]
     ci = median_interval(ms)
-    reason = unstable_reason(ms, others)
+    reason = unstable_reason(ms, others, busy)
     out = {
         "repeats": len(seconds),
         "warmup": warmup,
@@ -132,6 +141,7 @@ def _timing_fields(seconds: list[float], batch: int, flops, warmup: int, load, o
         "unstable": reason is not None,
         "unstable_reason": reason,
         "round_ms": json.dumps([round(x, 4) for x in ms]),
+        "busy_turns": busy,
         "images_per_sec": batch / (stats.median_ms / 1e3),
     }
     if flops:
@@ -147,6 +157,7 @@ class _Live:
     failure: tuple[str, str] | None = None
     warm_s: float = 0.0  # the last warm-up step
     block: int = 1  # measured steps per round
+    busy: int = 0  # measured turns that began with the process still busy (settle's cap)
 
 
 def _baseline(row: dict) -> str | None:
@@ -216,7 +227,8 @@ def run_group(
     ``blocks``: a runner whose warm step is short runs several steps per round, the round's
     time their median after an unmeasured lead step (``bench.timing.steps_per_round``).
     ``quiet()`` runs before each runner's turn when the group has several, so that none
-    starts while another's threads still spin (``bench.timing.settle``).
+    starts while another's threads still spin (``bench.timing.settle``); a turn it
+    returned from only at ``SETTLE_MAX_S`` counts in the row's ``busy_turns``.
     """
     rows, live = [], []
     for r in runners:
@@ -233,7 +245,9 @@ def run_group(
 
     def run(entry: _Live, measured: bool) -> None:
         if len(live) > 1:
-            quiet()
+            waited = quiet()
+            if measured and waited is not None and waited >= SETTLE_MAX_S:
+                entry.busy += 1
         try:
             t = timed_block(entry.runner.step, entry.block, timer)
         except Exception as err:
@@ -293,7 +307,13 @@ def run_group(
             batch = r.row()["batch_size"]
             fields.update(
                 _timing_fields(
-                    entry.seconds, batch, fields.get("flops"), warmup, group_load, others
+                    entry.seconds,
+                    batch,
+                    fields.get("flops"),
+                    warmup,
+                    group_load,
+                    others,
+                    entry.busy,
                 ),
                 steps_per_round=entry.block,
             )
