@@ -225,3 +225,11 @@ def test_the_flags_choose_the_arenas():
     assert host_memory_arenas(bench(1, keep=True)) == "one"
     assert host_memory_arenas(bench(128, keep=False)) is None
     assert host_memory_arenas(argparse.Namespace(command="predict")) is None
+    # A batch-1 training run on 32x32 images gets per-thread arenas, as a batch-1 bench
+    # (docs/performance/cpu.md: the batch-1 training cell of a sweep across the threshold
+    # runs without them).
+    train = argparse.Namespace(
+        command="train", config=None, resume=None, data="synthetic:32x32x3:10:64",
+        image_size=None, batch_size=1, keep_host_memory=None,
+    )  # fmt: skip
+    assert host_memory_arenas(train) == "per_thread"
