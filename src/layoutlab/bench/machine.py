@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.metadata
 import os
 import platform
@@ -24,15 +25,31 @@ _FEATURE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch")
 
 
+def _processor_fields(text: str) -> dict[str, str]:
+    """The first processor's block of a /proc/cpuinfo text, field name -> value."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() and fields:  # the first processor's block is enough
+            break
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """This machine's first processor in /proc/cpuinfo ({} where there is none), read once:
+    the autotune cache builds a fingerprint for every conv it looks up, and the CPU does not
+    change under a running process."""
+    try:
+        return _processor_fields(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return {}
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_id(text: str | None = None) -> str | None:
@@ -40,17 +57,7 @@ def cpu_id(text: str | None = None) -> str | None:
     ``"AuthenticAMD/25/17"``; None where those fields are missing (not x86, not Linux). A
     model name such as "AMD EPYC" covers generations whose convs run at different speeds
     (first-generation Zen with AVX2, Zen 4 with AVX-512); these numbers tell them apart."""
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip() and fields:  # the first processor's block is enough
-            break
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    fields = _cpuinfo() if text is None else _processor_fields(text)
     try:
         return f"{fields['vendor_id']}/{fields['cpu family']}/{fields['model']}"
     except KeyError:
@@ -58,14 +65,8 @@ def cpu_id(text: str | None = None) -> str | None:
 
 
 def _cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in _FEATURE_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
+    have = set(_cpuinfo().get("flags", "").split())
+    return [f for f in _FEATURE_FLAGS if f in have]
 
 
 def machine_fingerprint() -> str:
