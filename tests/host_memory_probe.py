@@ -17,15 +17,22 @@ import sys
 
 _PROBE = """
 import json, resource, sys
-from layoutlab.xla import keep_host_memory, host_memory_state
+from layoutlab.xla import keep_host_memory, host_memory_state, release_host_memory
+
+def apply(modes):
+    for mode in modes.split("+"):
+        release_host_memory() if mode == "released" else keep_host_memory(mode)
+
 if sys.argv[1] != "default":
-    keep_host_memory(sys.argv[1])
+    apply(sys.argv[1])
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: (jnp.outer(x, x) + 1.0) @ x)
 x = jnp.arange(3072, dtype=jnp.float32)
 temp = f.lower(x).compile().memory_analysis().temp_size_in_bytes
 faults = []
-for _ in range(48):
+for call in range(48):
+    if call == 4 and sys.argv[2]:
+        apply(sys.argv[2])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -33,13 +40,15 @@ print(json.dumps({"temp": temp, "faults": faults, "state": list(host_memory_stat
 """
 
 
-def probe(mode: str = "default", tunables: str | None = None) -> dict:
+def probe(mode: str = "default", tunables: str | None = None, then: str = "") -> dict:
     """``{"temp": bytes, "faults": [minor faults of each of 48 calls], "state": [kept, how]}``
     of a fresh process that calls ``keep_host_memory(mode)`` first (``"default"``: not at
-    all), with ``GLIBC_TUNABLES`` set to ``tunables`` (None: unset)."""
+    all), with ``GLIBC_TUNABLES`` set to ``tunables`` (None: unset). ``mode`` and ``then``
+    may chain settings with ``+``, ``"released"`` for ``release_host_memory()``: ``then``
+    is applied after the 4th call, with JAX running."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     if tunables:
         env["GLIBC_TUNABLES"] = tunables
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode, then], capture_output=True, text=True,
                          env=env, timeout=600, check=True).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])

@@ -228,7 +228,7 @@ def test_bench_cli_bad_precision_is_a_clear_error(tmp_path, capsys):
 
 
 def test_prediction_prefers_the_same_mode_then_scales_inference():
-    from layoutlab.bench.sweep import _predicted_step_s
+    from layoutlab.bench.step_limit import predicted_step_s as _predicted_step_s
 
     base = {"framework": "torch", "layout": "NHWC", "precision": "amp_bf16", "model": "m",
             "model_kwargs": "{}", "input_shape": "8x8x1"}  # fmt: skip

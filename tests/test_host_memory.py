@@ -159,17 +159,22 @@ def test_keep_host_memory_rejects_unknown_arenas():
 
 @glibc_only
 @pytest.mark.parametrize(
-    "flag, how",
-    # The default for a batch of 2 x 8 x 8 pixels: per-thread arenas.
-    [("--keep-host-memory", "mallopt"), ("--image-size=8", "mallopt (per-thread arenas)")],
+    "flags, how",
+    [
+        (["--keep-host-memory"], "mallopt"),
+        # The default for a batch of 2 x 8 x 8 pixels: per-thread arenas.
+        (["--image-size=8"], "mallopt (per-thread arenas)"),
+        # A sweep across the threshold (1 x 32 x 32 under it, 64 x 32 x 32 over): the same.
+        (["--image-size=32", "--batch-sizes=1,64"], "mallopt (per-thread arenas)"),
+    ],
 )
-def test_bench_records_kept_host_memory(tmp_path, flag, how):
+def test_bench_records_kept_host_memory(tmp_path, flags, how):
     out = tmp_path / "bench"
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     args = [
         "bench", "--model", "small_cnn", "--tiny", "--layouts", "NHWC", "--precisions",
         "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
-        flag, "--no-plots", "--out", str(out),
+        *flags, "--no-plots", "--out", str(out),
     ]  # fmt: skip
     code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
     subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
@@ -192,7 +197,7 @@ def test_train_bench_and_conv_autotune_take_the_flag():
         assert parser.parse_args([*argv[:-1], "--no-keep-host-memory"]).keep_host_memory is False
 
 
-def test_a_bench_sweep_keeps_host_memory_only_if_its_smallest_batch_is_large():
+def test_a_bench_sweep_gets_one_arena_only_if_its_smallest_batch_is_large():
     # The setting is process-wide: a sweep from batch 1 to 256 would run its batch-1 and
     # batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
     # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md).
@@ -209,8 +214,9 @@ def test_a_bench_sweep_keeps_host_memory_only_if_its_smallest_batch_is_large():
 
 def test_the_flags_choose_the_arenas():
     # Small batches keep host memory with per-thread arenas, large ones (or batches the
-    # flags do not show) with one, a sweep across the threshold not at all; the flag given
-    # says one or none whatever the batch.
+    # flags do not show) with one, a sweep across the threshold with per-thread arenas (with
+    # glibc's defaults, PyTorch's large batches page-fault and the ratio flatters
+    # layoutlab); the flag given says one or none whatever the batch.
     from layoutlab.xla.host_memory_flag import host_memory_arenas
 
     def bench(*batches, keep=None, image_size=(32,)):
@@ -219,7 +225,7 @@ def test_the_flags_choose_the_arenas():
         )
 
     assert host_memory_arenas(bench(1, 8, 16)) == "per_thread"  # 16 x 32 x 32 = 16,384
-    assert host_memory_arenas(bench(1, 8, 128)) is None
+    assert host_memory_arenas(bench(1, 8, 128)) == "per_thread"
     assert host_memory_arenas(bench(32, 128)) == "one"
     assert host_memory_arenas(bench(1, image_size=None)) == "one"  # the model's default input
     assert host_memory_arenas(bench(1, keep=True)) == "one"
@@ -233,3 +239,35 @@ def test_the_flags_choose_the_arenas():
         image_size=None, batch_size=1, keep_host_memory=None,
     )  # fmt: skip
     assert host_memory_arenas(train) == "per_thread"
+
+
+@glibc_only
+def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_probe):
+    # What a bench sweep across the threshold does between batch groups, with JAX running:
+    # per-thread arenas kept, then released, then kept again. The steady calls (17 to 48,
+    # as above) must fault like glibc's defaults once released (the 36 MB buffer is over the
+    # 32 MiB mmap threshold release_host_memory sets) and reuse the heap once kept again.
+    released = probe("per_thread", then="released")
+    again = probe("per_thread+released", then="per_thread")
+    assert released["state"] == [False, "mallopt: glibc's default limits (released)"]
+    assert again["state"] == [True, "mallopt (per-thread arenas)"]
+    pages = released["temp"] / os.sysconf("SC_PAGE_SIZE")
+    if statistics.median(default_probe["faults"][16:]) < pages / 2:
+        pytest.skip("this kernel backs fresh mappings with huge pages; nothing to compare")
+    assert min(released["faults"][16:]) > pages / 2, released
+    steady = again["faults"][16:]
+    assert sum(f < pages / 100 for f in steady) > len(steady) / 2, again
+
+
+@glibc_only
+def test_one_arena_cannot_be_released():
+    code = (
+        "from layoutlab.xla import HostMemoryError, keep_host_memory, release_host_memory\n"
+        "keep_host_memory('one')\n"
+        "try:\n    release_host_memory()\nexcept HostMemoryError as e:\n    print('refused:', e)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "refused: release_host_memory() cannot undo one malloc arena" in out.stdout, out

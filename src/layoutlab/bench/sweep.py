@@ -43,6 +43,7 @@ from layoutlab.bench.stats import (
     unstable_reason,
 )
 from layoutlab.bench.status import OK, SKIPPED, classify_failure
+from layoutlab.bench.step_limit import predicted_step_s, skip_message
 from layoutlab.bench.sweep_config import (
     MEMORY_FORMATS,
     SweepConfig,
@@ -328,48 +329,6 @@ def run_group(
     return rows
 
 
-# Training costs about three forward passes; predictions use 2 so that they err towards
-# running a configuration rather than skipping one that would have fit.
-_TRAIN_OVER_INFER = 2.0
-
-
-def _predicted_step_s(row: dict, history: list[tuple[dict, float]]) -> tuple[float, dict] | None:
-    """The step time ``row`` should take, scaled linearly in batch size from the closest
-    earlier run of the same framework, layout and precision: the same mode at the largest
-    smaller batch, else an inference run (times ``_TRAIN_OVER_INFER`` for training)."""
-    keys = ("framework", "layout", "precision", "model", "model_kwargs", "input_shape")
-    keys += ("conv_algo", "kernel_storage", "activation_storage", "defaults", "memory_format")
-    same = [
-        (past, seconds)
-        for past, seconds in history
-        if all(past.get(k) == row.get(k) for k in keys) and past["batch_size"] <= row["batch_size"]
-    ]
-    for mode in (row["mode"], "infer"):
-        # The XLA options differ by mode by default (cpu_fast_options), so only a same-mode
-        # run must have had the same ones.
-        runs = [
-            (p, t)
-            for p, t in same
-            if p["mode"] == mode
-            and (mode != row["mode"] or p.get("xla_options") == row.get("xla_options"))
-        ]
-        if runs:
-            past, seconds = max(runs, key=lambda run: run[0]["batch_size"])
-            factor = row["batch_size"] / past["batch_size"]
-            if mode != row["mode"]:
-                factor *= _TRAIN_OVER_INFER
-            return seconds * factor, past
-    return None
-
-
-def _skip_row(runner, guess: float, past: dict, limit: float) -> dict:
-    message = (
-        f"not run: predicted {guess:.1f} s per step from the {past['mode']} batch "
-        f"{past['batch_size']} run, over the max_step_s limit of {limit:g} s"
-    )
-    return _row(runner, {}, SKIPPED, message)
-
-
 def _what(row: dict) -> str:
     return (
         f"{row['framework']:<13} {row['mode']:<5} b={row['batch_size']:<4} "
@@ -454,9 +413,10 @@ def run_sweep(
         if config.max_step_s is not None:
             keep = []
             for r in runners:
-                guess = _predicted_step_s(r.row(), history)
+                guess = predicted_step_s(r.row(), history)
                 if guess is not None and guess[0] > config.max_step_s:
-                    rows.append(_skip_row(r, guess[0], guess[1], config.max_step_s))
+                    message = skip_message(guess[0], guess[1], config.max_step_s)
+                    rows.append(_row(r, {}, SKIPPED, message))
                     if log is not None:
                         log(_describe(rows[-1]))
                 else:

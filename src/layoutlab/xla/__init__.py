@@ -7,7 +7,8 @@
 - ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
 - ``available_backends()`` / ``resolve_backend(name)``
 - ``keep_host_memory()``: freed host memory stays in the process (XLA:CPU's per-call temp
-  buffer stops page-faulting); call before JAX starts
+  buffer stops page-faulting); call before JAX starts, or with per-thread arenas any time;
+  ``release_host_memory()`` undoes the per-thread setting
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 
@@ -59,6 +60,7 @@ _EXPORTS = {
     "HostMemoryState": "host_memory",
     "host_memory_state": "host_memory",
     "keep_host_memory": "host_memory",
+    "release_host_memory": "host_memory",
     "inspect_model": "inspect",
     "ModelInspection": "inspection",
     "LayoutComparison": "layout_compare",
@@ -106,6 +108,7 @@ __all__ = [
     "host_memory_state",
     "inspect_model",
     "keep_host_memory",
+    "release_host_memory",
     "layout_api",
     "major_to_minor_for",
     "parse_hlo",

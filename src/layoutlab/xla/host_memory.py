@@ -27,8 +27,11 @@ The price is that the process keeps its peak heap until it exits, which is what 
 benchmark process wants. The settings are process-wide: PyTorch running in the same process
 gets them too (its large tensors are mapped fresh the same way).
 
-Threads keep the arena they first allocated from, so the call must come before JAX starts
-its backend; afterwards it raises ``HostMemoryError``. The same settings can be given before
+Threads keep the arena they first allocated from, so one arena must come before JAX starts
+its backend; afterwards it raises ``HostMemoryError``. Per-thread arenas come and go at any
+time: ``release_host_memory()`` sets the three parameters back to what glibc's defaults reach
+in a long-running process, for the work sizes where keeping measured slower (a bench sweep
+switches per batch size, ``layoutlab.bench.sweep``). The same settings can be given before
 Python starts, through the environment (``GLIBC_TUNABLES``, see ``ENV_SETTING``).
 """
 
@@ -48,11 +51,13 @@ __all__ = [
     "backend_started",
     "host_memory_state",
     "keep_host_memory",
+    "release_host_memory",
 ]
 
 # glibc's mallopt parameter numbers (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 # glibc's heap_trim unmaps an empty secondary heap unless the top pad exceeds what the heap
@@ -63,6 +68,18 @@ _TOP_PAD = 128 << 20
 _HEAP = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
 _SETTINGS = {"one": ((_M_ARENA_MAX, 1), *_HEAP), "per_thread": (*_HEAP, (_M_TOP_PAD, _TOP_PAD))}
 ARENAS = tuple(_SETTINGS)
+# glibc's defaults as a long-running process has them. Setting any parameter turns off the
+# dynamic mmap threshold, which starts at 128 KiB and rises to each freed mapped block's size
+# up to 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit), the trim threshold following at twice
+# that; an XLA or PyTorch step frees blocks of every size, so its process sits at the cap.
+# The mmap count limit and the top pad are glibc's defaults (DEFAULT_MMAP_MAX,
+# DEFAULT_TOP_PAD).
+_RELEASED = (
+    (_M_MMAP_MAX, 65536),
+    (_M_MMAP_THRESHOLD, 32 << 20),
+    (_M_TRIM_THRESHOLD, 64 << 20),
+    (_M_TOP_PAD, 128 << 10),
+)
 # The same settings for a process's environment, read by glibc when the process starts.
 ENV_SETTING = (
     "GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
@@ -78,7 +95,9 @@ _TOP_PAD_ITEM = "glibc.malloc.top_pad="
 # What ``how`` adds when threads keep their own arenas.
 _PER_THREAD = " (per-thread arenas)"
 
-_applied: str | None = None  # the ``arenas`` keep_host_memory set
+# The ``arenas`` keep_host_memory set, or "released" after release_host_memory.
+_applied: str | None = None
+_RELEASED_HOW = "mallopt: glibc's default limits (released)"
 
 
 class HostMemoryError(RuntimeError):
@@ -124,6 +143,8 @@ def backend_started() -> bool:
 
 def host_memory_state() -> HostMemoryState:
     """Whether freed host memory stays in this process, and how it was arranged."""
+    if _applied == "released":
+        return HostMemoryState(False, _RELEASED_HOW)
     for how, arenas in (("mallopt", _applied), ("environment", _from_environment())):
         if arenas is not None:
             return HostMemoryState(True, how + (_PER_THREAD if arenas == "per_thread" else ""))
@@ -152,8 +173,32 @@ def keep_host_memory(arenas: str = "one") -> HostMemoryState:
             "already chose their malloc arenas. Call it first thing (before any jax "
             f"computation or jax.devices()), or start Python with {ENV_SETTING}."
         )
-    for param, value in _SETTINGS[arenas]:
+    _mallopt(libc, _SETTINGS[arenas])
+    _applied = arenas
+    return host_memory_state()
+
+
+def _mallopt(libc: ctypes.CDLL, settings) -> None:
+    for param, value in settings:
         if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
             raise HostMemoryError(f"glibc refused mallopt({param}, {value}).")
-    _applied = arenas
+
+
+def release_host_memory() -> HostMemoryState:
+    """Let freed host memory go back to the system again, as with glibc's defaults (see
+    ``_RELEASED``), in a process whose threads keep their own arenas: undoes
+    ``keep_host_memory("per_thread")`` at any time; a later call of it keeps memory again.
+    Raises ``HostMemoryError`` where every thread shares one arena, which a running process
+    cannot undo. Without glibc it changes nothing and says so in ``how``."""
+    global _applied
+    libc = _glibc()
+    if libc is None:
+        return host_memory_state()
+    if _applied == "one" or (_applied is None and _from_environment() == "one"):
+        raise HostMemoryError(
+            "release_host_memory() cannot undo one malloc arena for every thread in a running "
+            "process; start it without keep_host_memory() or GLIBC_TUNABLES."
+        )
+    _mallopt(libc, _RELEASED)
+    _applied = "released"
     return host_memory_state()

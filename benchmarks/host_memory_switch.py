@@ -1,0 +1,130 @@
+"""Per-thread malloc arenas kept or released, switched at runtime: what a bench sweep across
+batch sizes gains by choosing per batch.
+
+    python benchmarks/host_memory_switch.py --cases resnet18:train:1,resnet18:train:128 \
+        --out benchmarks/results/every_batch_zen4_cpu/host_memory_switch
+
+A sweep from batch 1 to 256 keeps one malloc setting for the whole process, and the one that
+suits batch 1 (``keep_host_memory("per_thread")``) measured 18-29% slower at batch 128-256.
+``release_host_memory()`` undoes it at runtime, so the sweep can switch per batch. This
+times, per case, layoutlab's defaults (NHWC fp32) and PyTorch eager (channels_last), each
+twice, in one group as ``bench`` runs it: one pair with host memory kept and one with it
+released, the setting switched before each turn, so the four share the same minutes.
+``--fresh`` first times the pair alone in a fresh process with glibc's true defaults (its
+dynamic mmap threshold, which no setting can bring back), to check the released setting
+against them. Prints each median and the ratio PyTorch / layoutlab per setting; writes
+``results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from interleaved_steps import bench_options, runner, save_results, workload
+
+from layoutlab.bench.cases import TorchCase
+from layoutlab.bench.machine import machine_info
+from layoutlab.bench.sweep import run_group
+from layoutlab.bench.torch_runner import TorchRunner
+from layoutlab.xla.host_memory import (
+    ENV_SETTING,
+    ENV_SETTING_PER_THREAD,
+    keep_host_memory,
+    release_host_memory,
+)
+
+KEEP = ("framework", "step_ms_median", "step_ms_ci_low", "step_ms_ci_high", "dispersion",
+        "other_cores", "steps_per_round", "status", "unstable_reason")  # fmt: skip
+SET = {"kept": lambda: keep_host_memory("per_thread"), "released": release_host_memory}
+# Fresh processes: glibc's true defaults (its dynamic mmap threshold, which no setting brings
+# back), and the two settings the commands give a process from its start.
+FRESH = {
+    "fresh: glibc defaults": None,
+    "fresh: per-thread arenas kept": ENV_SETTING_PER_THREAD,
+    "fresh: one arena": ENV_SETTING,
+}
+
+
+def _pair(case: str):
+    model, mode, batch = case.rsplit(":", 2)
+    w = workload(model, mode, int(batch))
+    theirs = TorchRunner(TorchCase(w, "channels_last", "fp32"))
+    return runner(w, "defaults", bench_options(w)), theirs
+
+
+def _rows(case: str, rows: list[dict], setting: str) -> list[dict]:
+    return [{"case": case, "host_memory": setting, **{k: r.get(k) for k in KEEP}} for r in rows]
+
+
+def _group(case: str, budget: float) -> list[dict]:
+    return run_group(list(_pair(case)), repeats="auto", warmup=3, budget_s=budget, blocks=True)
+
+
+def phases(case: str, budget: float) -> list[dict]:
+    """The pair timed with host memory kept, then released, then both again, in this
+    process: what a sweep that switches per batch group runs."""
+    rows = []
+    for _ in range(2):
+        for setting, apply in SET.items():
+            apply()
+            rows += _rows(case, _group(case, budget), setting)
+    return rows
+
+
+def fresh(case: str, budget: float, setting: str) -> list[dict]:
+    """The pair in a new process with ``FRESH[setting]`` given through the environment."""
+    code = (
+        "import json, sys; sys.path.insert(0, 'benchmarks'); import host_memory_switch as h\n"
+        f"print('ROWS', json.dumps(h._rows({case!r}, h._group({case!r}, {budget}), "
+        f"{setting!r})))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if FRESH[setting]:
+        env["GLIBC_TUNABLES"] = FRESH[setting].split("=", 1)[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    line = next(x for x in out.stdout.splitlines() if x.startswith("ROWS "))
+    return json.loads(line[5:])
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | host memory | layoutlab ms | PyTorch eager ms | PyTorch / layoutlab |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for case in dict.fromkeys(r["case"] for r in rows):
+        for setting in dict.fromkeys(r["host_memory"] for r in rows if r["case"] == case):
+            ms = {
+                r["framework"]: r["step_ms_median"]
+                for r in rows
+                if (r["case"], r["host_memory"]) == (case, setting) and r["status"] == "ok"
+            }
+            if {"layoutlab", "torch"} <= set(ms):
+                a, b = ms["layoutlab"], ms["torch"]
+                lines.append(f"| {case} | {setting} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="resnet18:train:1,resnet18:train:128")
+    p.add_argument("--time-budget", type=float, default=20.0, help="seconds per group")
+    p.add_argument("--fresh", action="store_true", help="also time fresh processes (FRESH)")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    machine = machine_info("cpu", note="host_memory_switch")
+    rows = []
+    for case in args.cases.split(","):
+        if args.fresh:
+            rows += [r for s in FRESH for r in fresh(case, args.time_budget, s)]
+        rows += phases(case, args.time_budget)
+        print(markdown([r for r in rows if r["case"] == case]), flush=True)
+    save_results(args.out, machine, rows)
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
