@@ -1,19 +1,17 @@
-"""Per-thread malloc arenas kept or released, switched at runtime: what a bench sweep across
-batch sizes gains by choosing per batch.
+"""Host memory kept or left to glibc's defaults, beside PyTorch: what each malloc setting does
+to both sides of a bench comparison.
 
     python benchmarks/host_memory_switch.py --cases resnet18:train:1,resnet18:train:128 \
         --out benchmarks/results/every_batch_zen4_cpu/host_memory_switch
 
-A sweep from batch 1 to 256 keeps one malloc setting for the whole process, and the one that
-suits batch 1 (``keep_host_memory("per_thread")``) measured 18-29% slower at batch 128-256.
-``release_host_memory()`` undoes it at runtime, so the sweep can switch per batch. This
-times, per case, layoutlab's defaults (NHWC fp32) and PyTorch eager (channels_last), each
-twice, in one group as ``bench`` runs it: one pair with host memory kept and one with it
-released, the setting switched before each turn, so the four share the same minutes.
-``--fresh`` first times the pair alone in a fresh process with glibc's true defaults (its
-dynamic mmap threshold, which no setting can bring back), to check the released setting
-against them. Prints each median and the ratio PyTorch / layoutlab per setting; writes
-``results.json``.
+A bench sweep keeps one malloc setting for the whole process, and it is process-wide: PyTorch's
+steps run under it too. This times, per case, layoutlab's defaults (NHWC fp32) beside PyTorch
+eager (channels_last), interleaved as ``bench`` runs them, in one process under each setting
+in turn: per-thread arenas kept (``keep_host_memory("per_thread")``), then released to
+glibc's default limits (``release_host_memory()``), then both again. ``--fresh`` first times
+the pair in fresh processes with glibc's true defaults (its dynamic mmap threshold, which no
+setting brings back), per-thread arenas and one arena, each given through the environment.
+Prints each median and the ratio PyTorch / layoutlab per setting; writes ``results.json``.
 """
 
 from __future__ import annotations
@@ -68,10 +66,10 @@ def phases(case: str, budget: float) -> list[dict]:
     """The pair timed with host memory kept, then released, then both again, in this
     process: what a sweep that switches per batch group runs."""
     rows = []
-    for _ in range(2):
+    for n in (1, 2):
         for setting, apply in SET.items():
             apply()
-            rows += _rows(case, _group(case, budget), setting)
+            rows += _rows(case, _group(case, budget), f"{setting} ({n})")
     return rows
 
 
@@ -95,16 +93,14 @@ def fresh(case: str, budget: float, setting: str) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     lines = ["| case | host memory | layoutlab ms | PyTorch eager ms | PyTorch / layoutlab |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for case in dict.fromkeys(r["case"] for r in rows):
-        for setting in dict.fromkeys(r["host_memory"] for r in rows if r["case"] == case):
-            ms = {
-                r["framework"]: r["step_ms_median"]
-                for r in rows
-                if (r["case"], r["host_memory"]) == (case, setting) and r["status"] == "ok"
-            }
-            if {"layoutlab", "torch"} <= set(ms):
-                a, b = ms["layoutlab"], ms["torch"]
-                lines.append(f"| {case} | {setting} | {a:.2f} | {b:.2f} | {b / a:.2f} |")
+    groups: dict = {}
+    for r in rows:
+        if r["status"] == "ok":
+            groups.setdefault((r["case"], r["host_memory"]), {})[r["framework"]] = r
+    for (case, setting), got in groups.items():
+        if {"layoutlab", "torch"} <= set(got):
+            a, b = (got[k]["step_ms_median"] for k in ("layoutlab", "torch"))
+            lines.append(f"| {case} | {setting} | {a:.1f} | {b:.1f} | {b / a:.2f} |")
     return "\n".join(lines)
 
 

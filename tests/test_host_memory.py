@@ -164,8 +164,12 @@ def test_keep_host_memory_rejects_unknown_arenas():
         (["--keep-host-memory"], "mallopt"),
         # The default for a batch of 2 x 8 x 8 pixels: per-thread arenas.
         (["--image-size=8"], "mallopt (per-thread arenas)"),
-        # A sweep across the threshold (1 x 32 x 32 under it, 64 x 32 x 32 over): the same.
-        (["--image-size=32", "--batch-sizes=1,64"], "mallopt (per-thread arenas)"),
+        # A sweep across the threshold (1 x 32 x 32 under it, 64 x 32 x 32 over): a process
+        # per side, each with the setting it gets alone.
+        (
+            ["--image-size=32", "--batch-sizes=1,64"],
+            "batch 1: mallopt (per-thread arenas); batch 64: mallopt",
+        ),
     ],
 )
 def test_bench_records_kept_host_memory(tmp_path, flags, how):
@@ -181,6 +185,9 @@ def test_bench_records_kept_host_memory(tmp_path, flags, how):
     machine = json.loads((out / "machine.json").read_text())["machine"]
     assert machine["host_memory_kept"] is True
     assert machine["host_memory"] == how
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    batches = [int(b) for b in flags[-1].split("=")[1].split(",")] if len(flags) > 1 else [2]
+    assert sorted({r["batch_size"] for r in rows if r["status"] == "ok"}) == batches
 
 
 def test_train_bench_and_conv_autotune_take_the_flag():
@@ -271,3 +278,25 @@ def test_one_arena_cannot_be_released():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert "refused: release_host_memory() cannot undo one malloc arena" in out.stdout, out
+
+
+def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
+    from layoutlab.bench.host_memory_parts import host_memory_parts
+
+    def bench(*batches, keep=None, image_size=(32,)):
+        return argparse.Namespace(
+            command="bench",
+            image_size=image_size,
+            batch_sizes=list(batches),
+            keep_host_memory=keep,
+            argv=["bench"],
+        )
+
+    # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold.
+    assert host_memory_parts(bench(1, 8, 32, 128, 256)) == [[1, 8], [32, 128, 256]]
+    assert host_memory_parts(bench(256, 1, 31)) == [[1, 31], [256]]  # the order given
+    assert host_memory_parts(bench(1, 8, 16)) is None  # all small: one process
+    assert host_memory_parts(bench(32, 128)) is None  # all large
+    assert host_memory_parts(bench(1, 128, keep=False)) is None  # the user chose a setting
+    assert host_memory_parts(bench(1, 128, keep=True)) is None
+    assert host_memory_parts(bench(1, 128, image_size=None)) is None  # input not shown

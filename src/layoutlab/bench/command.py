@@ -64,10 +64,11 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from layoutlab.bench.host_memory_parts import host_memory_parts, run_parts
     from layoutlab.bench.plots import plot_all
     from layoutlab.bench.report import markdown_table
     from layoutlab.bench.results import save_results
-    from layoutlab.bench.sweep import SweepConfig, run_sweep
+    from layoutlab.bench.sweep import SweepConfig, run_sweep, validate
 
     try:
         config = SweepConfig(
@@ -99,10 +100,18 @@ def run_bench(args: argparse.Namespace) -> int:
             baseline_plain=args.baseline_plain,
             optimizer=args.optimizer,
         )
-        results = run_sweep(config, log=print_progress)
+        parts = host_memory_parts(args)
+        if parts is None:
+            results = run_sweep(config, log=print_progress)
+        else:
+            validate(config)  # bad flags fail here, before a part starts
+            results = run_parts(args.argv, parts, args.out)
     except ValueError as err:
         print_error(str(err))
         return 2
+    except ChildProcessError as err:
+        print_error(f"{err}; its output above says why.")
+        return 1
     out = save_results(args.out, results)
     plots = [] if args.no_plots else plot_all(results.rows, out)
     print(markdown_table(results.rows))

@@ -30,14 +30,8 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 # From the threshold up: the ResNet-18 CIFAR step at batch 128 (131,072) gained about 0.5 s a
 # step with one arena on the AVX2 machine; ResNet-50's at batch 16 ran 1.5-2% faster with it
 # than with per-thread arenas, 15-18% with PyTorch's steps alternating in the same process.
-# A bench sweep across the threshold cannot have both, and keeps per-thread arenas: with
-# glibc's defaults PyTorch's batch-256 ResNet-18 inference step ran 1.72 s against 1.27-1.30 s
-# with either kept setting, layoutlab's 1.13-1.24 s in all three, so a sweep with the defaults
-# credited layoutlab with PyTorch's page faults (1.38x against 1.06-1.13x;
-# benchmarks/results/every_batch_zen4_cpu.md, "Host memory in a sweep across batch sizes").
-# Earlier, on the AVX-512 machine, a whole sweep with per-thread arenas ran layoutlab's
-# batch-128 and -256 steps 18-29% slower than one with the defaults, hours apart
-# (host_memory_arenas_avx512_cpu.md); the ratio against PyTorch is measured in the same run.
+# One process cannot have both, so a bench sweep across the threshold runs a process per
+# side (bench.host_memory_parts); its parent process keeps per-thread arenas, and runs no step.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 
 
@@ -62,8 +56,8 @@ def add_keep_host_memory(subparsers) -> None:
             "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
             "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
             "the same process gets it too. Default: on, with per-thread arenas where the flags "
-            "show any batch under 32,768 input pixels (one arena holds up better from there, "
-            "but slows smaller batches). --no-keep-host-memory leaves glibc's defaults",
+            "show any batch under 32,768 input pixels, else one arena (a bench sweep across that "
+            "size runs a process per side). --no-keep-host-memory leaves glibc's defaults",
         )
 
 
@@ -109,9 +103,9 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     """The ``keep_host_memory`` arenas a parsed command line asks for, None for none:
     ``--keep-host-memory``, one; ``--no-keep-host-memory`` or a command without the flag,
     none. The default, by the batches' input pixels against ``HOST_MEMORY_MIN_PIXELS``:
-    per-thread arenas where any batch is under it (a sweep across it too: one arena slows
-    the small batches, glibc's defaults PyTorch's large ones), one arena where none is or
-    the flags do not show the batches."""
+    per-thread arenas where any batch is under it (a bench sweep across it runs each side in
+    a process of its own, ``bench.host_memory_parts``), one arena where none is or the flags
+    do not show the batches."""
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None

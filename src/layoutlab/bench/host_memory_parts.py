@@ -1,0 +1,79 @@
+"""A ``layoutlab bench`` sweep whose batches straddle the size where the commands' malloc
+choice changes (``xla.host_memory_flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
+side, so that each batch runs under the host-memory setting layoutlab gives it alone.
+
+The setting is process-wide and one arena for every thread must come before JAX starts, so
+one process cannot give batch 1 per-thread arenas and batch 256 one arena. Every single
+setting measured wrong on one side of the ResNet-18 CIFAR sweep from batch 1 to 256
+(benchmarks/results/every_batch_zen4_cpu.md, third run). With glibc's defaults, PyTorch's
+batch-256 inference step took 1.72 s against 1.27-1.30 s kept, and layoutlab's batch-1
+training step ran 0.67x PyTorch against 0.92x. With per-thread arenas, layoutlab's
+batch-128 and -256 training steps took 1.2-1.6x as long as with one arena. Each part
+writes its own results under ``OUT/part-*``; the parent merges their rows, and
+``machine.json`` lists the parts with the setting each ran under. PyTorch's steps share
+each part's process and setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from layoutlab.bench.results import BenchResults, load_results
+
+__all__ = ["host_memory_parts", "run_parts"]
+
+
+def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
+    """The batch sizes of each process a parsed ``bench`` command line runs in: the batches
+    under ``HOST_MEMORY_MIN_PIXELS`` and those from it up, where the flags show both and
+    leave the setting to layoutlab (no ``--keep-host-memory``/``--no-keep-host-memory``)
+    and ``args.argv`` holds the command line (``cli.main``); else None (one process)."""
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, _batch_pixels
+
+    # Without the command line (a parser used directly) a part cannot be rerun.
+    if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:
+        return None
+    try:
+        pixels = _batch_pixels(args)
+    except ValueError:
+        return None
+    if pixels is None or not pixels[0] < HOST_MEMORY_MIN_PIXELS <= pixels[1]:
+        return None
+    per_image = pixels[0] // min(args.batch_sizes)
+    small = [b for b in args.batch_sizes if b * per_image < HOST_MEMORY_MIN_PIXELS]
+    return [small, [b for b in args.batch_sizes if b not in small]]
+
+
+def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> BenchResults:
+    """``layoutlab bench`` with ``argv`` once per part, in a child process each, its batch
+    sizes and output folder (``out/part-1-b1-8``...) appended, which override the same
+    flags earlier in ``argv``; returns the merged results. A part whose child fails
+    (``ChildProcessError``) stops the sweep."""
+    runs = []
+    for i, batches in enumerate(parts, 1):
+        folder = Path(out) / f"part-{i}-b{'-'.join(map(str, batches))}"
+        sizes = ",".join(map(str, batches))
+        command = [sys.executable, "-m", "layoutlab.cli", *argv, "--batch-sizes", sizes]
+        print(f"part {i} of {len(parts)}: batch sizes {sizes}, in its own process", flush=True)
+        code = subprocess.run([*command, "--out", str(folder), "--no-plots"]).returncode
+        if code not in (0, 1):  # 1: no ok rows, which the merged results show
+            raise ChildProcessError(f"the bench of batch sizes {sizes} exited with {code}")
+        runs.append(load_results(folder))
+    machine = dict(runs[0].machine)
+    machine["host_memory"] = "; ".join(
+        f"batch {','.join(map(str, b))}: {r.machine['host_memory']}"
+        for b, r in zip(parts, runs, strict=True)
+    )
+    machine["host_memory_kept"] = all(r.machine["host_memory_kept"] for r in runs)
+    machine["parts"] = [
+        {"batch_sizes": b, **{k: r.machine.get(k) for k in ("host_memory", "started_utc",
+                                                           "finished_utc", "peaks")}}
+        for b, r in zip(parts, runs, strict=True)
+    ]  # fmt: skip
+    machine["finished_utc"] = runs[-1].machine.get("finished_utc")
+    machine["sweep"] = {**machine.get("sweep", {}), "batch_sizes": sum(parts, [])}
+    notes = list(dict.fromkeys(n for r in runs for n in r.notes))
+    return BenchResults(machine, [row for r in runs for row in r.rows], notes)
