@@ -27,6 +27,13 @@ glibc_only = pytest.mark.skipif(
 )
 
 
+def _fresh_python(code: str) -> str:
+    """The stdout of ``code`` in a new interpreter without ``GLIBC_TUNABLES``."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300, check=True).stdout  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def default_probe():
     """glibc's defaults, probed once: the baseline of both arena settings below."""
@@ -146,9 +153,7 @@ def test_per_thread_arenas_can_come_after_jax_starts():
         "from layoutlab.xla import keep_host_memory\n"
         "print(list(keep_host_memory('per_thread')))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=300, check=True).stdout  # fmt: skip
+    out = _fresh_python(code)
     assert out.strip().splitlines()[-1] == "[True, 'mallopt (per-thread arenas)']"
 
 
@@ -208,15 +213,15 @@ def test_a_bench_sweep_gets_one_arena_only_if_its_smallest_batch_is_large():
     # The setting is process-wide: a sweep from batch 1 to 256 would run its batch-1 and
     # batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
     # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md).
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, _batch_pixels
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, command_batch_pixels
 
     def bench(*batches):
         return argparse.Namespace(command="bench", image_size=(32,), batch_sizes=batches)
 
-    smallest, largest = _batch_pixels(bench(1, 8, 32, 128, 256))
+    smallest, largest = command_batch_pixels(bench(1, 8, 32, 128, 256))
     assert smallest == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
     assert largest == 256 * 32 * 32
-    assert _batch_pixels(bench(32, 128))[0] == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
+    assert command_batch_pixels(bench(32, 128))[0] == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
 
 
 def test_the_flags_choose_the_arenas():
@@ -273,11 +278,8 @@ def test_one_arena_cannot_be_released():
         "keep_host_memory('one')\n"
         "try:\n    release_host_memory()\nexcept HostMemoryError as e:\n    print('refused:', e)"
     )
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert "refused: release_host_memory() cannot undo one malloc arena" in out.stdout, out
+    out = _fresh_python(code)
+    assert "refused: release_host_memory() cannot undo one malloc arena" in out, out
 
 
 def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
@@ -300,3 +302,14 @@ def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
     assert host_memory_parts(bench(1, 128, keep=False)) is None  # the user chose a setting
     assert host_memory_parts(bench(1, 128, keep=True)) is None
     assert host_memory_parts(bench(1, 128, image_size=None)) is None  # input not shown
+
+
+def test_a_failing_part_stops_the_sweep_with_its_exit_status(tmp_path):
+    from layoutlab.bench.host_memory_parts import run_parts
+
+    # The child names the bad model itself (exit 2); the parent passes that status on.
+    with pytest.raises(ChildProcessError) as err:
+        run_parts(["bench", "--model", "no_such_model"], [[1], [64]], tmp_path)
+    assert err.value.errno == 2
+    assert "batch sizes 1 exited with 2" in err.value.strerror
+    assert not (tmp_path / "part-2-b64").exists()  # the second part never started

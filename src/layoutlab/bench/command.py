@@ -110,8 +110,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print_error(str(err))
         return 2
     except ChildProcessError as err:
-        print_error(f"{err}; its output above says why.")
-        return 1
+        print_error(f"{err.strerror}; its output above says why.")
+        return 2 if err.errno == 2 else 1
     out = save_results(args.out, results)
     plots = [] if args.no_plots else plot_all(results.rows, out)
     print(markdown_table(results.rows))

@@ -31,13 +31,13 @@ def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
     under ``HOST_MEMORY_MIN_PIXELS`` and those from it up, where the flags show both and
     leave the setting to layoutlab (no ``--keep-host-memory``/``--no-keep-host-memory``)
     and ``args.argv`` holds the command line (``cli.main``); else None (one process)."""
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, _batch_pixels
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, command_batch_pixels
 
     # Without the command line (a parser used directly) a part cannot be rerun.
     if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:
         return None
     try:
-        pixels = _batch_pixels(args)
+        pixels = command_batch_pixels(args)
     except ValueError:
         return None
     if pixels is None or not pixels[0] < HOST_MEMORY_MIN_PIXELS <= pixels[1]:
@@ -50,8 +50,8 @@ def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
 def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> BenchResults:
     """``layoutlab bench`` with ``argv`` once per part, in a child process each, its batch
     sizes and output folder (``out/part-1-b1-8``...) appended, which override the same
-    flags earlier in ``argv``; returns the merged results. A part whose child fails
-    (``ChildProcessError``) stops the sweep."""
+    flags earlier in ``argv``; returns the merged results. A part whose child fails stops
+    the sweep: ``ChildProcessError`` with the child's exit status as ``errno``."""
     runs = []
     for i, batches in enumerate(parts, 1):
         folder = Path(out) / f"part-{i}-b{'-'.join(map(str, batches))}"
@@ -60,7 +60,7 @@ def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> Bench
         print(f"part {i} of {len(parts)}: batch sizes {sizes}, in its own process", flush=True)
         code = subprocess.run([*command, "--out", str(folder), "--no-plots"]).returncode
         if code not in (0, 1):  # 1: no ok rows, which the merged results show
-            raise ChildProcessError(f"the bench of batch sizes {sizes} exited with {code}")
+            raise ChildProcessError(code, f"the bench of batch sizes {sizes} exited with {code}")
         runs.append(load_results(folder))
     machine = dict(runs[0].machine)
     machine["host_memory"] = "; ".join(

@@ -11,6 +11,7 @@ __all__ = [
     "KEEP_HOST_MEMORY_COMMANDS",
     "add_keep_host_memory",
     "apply_keep_host_memory",
+    "command_batch_pixels",
     "host_memory_arenas",
 ]
 
@@ -61,7 +62,7 @@ def add_keep_host_memory(subparsers) -> None:
         )
 
 
-def _batch_pixels(args: argparse.Namespace) -> tuple[int, int] | None:
+def command_batch_pixels(args: argparse.Namespace) -> tuple[int, int] | None:
     """Input pixels of the smallest and of the largest batch the command runs, when the flags
     say (else None): the setting is process-wide, so a sweep from batch 1 to 256 runs all its
     batches with one choice."""
@@ -110,7 +111,7 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     if keep is not None:
         return "one" if keep else None
     try:
-        pixels = _batch_pixels(args)
+        pixels = command_batch_pixels(args)
     except ValueError:  # a malformed flag: the command's own checks name it
         pixels = None
     if pixels is None or pixels[0] >= HOST_MEMORY_MIN_PIXELS:
