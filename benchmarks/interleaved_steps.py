@@ -2,11 +2,8 @@
 labelled NHWC fp32 case (optionally with the conv table swapped while it is set up), a
 row's median step time as a table cell, and a results file.
 
-Imported by ``ab_avx2_train_table.py``, ``ab_table_rules.py``, ``ab_update_and_dw.py``,
-``conv_transpose.py``, ``cpu_fast_options_by_optimizer.py``,
-``cpu_fast_options_small_batch.py``, ``dense_input_gradient.py``, ``interleaving_bias.py``,
-``profile_train_step.py`` and ``skip_branch.py`` (scripts of this folder, so a plain import
-finds it).
+Imported by this folder's interleaved step benchmarks, such as ``step_variants.py`` and
+``host_memory_switch.py`` (scripts of this folder, so a plain import finds it).
 """
 
 from __future__ import annotations

@@ -209,19 +209,30 @@ def test_train_bench_and_conv_autotune_take_the_flag():
         assert parser.parse_args([*argv[:-1], "--no-keep-host-memory"]).keep_host_memory is False
 
 
-def test_a_bench_sweep_gets_one_arena_only_if_its_smallest_batch_is_large():
-    # The setting is process-wide: a sweep from batch 1 to 256 would run its batch-1 and
-    # batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
-    # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md).
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, command_batch_pixels
+def test_each_batch_falls_on_its_side_of_the_threshold():
+    # The setting is process-wide: one process running batch 1 to 256 would run its batch-1
+    # and batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
+    # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md). Both the
+    # arenas and a bench's parts are read off these sides.
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, batch_sides
 
-    def bench(*batches):
-        return argparse.Namespace(command="bench", image_size=(32,), batch_sizes=batches)
+    def bench(*batches, image_size=(32,)):
+        return argparse.Namespace(command="bench", image_size=image_size, batch_sizes=batches)
 
-    smallest, largest = command_batch_pixels(bench(1, 8, 32, 128, 256))
-    assert smallest == 1 * 32 * 32 < HOST_MEMORY_MIN_PIXELS
-    assert largest == 256 * 32 * 32
-    assert command_batch_pixels(bench(32, 128))[0] == 32 * 32 * 32 >= HOST_MEMORY_MIN_PIXELS
+    # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold.
+    assert HOST_MEMORY_MIN_PIXELS == 32 * 32 * 32
+    assert batch_sides(bench(1, 8, 32, 128, 256)) == ([1, 8], [32, 128, 256])
+    assert batch_sides(bench(256, 31, 1)) == ([31, 1], [256])  # the order given
+    assert batch_sides(bench(8, image_size=(64,))) == ([], [8])  # 8 x 64 x 64
+    assert batch_sides(bench(15, 16, image_size=(64, 32))) == ([15], [16])  # H x W: 2,048
+    assert batch_sides(bench(1, image_size=None)) is None  # the model's default input
+    train = argparse.Namespace(
+        command="train", config=None, resume=None, data="cifar10", image_size=None,
+        batch_size=32,
+    )  # fmt: skip
+    assert batch_sides(train) == ([], [32])  # 32 x 1,024 CIFAR pixels
+    assert batch_sides(argparse.Namespace(**{**vars(train), "batch_size": 31})) == ([31], [])
+    assert batch_sides(argparse.Namespace(**{**vars(train), "config": "run.json"})) is None
 
 
 def test_the_flags_choose_the_arenas():

@@ -31,20 +31,13 @@ def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
     under ``HOST_MEMORY_MIN_PIXELS`` and those from it up, where the flags show both and
     leave the setting to layoutlab (no ``--keep-host-memory``/``--no-keep-host-memory``)
     and ``args.argv`` holds the command line (``cli.main``); else None (one process)."""
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, command_batch_pixels
+    from layoutlab.xla.host_memory_flag import batch_sides
 
     # Without the command line (a parser used directly) a part cannot be rerun.
     if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:
         return None
-    try:
-        pixels = command_batch_pixels(args)
-    except ValueError:
-        return None
-    if pixels is None or not pixels[0] < HOST_MEMORY_MIN_PIXELS <= pixels[1]:
-        return None
-    per_image = pixels[0] // min(args.batch_sizes)
-    small = [b for b in args.batch_sizes if b * per_image < HOST_MEMORY_MIN_PIXELS]
-    return [small, [b for b in args.batch_sizes if b not in small]]
+    sides = batch_sides(args)
+    return list(sides) if sides is not None and all(sides) else None
 
 
 def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> BenchResults:

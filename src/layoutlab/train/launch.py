@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 __all__ = [
     "DATA_PIXELS",
-    "batch_pixels",
+    "batch_input",
     "gpu_platform",
     "join_run",
     "start",
@@ -37,8 +37,8 @@ def supervise_distributed(args: argparse.Namespace, argv: list[str]) -> int | No
     return None if supervised() else supervise(argv)
 
 
-def batch_pixels(args: argparse.Namespace) -> int | None:
-    """Input pixels of the largest batch ``train`` runs, when the flags say (else None)."""
+def batch_input(args: argparse.Namespace) -> tuple[int, int] | None:
+    """The batch size ``train`` runs and its images' pixels, when the flags say (else None)."""
     from layoutlab.train.config import TrainConfig
 
     if args.config or args.resume:
@@ -54,7 +54,7 @@ def batch_pixels(args: argparse.Namespace) -> int | None:
 
         h, w = parse_image_size(str(args.image_size))
         pixels = h * w
-    return None if pixels is None else pixels * int(args.batch_size or d.batch_size)
+    return None if pixels is None else (int(args.batch_size or d.batch_size), pixels)
 
 
 def join_run(args: argparse.Namespace) -> int | None:

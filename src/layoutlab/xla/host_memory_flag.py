@@ -11,7 +11,7 @@ __all__ = [
     "KEEP_HOST_MEMORY_COMMANDS",
     "add_keep_host_memory",
     "apply_keep_host_memory",
-    "command_batch_pixels",
+    "batch_sides",
     "host_memory_arenas",
 ]
 
@@ -62,18 +62,31 @@ def add_keep_host_memory(subparsers) -> None:
         )
 
 
-def command_batch_pixels(args: argparse.Namespace) -> tuple[int, int] | None:
-    """Input pixels of the smallest and of the largest batch the command runs, when the flags
-    say (else None): the setting is process-wide, so a sweep from batch 1 to 256 runs all its
-    batches with one choice."""
-    if args.command == "train":
-        from layoutlab.train.launch import batch_pixels
+def batch_sides(args: argparse.Namespace) -> tuple[list[int], list[int]] | None:
+    """The batch sizes the command runs under ``HOST_MEMORY_MIN_PIXELS`` input pixels and
+    those from it up, each in the order given, when the flags say (else None). The setting
+    is process-wide, so a process that runs both sides runs them with one choice."""
+    try:
+        shown = _batches_and_pixels(args)
+    except ValueError:  # a malformed flag: the command's own checks name it
+        return None
+    if shown is None:
+        return None
+    batches, pixels = shown
+    small = [b for b in batches if b * pixels < HOST_MEMORY_MIN_PIXELS]
+    return small, [b for b in batches if b * pixels >= HOST_MEMORY_MIN_PIXELS]
 
-        pixels = batch_pixels(args)
-        return None if pixels is None else (pixels, pixels)
+
+def _batches_and_pixels(args: argparse.Namespace) -> tuple[list[int], int] | None:
+    """The command's batch sizes and its images' pixels, when the flags say."""
+    if args.command == "train":
+        from layoutlab.train.launch import batch_input
+
+        shown = batch_input(args)
+        return None if shown is None else ([shown[0]], shown[1])
     if args.command == "bench" and args.image_size:
         h, w = (args.image_size * 2)[:2]  # N: N x N
-        return min(args.batch_sizes) * h * w, max(args.batch_sizes) * h * w
+        return list(args.batch_sizes), h * w
     return None
 
 
@@ -110,13 +123,8 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None
-    try:
-        pixels = command_batch_pixels(args)
-    except ValueError:  # a malformed flag: the command's own checks name it
-        pixels = None
-    if pixels is None or pixels[0] >= HOST_MEMORY_MIN_PIXELS:
-        return "one"
-    return "per_thread"
+    sides = batch_sides(args)
+    return "per_thread" if sides is not None and sides[0] else "one"
 
 
 def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
