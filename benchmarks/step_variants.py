@@ -58,6 +58,17 @@ EXTRA = {
     ),
     "i8_16x16": (Rule("winograd4_full", (3, 3), (1, 1), min_in=128, max_in=128, min_size=16,
                       max_size=16),),
+    # The AVX2 table's training rule on ResNet-50's 14x14x256 and 7x7x512 convs and ResNet-18
+    # CIFAR's 8x8x256 ones (all three passes by Winograd), from batch 8 up to where this
+    # kind's own Winograd rule starts (32).
+    "wide": (
+        Rule("winograd4_full", (3, 3), (1, 1), min_in=256, min_size=7, max_size=14,
+             min_batch=8, max_batch=31),
+    ),
+    "wide14": (
+        Rule("winograd4_full", (3, 3), (1, 1), min_in=256, min_size=14, max_size=14,
+             min_batch=8, max_batch=31),
+    ),
     "b1_stages": (
         Rule("winograd4_full", (3, 3), (1, 1), min_in=64, max_in=128, min_size=16, max_size=32,
              max_batch=1),

@@ -162,6 +162,14 @@ def test_shipped_table_rules_depend_on_the_batch():
         assert default_algorithm(spec, "train", "avx512")[0] == "im2col"
         assert default_algorithm(spec._replace(batch=2), "train", "avx512")[0] == after
         assert default_algorithm(spec, "inference", "avx512")[0] == "xla"
+    # On AVX-512 too, all three Winograd on ResNet-50's 14x14x256 and 7x7x512 convs and
+    # ResNet-18's 8x8x256 ones in training from batch 8 (on a Zen 4 ResNet-50's step 1.05x
+    # faster at 8 and 16, ResNet-18's 1.03x at 16, even at 8), from 32 by the batch-128 rule.
+    for size, channels, first in ((8, 256, "xla"), (14, 256, "xla"), (7, 512, "im2col")):
+        by_batch = [default_algorithm(_spec(b, size, channels, channels), "train", "avx512")[0]
+                    for b in (1, 7, 8, 16, 31, 32)]  # fmt: skip
+        assert by_batch == [first, "xla"] + ["winograd4_full"] * 4, (size, by_batch)
+    assert default_algorithm(_spec(16, 28, 128, 128), "train", "avx512")[0] == "xla"
     # A stride-2 3x3 conv's input gradient by stride phases, at every batch, in training on
     # AVX-512 (1.1-1.8x each, batch 1-128), where no im2col rule took the conv first.
     strided = _spec(16, 56, 128, 128, stride=2)
