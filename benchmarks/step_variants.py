@@ -17,7 +17,9 @@ kinds joined by ``+`` (``dot``, ``red``, ``elt``, ``conv``); and ``torch`` (PyTo
 channels_last). NHWC, fp32, SGD with momentum (``interleaved_steps``), the bench's timer
 (``bench.sweep.run_group``). Prints each median with its interval and the per-round ratio
 ``variant / first`` of step times (above 1: the first variant is faster); ``--out`` saves
-``step_variants_<model>_<mode>_b<batch>.json``.
+``step_variants_<model>_<mode>_b<batch>.json``. ``--keep-host-memory one`` or ``per_thread``
+keeps host memory as ``layoutlab bench`` would for that batch; without it a large step
+page-faults its temp buffer on every call.
 """
 
 from __future__ import annotations
@@ -119,7 +121,16 @@ def main(argv=None) -> None:
     p.add_argument("--variants", default="table,torch")
     p.add_argument("--time-budget", type=float, default=45.0)
     p.add_argument("--out")
+    p.add_argument(
+        "--keep-host-memory", choices=("one", "per_thread"),
+        help="keep host memory as `layoutlab bench` does (one arena from 32,768 input pixels "
+        "per batch, per-thread arenas below); default: glibc's malloc",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.keep_host_memory:  # before anything starts JAX's backend
+        from layoutlab.xla import keep_host_memory
+
+        keep_host_memory(args.keep_host_memory)
     w = workload(args.model, args.mode, args.batch)
     objective = "train" if args.mode == "train" else "inference"
     names = args.variants.split(",")
