@@ -67,6 +67,11 @@ EXTRA = {
         Rule("winograd4_full", (3, 3), (1, 1), min_in=256, min_size=7, max_size=14,
              min_batch=8, max_batch=31),
     ),
+    # The table without that rule, now that it is in the AVX-512 table.
+    "no_wide": (
+        Rule("xla", (3, 3), (1, 1), min_in=256, min_size=7, max_size=14, min_batch=8,
+             max_batch=31),
+    ),
     "wide14": (
         Rule("winograd4_full", (3, 3), (1, 1), min_in=256, min_size=14, max_size=14,
              min_batch=8, max_batch=31),
