@@ -15,6 +15,7 @@ from layoutlab import models
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.machine import finish_machine_info
+from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.nn.conv_algos import default_plan
 
 # model -> (model kwargs, input shape, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
@@ -24,15 +25,29 @@ _INPUTS = {
 }
 
 
+def _option(text: str) -> tuple[str, object]:
+    """``"width=64"`` -> ``("width", 64)``: a JSON value, else the text (``stem=imagenet``)."""
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def workload(model: str, mode: str, batch: int) -> Workload:
     """``model``'s workload: ResNet-18 CIFAR at 32x32, ResNet-50 ImageNet at 224x224, any
     other registered model at its default input (``layoutlab models``; U-Net's training
     step with a label per pixel, the 3D CNN on clips) with 10 classes. ``model`` may add
-    integer builder options: ``"unet:width=64"``, ``"resnet18:width=16"``."""
+    builder options: ``"unet:width=64"``, ``"resnet18:width=16"``; a ``stem`` among them
+    sets the input as ``layoutlab bench --stem`` does (``"resnet34:stem=imagenet"``: 224x224,
+    1000 classes)."""
     name, *options = model.split(":")
     kwargs, shape, classes = _INPUTS.get(name, ({}, models.spec(name).default_input, 10))
-    extra = {k: int(v) for k, v in (o.split("=", 1) for o in options)}
-    return make_workload(name, {**kwargs, **extra}, shape, classes, mode, batch)
+    extra = dict(_option(o) for o in options)
+    kwargs = {**kwargs, **extra}
+    if "stem" in extra:
+        shape, classes = resolve_input(name, kwargs)
+    return make_workload(name, kwargs, shape, classes, mode, batch)
 
 
 def bench_options(w: Workload, optimizer: str = "pytorch") -> dict:

@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 from layoutlab.bench.report import markdown_table
 from layoutlab.bench.results import add_torch_ratios
 from layoutlab.bench.stats import (
+    DECISIVE_REPEATS,
     MIN_REPEATS,
     UNSTABLE_DISPERSION,
     Interval,
@@ -153,6 +154,26 @@ def test_auto_repeats_go_on_until_each_ratio_to_a_baseline_is_settled():
     # The budget still bounds it: 2 s of ~0.2 s rounds.
     capped = _group([Synthetic("ours", _OURS), Synthetic("eager", _TORCH, "torch")], budget_s=2.0)
     assert MIN_REPEATS <= capped["ours"]["repeats"] <= 12
+
+
+def test_a_spent_budget_with_an_undecided_ratio_still_gets_decisive_repeats():
+    # At 8 rounds the 95% interval of a median is the range of the rounds; from 9 it leaves
+    # out the most extreme one on each side, so one slow round no longer decides the ratio
+    # (docs/guides/benchmarks.md: "goes on to 9 rounds").
+    assert DECISIVE_REPEATS == 9
+    values = [float(v) for v in range(1, DECISIVE_REPEATS + 1)]
+    assert median_interval(values[:-1])[1:] == (1.0, DECISIVE_REPEATS - 1.0)
+    assert median_interval(values)[1:] == (2.0, DECISIVE_REPEATS - 1.0)
+    # The budget (0.5 s) is spent after the first rounds of ~0.2 s; the ratio to PyTorch is
+    # undecided for about 35 rounds (above), so the group runs DECISIVE_REPEATS, no more.
+    pair = [Synthetic("ours", _OURS), Synthetic("eager", _TORCH, "torch")]
+    assert _group(pair, budget_s=0.5)["ours"]["repeats"] == DECISIVE_REPEATS
+    # Without a baseline there is no ratio to decide: the budget stops it at the minimum.
+    alone = [Synthetic("ours", _OURS), Synthetic("other", _TORCH)]
+    assert _group(alone, budget_s=0.5)["ours"]["repeats"] == MIN_REPEATS
+    # A ratio settled at once (PyTorch twice as slow) stops at the minimum too.
+    clear = [Synthetic("ours", _OURS), Synthetic("eager", (0.2 for _ in range(99)), "torch")]
+    assert _group(clear, budget_s=0.5)["ours"]["repeats"] == MIN_REPEATS
 
 
 def test_the_documented_auto_budget_is_the_default_of_the_api_and_the_cli():

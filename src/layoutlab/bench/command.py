@@ -180,7 +180,8 @@ def register(subparsers) -> None:
         default="auto",
         help="measured steps per configuration, or auto (default): until each median is "
         "known within --target (95%% interval) and each ratio to a baseline (--torch, "
-        "--baseline-plain) is settled, at least 6, within --time-budget per group",
+        "--baseline-plain) is settled, at least 6, within --time-budget per group (past it "
+        "to 9 rounds while a ratio is undecided)",
     )
     p.add_argument("--target", type=_fraction, default=0.03, help="auto: relative precision")
     p.add_argument(

@@ -22,6 +22,7 @@ __all__ = [
     "AUTO_BUDGET_S",
     "CONFIDENCE",
     "MIN_REPEATS",
+    "DECISIVE_REPEATS",
     "OTHERS_LIMIT_CORES",
     "OtherLoad",
     "UNSTABLE_DISPERSION",
@@ -59,6 +60,14 @@ IMPRECISE_RATIO = 2 * UNSTABLE_DISPERSION
 # (a 120 s budget), 1.11 [1.09, 1.16] after 20, and 1.09 [1.05, 1.12] after the 15 that
 # this budget gave it with settling (benchmarks/results/every_batch_avx2_cpu.md).
 AUTO_BUDGET_S = 240.0
+# Under auto repeats a group whose budget runs out while a ratio to a baseline is still
+# undecided goes on to this many rounds: the fewest whose 95% interval of a median leaves
+# out the most extreme round on each side (``_order_rank`` is 2 from 9 rounds, 1 below).
+# Up to 8 rounds the interval is the whole range, so a single slow round decides it:
+# ResNet-18's batch-256 training against PyTorch (rounds of 45 s on a 2-core Zen 4) read
+# 1.01-1.05 with intervals from 0.88 and 0.94 after the budget's 6 rounds, and 1.07-1.09
+# with intervals from 1.05 and 1.07 after 16 (benchmarks/results/every_batch_zen4_cpu.md).
+DECISIVE_REPEATS = 9
 
 
 class Interval(NamedTuple):

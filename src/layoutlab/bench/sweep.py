@@ -32,6 +32,7 @@ from layoutlab.bench.results import (
 )
 from layoutlab.bench.stats import (
     AUTO_BUDGET_S,
+    DECISIVE_REPEATS,
     MIN_REPEATS,
     OtherLoad,
     dispersion,
@@ -187,15 +188,20 @@ def _comparisons(entries: list[_Live]) -> list[tuple[list[float], list[float]]]:
     return [(b.seconds, o.seconds) for o in ours for b in best]
 
 
-def _settled(entries: list[_Live], target: float) -> bool:
-    """Whether auto repeats may stop: every median known within ``target`` and every
-    comparison's paired ratio settled (``bench.stats.ratio_settled``): a median known to 3%
-    can still leave a 5-10% difference undecided when the rounds are few."""
-    if not all(precise_enough(e.seconds, target) for e in entries):
-        return False
+def _ratios_settled(entries: list[_Live], target: float) -> bool:
+    """Whether every comparison's paired ratio is settled (``bench.stats.ratio_settled``)."""
     return all(
         ratio_settled(paired_ratio(base, ours), target) for base, ours in _comparisons(entries)
     )
+
+
+def _settled(entries: list[_Live], target: float) -> bool:
+    """Whether auto repeats may stop: every median known within ``target`` and every
+    comparison's paired ratio settled: a median known to 3% can still leave a 5-10%
+    difference undecided when the rounds are few."""
+    if not all(precise_enough(e.seconds, target) for e in entries):
+        return False
+    return _ratios_settled(entries, target)
 
 
 def run_group(
@@ -220,7 +226,8 @@ def run_group(
     ``repeats="auto"``: at least ``MIN_REPEATS`` rounds, then more until every runner's
     median is known within ``target`` (its 95% interval, ``bench.stats``) and every ratio of
     a layoutlab row to a baseline in the group is settled (``_settled``), or the measured
-    rounds have taken ``budget_s``. A runner whose first measured step takes longer than
+    rounds have taken ``budget_s``; past the budget a group with a ratio still undecided
+    goes on to ``DECISIVE_REPEATS`` rounds. A runner whose first measured step takes longer than
     ``max_step_s`` stops there and gets a ``skipped`` row. ``observed[runner]`` receives
     each runner's median step time. ``clock`` times the budget, ``timer(step)`` a step and
     ``load()`` samples the load average and ``other_load()`` starts a meter of the cores
@@ -286,8 +293,10 @@ def run_group(
         if repeats != "auto":
             enough = done >= repeats
         else:
+            spent = clock() - started >= budget_s
             enough = done >= MIN_REPEATS and (
-                _settled(active, target) or clock() - started >= budget_s
+                _settled(active, target)
+                or (spent and (done >= DECISIVE_REPEATS or _ratios_settled(active, target)))
             )
         if enough or not active:
             break
