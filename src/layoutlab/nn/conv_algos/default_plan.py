@@ -253,8 +253,8 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
         # The AVX2 table's wide rule, up to where the one above starts. On a Zen 4 (not
         # measured on the Sapphire Rapids): ResNet-50's training step 1.05x faster at batch 8
-        # and 16 (twice), ResNet-18 CIFAR's 1.03x at 16 and even at 8
-        # (every_batch_zen4_cpu.md, fourth run).
+        # and 16 (twice), ResNet-18 CIFAR's 1.03x at 16 and even at 8 (every_batch_zen4_cpu.md,
+        # fourth run); ResNet-34 ImageNet-stem's at 224x224 1.15x at 8 and 1.21x at 16 (fifth).
         Rule("winograd4_full", **_WINOGRAD_WIDE, min_batch=8, max_batch=31),
         # ResNet-50's 7x7 and 14x14/28x28 stride-2 3x3 convs at batch 1: 2.6x and 1.7-2.6x
         # one by one, the whole step 1.05x and 1.04x faster (train_step_b1_avx512_cpu.md).
