@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from layoutlab import models
+from layoutlab.arguments import parse_model_args
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.machine import finish_machine_info
@@ -25,25 +26,17 @@ _INPUTS = {
 }
 
 
-def _option(text: str) -> tuple[str, object]:
-    """``"width=64"`` -> ``("width", 64)``: a JSON value, else the text (``stem=imagenet``)."""
-    key, value = text.split("=", 1)
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def workload(model: str, mode: str, batch: int) -> Workload:
     """``model``'s workload: ResNet-18 CIFAR at 32x32, ResNet-50 ImageNet at 224x224, any
     other registered model at its default input (``layoutlab models``; U-Net's training
     step with a label per pixel, the 3D CNN on clips) with 10 classes. ``model`` may add
-    builder options: ``"unet:width=64"``, ``"resnet18:width=16"``; a ``stem`` among them
+    builder options, read as ``--model-arg`` reads them (``arguments.parse_model_args``):
+    ``"unet:width=64"``, ``"resnet18:width=16"``; a ``stem`` among them
     sets the input as ``layoutlab bench --stem`` does (``"resnet34:stem=imagenet"``: 224x224,
     1000 classes)."""
     name, *options = model.split(":")
     kwargs, shape, classes = _INPUTS.get(name, ({}, models.spec(name).default_input, 10))
-    extra = dict(_option(o) for o in options)
+    extra = parse_model_args(options)
     kwargs = {**kwargs, **extra}
     if "stem" in extra:
         shape, classes = resolve_input(name, kwargs)

@@ -42,8 +42,12 @@ from layoutlab.nn.conv_algos.default_plan import Rule
 _KEY = "xla_cpu_experimental_ynn_fusion_type"
 _FUSIONS = {"dot": "INDIVIDUAL_DOT", "red": "REDUCE", "elt": "ELTWISE",
             "conv": "INDIVIDUAL_CONVOLUTION"}  # fmt: skip
-_WIDE = dict(kernel=(3, 3), strides=(1, 1), min_in=256, min_size=7, max_size=14, min_batch=8,
-             max_batch=31)  # fmt: skip
+# The AVX-512 training table's wide rule: all three Winograd passes on 256+-channel 3x3
+# convs at 7x7-14x14, batch 8 to 31. The variants below reuse its bounds.
+_WIDE = next(
+    r for r in default_plan.DEFAULT_RULES[("avx512", "train", "float32")]
+    if r.algorithm == "winograd4_full" and r.min_in == 256
+)  # fmt: skip
 # Rules put in front of this kind's. b1_avx2: the two batch-1 training rules of the AVX2
 # table that the AVX-512 one lacks (Winograd on ResNet-18 CIFAR's 32x32x64 and 16x16x128
 # convs, gemm_dw on its 8x8x256 ones); b1_stages: the first alone.
@@ -66,9 +70,9 @@ EXTRA = {
     # CIFAR's 8x8x256 ones (all three passes by Winograd), from batch 8 up to where this
     # kind's own Winograd rule starts (32); wide14: the 14x14 convs only. The AVX-512 table
     # holds it since it was measured, so no_wide (XLA's conv in front) is the table before.
-    "wide": (Rule("winograd4_full", **_WIDE),),
-    "no_wide": (Rule("xla", **_WIDE),),
-    "wide14": (Rule("winograd4_full", **{**_WIDE, "min_size": 14}),),
+    "wide": (_WIDE,),
+    "no_wide": (_WIDE._replace(algorithm="xla"),),
+    "wide14": (_WIDE._replace(min_size=14),),
     "b1_stages": (
         Rule("winograd4_full", (3, 3), (1, 1), min_in=64, max_in=128, min_size=16, max_size=32,
              max_batch=1),
