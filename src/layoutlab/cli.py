@@ -8,7 +8,11 @@ import sys
 
 from layoutlab import __version__
 from layoutlab.arguments import OneLineParser
-from layoutlab.xla.host_memory_flag import add_keep_host_memory, apply_keep_host_memory
+from layoutlab.xla.host_memory_flag import (
+    add_keep_host_memory,
+    apply_keep_host_memory,
+    huge_pages_wanted,
+)
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (
@@ -53,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from layoutlab.train import launch
 
     parser = build_parser()
+    command_line = argv is None  # this process is the command, which may start again
     argv = legacy_argv(list(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -62,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if command_line and huge_pages_wanted(args):
+        # glibc reads the tunable only at start: returns only where it changes nothing.
+        from layoutlab.xla.huge_pages import restart_with_huge_pages
+
+        restart_with_huge_pages()
     train = args.command == "train"
     if train and (supervised := launch.supervise_distributed(args, argv)) is not None:
         return supervised

@@ -56,14 +56,16 @@ def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> Bench
             raise ChildProcessError(code, f"the bench of batch sizes {sizes} exited with {code}")
         runs.append(load_results(folder))
     machine = dict(runs[0].machine)
-    machine["host_memory"] = "; ".join(
-        f"batch {','.join(map(str, b))}: {r.machine['host_memory']}"
-        for b, r in zip(parts, runs, strict=True)
-    )
+    for key in ("host_memory", "huge_pages"):
+        machine[key] = "; ".join(
+            f"batch {','.join(map(str, b))}: {r.machine.get(key)}"
+            for b, r in zip(parts, runs, strict=True)
+        )
     machine["host_memory_kept"] = all(r.machine["host_memory_kept"] for r in runs)
     machine["parts"] = [
-        {"batch_sizes": b, **{k: r.machine.get(k) for k in ("host_memory", "started_utc",
-                                                           "finished_utc", "peaks")}}
+        {"batch_sizes": b, **{k: r.machine.get(k) for k in ("host_memory", "huge_pages",
+                                                           "started_utc", "finished_utc",
+                                                           "peaks")}}
         for b, r in zip(parts, runs, strict=True)
     ]  # fmt: skip
     machine["finished_utc"] = runs[-1].machine.get("finished_utc")

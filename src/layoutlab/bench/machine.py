@@ -112,7 +112,7 @@ def _torch_threads() -> int | None:
 
 def machine_info(backend=None, *, note: str | None = None) -> dict:
     """A JSON-ready description of this machine and the backend the run used."""
-    from layoutlab.xla import host_memory_state, resolve_backend
+    from layoutlab.xla import host_memory_state, huge_pages_state, resolve_backend
 
     be = resolve_backend(backend)
     host = host_memory_state()
@@ -135,6 +135,7 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
         # Process-wide malloc settings change every framework's step time in the run.
         "host_memory_kept": host.kept,
         "host_memory": host.how,
+        "huge_pages": huge_pages_state().how,
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "note": note,
     }

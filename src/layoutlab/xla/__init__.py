@@ -9,6 +9,9 @@
 - ``keep_host_memory()``: freed host memory stays in the process (XLA:CPU's per-call temp
   buffer stops page-faulting); call before JAX starts, or with per-thread arenas any time;
   ``release_host_memory()`` undoes the per-thread setting
+- ``huge_pages_environ()`` / ``huge_pages_state()``: glibc's transparent huge pages, which a
+  process gets only when started with them (the ``layoutlab`` command starts itself again
+  with them at small batches)
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 
@@ -61,6 +64,9 @@ _EXPORTS = {
     "host_memory_state": "host_memory",
     "keep_host_memory": "host_memory",
     "release_host_memory": "host_memory",
+    "HugePagesState": "huge_pages",
+    "huge_pages_environ": "huge_pages",
+    "huge_pages_state": "huge_pages",
     "inspect_model": "inspect",
     "ModelInspection": "inspection",
     "LayoutComparison": "layout_compare",
@@ -85,6 +91,7 @@ __all__ = [
     "HloReport",
     "HostMemoryError",
     "HostMemoryState",
+    "HugePagesState",
     "LayoutAPIUnavailable",
     "LayoutComparison",
     "LayoutUnsupportedError",
@@ -106,6 +113,8 @@ __all__ = [
     "enable_compilation_cache",
     "hlo_report",
     "host_memory_state",
+    "huge_pages_environ",
+    "huge_pages_state",
     "inspect_model",
     "keep_host_memory",
     "release_host_memory",

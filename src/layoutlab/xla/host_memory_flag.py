@@ -13,6 +13,7 @@ __all__ = [
     "apply_keep_host_memory",
     "batch_sides",
     "host_memory_arenas",
+    "huge_pages_wanted",
 ]
 
 KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune")
@@ -125,6 +126,14 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
         return "one" if keep else None
     sides = batch_sides(args)
     return "per_thread" if sides is not None and sides[0] else "one"
+
+
+def huge_pages_wanted(args: argparse.Namespace) -> bool:
+    """Whether a parsed command line keeps host memory (``host_memory_arenas``), which then
+    comes with transparent huge pages (``xla.huge_pages``): they made steps faster with
+    either arenas, and slower nowhere measured. ``--no-keep-host-memory`` (glibc's defaults)
+    and commands without the flag get none."""
+    return host_memory_arenas(args) is not None
 
 
 def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
