@@ -305,10 +305,11 @@ def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
             argv=["bench"],
         )
 
-    # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold.
-    assert host_memory_parts(bench(1, 8, 32, 128, 256)) == [[1, 8], [32, 128, 256]]
-    assert host_memory_parts(bench(256, 1, 31)) == [[1, 31], [256]]  # the order given
-    assert host_memory_parts(bench(1, 8, 16)) is None  # all small: one process
+    # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold; from 8 x 32 x 32
+    # the small side runs with huge pages, in a process of its own (test_huge_pages.py).
+    assert host_memory_parts(bench(1, 8, 32, 128, 256)) == [[1], [8], [32, 128, 256]]
+    assert host_memory_parts(bench(256, 1, 7)) == [[1, 7], [256]]  # the order given
+    assert host_memory_parts(bench(1, 2, 4)) is None  # all small: one process
     assert host_memory_parts(bench(32, 128)) is None  # all large
     assert host_memory_parts(bench(1, 128, keep=False)) is None  # the user chose a setting
     assert host_memory_parts(bench(1, 128, keep=True)) is None

@@ -27,17 +27,21 @@ __all__ = ["host_memory_parts", "run_parts"]
 
 
 def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
-    """The batch sizes of each process a parsed ``bench`` command line runs in: the batches
-    under ``HOST_MEMORY_MIN_PIXELS`` and those from it up, where the flags show both and
-    leave the setting to layoutlab (no ``--keep-host-memory``/``--no-keep-host-memory``)
-    and ``args.argv`` holds the command line (``cli.main``); else None (one process)."""
-    from layoutlab.xla.host_memory_flag import batch_sides
+    """The batch sizes of each process a parsed ``bench`` command line runs in: one per
+    host-memory setting among its batches (``xla.host_memory_flag.batch_groups``: per-thread
+    arenas, the same with huge pages, one arena with huge pages), where the flags show more
+    than one and leave the setting to layoutlab (no ``--keep-host-memory`` or
+    ``--no-keep-host-memory``) and ``args.argv`` holds the command line (``cli.main``); else
+    None (one process)."""
+    from layoutlab.xla.host_memory_flag import batch_groups
 
     # Without the command line (a parser used directly) a part cannot be rerun.
     if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:
         return None
-    sides = batch_sides(args)
-    return list(sides) if sides is not None and all(sides) else None
+    groups = batch_groups(args)
+    if groups is None or len(groups) < 2:
+        return None
+    return [[b for b, _ in g] for g in groups]
 
 
 def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> BenchResults:

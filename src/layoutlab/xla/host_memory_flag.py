@@ -11,6 +11,7 @@ __all__ = [
     "KEEP_HOST_MEMORY_COMMANDS",
     "add_keep_host_memory",
     "apply_keep_host_memory",
+    "batch_groups",
     "batch_sides",
     "host_memory_arenas",
     "huge_pages_wanted",
@@ -35,6 +36,13 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 # One process cannot have both, so a bench sweep across the threshold runs a process per
 # side (bench.host_memory_parts); its parent process keeps per-thread arenas, and runs no step.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
+# From this many input pixels per batch up, the commands that keep host memory also start with
+# transparent huge pages (xla.huge_pages). ResNet-18 CIFAR's training step at batch 8 (8,192)
+# ran 1.12x faster with them, VGG-11-BN's 1.44x, ResNet-50's at 16 1.13x, slower nowhere from
+# this size; below it ResNet-18's batch-1 steps (1,024) were even and the small CNN's digits
+# step (32 x 8 x 8 = 2,048) ran 0.92x, the whole digits job 0.87-0.96x
+# (benchmarks/results/huge_pages_zen4_cpu.md).
+HUGE_PAGES_MIN_PIXELS = 8 * 32 * 32
 
 
 def _subparser(subparsers, path: str) -> argparse.ArgumentParser:
@@ -67,15 +75,38 @@ def batch_sides(args: argparse.Namespace) -> tuple[list[int], list[int]] | None:
     """The batch sizes the command runs under ``HOST_MEMORY_MIN_PIXELS`` input pixels and
     those from it up, each in the order given, when the flags say (else None). The setting
     is process-wide, so a process that runs both sides runs them with one choice."""
-    try:
-        shown = _batches_and_pixels(args)
-    except ValueError:  # a malformed flag: the command's own checks name it
-        return None
+    shown = _shown(args)
     if shown is None:
         return None
     batches, pixels = shown
     small = [b for b in batches if b * pixels < HOST_MEMORY_MIN_PIXELS]
     return small, [b for b in batches if b * pixels >= HOST_MEMORY_MIN_PIXELS]
+
+
+def _shown(args: argparse.Namespace) -> tuple[list[int], int] | None:
+    try:
+        return _batches_and_pixels(args)
+    except ValueError:  # a malformed flag: the command's own checks name it
+        return None
+
+
+def _group(batch: int, pixels: int) -> int:
+    """0: per-thread arenas; 1: per-thread arenas and huge pages; 2: one arena and huge
+    pages (``HUGE_PAGES_MIN_PIXELS`` is under ``HOST_MEMORY_MIN_PIXELS``)."""
+    size = batch * pixels
+    return (size >= HUGE_PAGES_MIN_PIXELS) + (size >= HOST_MEMORY_MIN_PIXELS)
+
+
+def batch_groups(args: argparse.Namespace) -> list[list[tuple[int, int]]] | None:
+    """The command's ``(batch, pixels)`` pairs grouped by the host-memory setting each gets
+    alone (``_group``), smallest setting first, each group in the order given, empty groups
+    left out, when the flags say (else None)."""
+    shown = _shown(args)
+    if shown is None:
+        return None
+    batches, pixels = shown
+    groups = [[(b, pixels) for b in batches if _group(b, pixels) == g] for g in range(3)]
+    return [g for g in groups if g]
 
 
 def _batches_and_pixels(args: argparse.Namespace) -> tuple[list[int], int] | None:
@@ -129,11 +160,16 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
 
 
 def huge_pages_wanted(args: argparse.Namespace) -> bool:
-    """Whether a parsed command line keeps host memory (``host_memory_arenas``), which then
-    comes with transparent huge pages (``xla.huge_pages``): they made steps faster with
-    either arenas, and slower nowhere measured. ``--no-keep-host-memory`` (glibc's defaults)
-    and commands without the flag get none."""
-    return host_memory_arenas(args) is not None
+    """Whether a parsed command line keeps host memory (``host_memory_arenas``) and shows
+    only batches of at least ``HUGE_PAGES_MIN_PIXELS`` input pixels, which then come with
+    transparent huge pages (``xla.huge_pages``). Batches the flags do not show get none (no
+    evidence), nor does ``--no-keep-host-memory`` or a command without the flag. A bench
+    sweep with batches on both sides runs a process per group (``batch_groups``), each of
+    which decides for itself."""
+    if host_memory_arenas(args) is None:
+        return False
+    groups = batch_groups(args)
+    return groups is not None and all(_group(b, p) >= 1 for g in groups for b, p in g)
 
 
 def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
