@@ -206,3 +206,21 @@ def test_a_bench_sweep_records_huge_pages_per_part(tmp_path):
     assert machine["host_memory"] == (
         "batch 1: mallopt (per-thread arenas); batch 8: mallopt (per-thread arenas)"
     )
+
+
+def test_the_state_reads_the_tunables_the_process_started_with(qualifying, monkeypatch):
+    def started_with(tunables):
+        monkeypatch.setattr(huge_pages, "_start_tunables", lambda: tunables)
+        return huge_pages.huge_pages_state()
+
+    assert started_with("glibc.malloc.hugetlb=1") == (
+        True, "GLIBC_TUNABLES glibc.malloc.hugetlb=1 at start, THP madvise"
+    )  # fmt: skip
+    assert started_with("glibc.malloc.hugetlb=0") == (
+        False, "GLIBC_TUNABLES sets glibc.malloc.hugetlb=0 already"
+    )  # fmt: skip
+    assert started_with("glibc.malloc.hugetlb=2").on  # hugetlbfs pages, not transparent ones
+    assert started_with("") == (False, "glibc's default (no huge pages asked)")
+    # os.environ changed after the start is not what glibc read.
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    assert started_with("").on is False

@@ -11,7 +11,7 @@
   ``release_host_memory()`` undoes the per-thread setting
 - ``huge_pages_environ()`` / ``huge_pages_state()``: glibc's transparent huge pages, which a
   process gets only when started with them (the ``layoutlab`` command starts itself again
-  with them at small batches)
+  with them from 8,192 input pixels per batch)
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 

@@ -66,8 +66,10 @@ def add_keep_host_memory(subparsers) -> None:
             "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
             "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
             "the same process gets it too. Default: on, with per-thread arenas where the flags "
-            "show any batch under 32,768 input pixels, else one arena (a bench sweep across that "
-            "size runs a process per side). --no-keep-host-memory leaves glibc's defaults",
+            "show any batch under 32,768 input pixels, else one arena, and from 8,192 pixels "
+            "per batch with transparent huge pages (the command starts again with "
+            "GLIBC_TUNABLES=glibc.malloc.hugetlb=1; a bench sweep across these sizes runs a "
+            "process per setting). --no-keep-host-memory leaves glibc's defaults",
         )
 
 

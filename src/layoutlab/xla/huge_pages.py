@@ -4,10 +4,13 @@ With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc's malloc asks the kernel fo
 transparent huge pages (``madvise(MADV_HUGEPAGE)``) on the memory it maps for its heaps. A
 kernel whose THP mode is ``madvise`` (``/sys/kernel/mm/transparent_hugepage/enabled``, a
 common default) gives them only when asked. With host memory kept (``xla.host_memory``),
-this made layoutlab's steps faster in ABBA-ordered process pairs on a 2-core Zen 4 EPYC, and
-slower in none (``benchmarks/results/huge_pages_zen4_cpu.md``): ResNet-18 CIFAR's training
-step 1.12x at batch 8, its inference step 1.10x at 16, ResNet-50 ImageNet's training step
-1.13x at 16; even at ResNet-18's batch 1, 32 and 128. Peak memory grew 2-8%.
+this made heavy steps faster in ABBA-ordered process pairs on a 2-core Zen 4 EPYC
+(``benchmarks/results/huge_pages_zen4_cpu.md``): VGG-11-BN's training step 1.44x at batch 8,
+ResNet-50 ImageNet's 1.13x at 16, ResNet-18 CIFAR's 1.12x at 8; the other steps from
+ResNet-18's batch 8 up were even. It made the small CNN's 8x8 digits step 0.92x and the
+whole digits job 0.87-0.96x (1.4 s of system time against 0.7 s; why the small step itself
+is slower was not found), hence the commands' size threshold
+(``host_memory_flag.HUGE_PAGES_MIN_PIXELS``). Peak memory grew 0-18%.
 
 glibc reads the tunable only when a process starts, so nothing can turn it on in a running
 process. Instead, the ``layoutlab`` command starts itself again with it
@@ -122,11 +125,13 @@ def huge_pages_state() -> HugePagesState:
     """Whether this process's malloc asks for transparent huge pages, and why (not)."""
     tunables = _start_tunables()
     value = _hugetlb_item(tunables)
-    if value in ("1", "2"):
+    if value == "1":
         version = _glibc_version()
         mode = thp_mode()
         on = version is not None and version >= _MIN_GLIBC and mode in ("madvise", "always")
         return HugePagesState(on, f"GLIBC_TUNABLES {_NAME}{value} at start, THP {mode}")
+    if value == "2":  # hugetlbfs pages, where the system has reserved them
+        return HugePagesState(True, f"GLIBC_TUNABLES {_NAME}2 at start (hugetlbfs pages)")
     return HugePagesState(False, _why_not(tunables) or "glibc's default (no huge pages asked)")
 
 
