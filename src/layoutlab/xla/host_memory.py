@@ -31,7 +31,7 @@ Threads keep the arena they first allocated from, so one arena must come before 
 its backend; afterwards it raises ``HostMemoryError``. Per-thread arenas come and go at any
 time: ``release_host_memory()`` sets the three parameters back to what glibc's defaults reach
 in a long-running process (``benchmarks/host_memory_switch.py`` compares both in one
-process; a bench sweep across batch sizes runs a process per side instead,
+process; a bench sweep across batch sizes runs a process per setting instead,
 ``layoutlab.bench.host_memory_parts``). The same settings can be given before
 Python starts, through the environment (``GLIBC_TUNABLES``, see ``ENV_SETTING``).
 """

@@ -151,9 +151,9 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     """The ``keep_host_memory`` arenas a parsed command line asks for, None for none:
     ``--keep-host-memory``, one; ``--no-keep-host-memory`` or a command without the flag,
     none. The default, by the batches' input pixels against ``HOST_MEMORY_MIN_PIXELS``:
-    per-thread arenas where any batch is under it (a bench sweep across it runs each side in
-    a process of its own, ``bench.host_memory_parts``), one arena where none is or the flags
-    do not show the batches."""
+    per-thread arenas where any batch is under it (a bench sweep across it runs a process per
+    setting, ``bench.host_memory_parts``), one arena where none is or the flags do not show
+    the batches."""
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None
