@@ -3,11 +3,13 @@ transparent huge pages, whole processes timed in ABBA-ordered pairs.
 
     python benchmarks/huge_pages_main_job.py --pairs 3 --out benchmarks/results/DIR
 
-``huge``: the command as a user runs it, without ``GLIBC_TUNABLES``, which starts itself
-again with huge pages where it keeps host memory (``layoutlab.xla.huge_pages``);
-``default``: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=0``, the documented way out. Each process
+``huge``: started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``; ``default``: with
+``glibc.malloc.hugetlb=0``, the documented way out (either way the command keeps the
+setting it was given; its own rule gives this job none, ``HUGE_PAGES_MIN_PIXELS``). In
+``benchmarks/results/huge_pages_zen4_cpu.md`` the ``huge`` side was the command without
+``GLIBC_TUNABLES``, which then started itself again with huge pages at any batch. Each process
 trains the full default job into a fresh work directory; the wall time includes the
-interpreter's start, the restart, compiling and the test evaluation. Prints each pair's
+interpreter's start, compiling and the test evaluation. Prints each pair's
 times and ``default / huge`` (above 1: huge pages faster); ``--out`` saves
 ``huge_pages_main_job.json``.
 """
@@ -25,14 +27,13 @@ import time
 from pathlib import Path
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
+from layoutlab.xla.huge_pages import TUNABLE
 
-SIDES = {"huge": None, "default": "glibc.malloc.hugetlb=0"}
+SIDES = {"huge": TUNABLE, "default": "glibc.malloc.hugetlb=0"}
 
 
-def _run(tunables: str | None, args: list[str]) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    if tunables is not None:
-        env["GLIBC_TUNABLES"] = tunables
+def _run(tunables: str, args: list[str]) -> float:
+    env = {**os.environ, "GLIBC_TUNABLES": tunables}
     with tempfile.TemporaryDirectory() as workdir:
         cmd = [sys.executable, "-m", "layoutlab.cli", "train", "--quiet", "--workdir", workdir]
         start = time.perf_counter()

@@ -29,9 +29,9 @@ from interleaved_steps import workload
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS
+from layoutlab.xla.huge_pages import TUNABLE
 
 HERE = Path(__file__).parent
-TUNABLE = "glibc.malloc.hugetlb=1"
 
 
 def _arenas(model: str, mode: str, batch: int) -> str:
