@@ -38,9 +38,10 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 # From this many input pixels per batch up, the commands that keep host memory also start with
 # transparent huge pages (xla.huge_pages). ResNet-18 CIFAR's training step at batch 8 (8,192)
-# ran 1.12x faster with them, VGG-11-BN's 1.44x, ResNet-50's at 16 1.13x, slower nowhere from
-# this size; below it ResNet-18's batch-1 steps (1,024) were even and the small CNN's digits
-# step (32 x 8 x 8 = 2,048) ran 0.92x, the whole digits job 0.87-0.96x
+# ran 1.12x faster with them, VGG-11-BN's 1.44x, ResNet-50's at 16 1.13x, and no step from
+# this size was clearly slower (the small CNN at 16,384 read 0.98x, its pairs 0.92-1.01);
+# below it ResNet-18's batch-1 steps (1,024) were even and the small CNN's digits step
+# (32 x 8 x 8 = 2,048) ran 0.92x, the whole digits job 0.87-0.96x
 # (benchmarks/results/huge_pages_zen4_cpu.md).
 HUGE_PAGES_MIN_PIXELS = 8 * 32 * 32
 
