@@ -212,27 +212,35 @@ def test_train_bench_and_conv_autotune_take_the_flag():
 def test_each_batch_falls_on_its_side_of_the_threshold():
     # The setting is process-wide: one process running batch 1 to 256 would run its batch-1
     # and batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
-    # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md). Both the
-    # arenas and a bench's parts are read off these sides.
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, batch_sides
+    # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md): any batch
+    # under the threshold gets per-thread arenas (a bench's parts: test_host_memory_parts).
+    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, host_memory_arenas
 
     def bench(*batches, image_size=(32,)):
-        return argparse.Namespace(command="bench", image_size=image_size, batch_sizes=batches)
+        return argparse.Namespace(
+            command="bench", image_size=image_size, batch_sizes=batches, keep_host_memory=None
+        )
 
     # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold.
     assert HOST_MEMORY_MIN_PIXELS == 32 * 32 * 32
-    assert batch_sides(bench(1, 8, 32, 128, 256)) == ([1, 8], [32, 128, 256])
-    assert batch_sides(bench(256, 31, 1)) == ([31, 1], [256])  # the order given
-    assert batch_sides(bench(8, image_size=(64,))) == ([], [8])  # 8 x 64 x 64
-    assert batch_sides(bench(15, 16, image_size=(64, 32))) == ([15], [16])  # H x W: 2,048
-    assert batch_sides(bench(1, image_size=None)) is None  # the model's default input
+    assert host_memory_arenas(bench(1, 8, 32, 128, 256)) == "per_thread"
+    assert host_memory_arenas(bench(256, 31)) == "per_thread"  # whatever the order
+    assert host_memory_arenas(bench(32, 128, 256)) == "one"
+    assert host_memory_arenas(bench(8, image_size=(64,))) == "one"  # 8 x 64 x 64
+    assert host_memory_arenas(bench(15, image_size=(64, 32))) == "per_thread"  # H x W: 30,720
+    assert host_memory_arenas(bench(16, image_size=(64, 32))) == "one"  # 32,768
+    assert host_memory_arenas(bench(1, image_size=None)) == "one"  # the model's default input
     train = argparse.Namespace(
         command="train", config=None, resume=None, data="cifar10", image_size=None,
-        batch_size=32,
+        batch_size=32, keep_host_memory=None,
     )  # fmt: skip
-    assert batch_sides(train) == ([], [32])  # 32 x 1,024 CIFAR pixels
-    assert batch_sides(argparse.Namespace(**{**vars(train), "batch_size": 31})) == ([31], [])
-    assert batch_sides(argparse.Namespace(**{**vars(train), "config": "run.json"})) is None
+    assert host_memory_arenas(train) == "one"  # 32 x 1,024 CIFAR pixels
+    assert host_memory_arenas(argparse.Namespace(**{**vars(train), "batch_size": 31})) == (
+        "per_thread"
+    )
+    assert host_memory_arenas(argparse.Namespace(**{**vars(train), "config": "run.json"})) == (
+        "one"
+    )
 
 
 def test_the_flags_choose_the_arenas():

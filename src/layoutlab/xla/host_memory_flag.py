@@ -12,7 +12,6 @@ __all__ = [
     "add_keep_host_memory",
     "apply_keep_host_memory",
     "batch_groups",
-    "batch_sides",
     "host_memory_arenas",
     "huge_pages_wanted",
 ]
@@ -72,18 +71,6 @@ def add_keep_host_memory(subparsers) -> None:
             "GLIBC_TUNABLES=glibc.malloc.hugetlb=1; a bench sweep across these sizes runs a "
             "process per setting). --no-keep-host-memory leaves glibc's defaults",
         )
-
-
-def batch_sides(args: argparse.Namespace) -> tuple[list[int], list[int]] | None:
-    """The batch sizes the command runs under ``HOST_MEMORY_MIN_PIXELS`` input pixels and
-    those from it up, each in the order given, when the flags say (else None). The setting
-    is process-wide, so a process that runs both sides runs them with one choice."""
-    shown = _shown(args)
-    if shown is None:
-        return None
-    batches, pixels = shown
-    small = [b for b in batches if b * pixels < HOST_MEMORY_MIN_PIXELS]
-    return small, [b for b in batches if b * pixels >= HOST_MEMORY_MIN_PIXELS]
 
 
 def _shown(args: argparse.Namespace) -> tuple[list[int], int] | None:
@@ -158,8 +145,12 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None
-    sides = batch_sides(args)
-    return "per_thread" if sides is not None and sides[0] else "one"
+    return _arenas(batch_groups(args))
+
+
+def _arenas(groups: list[list[tuple[int, int]]] | None) -> str:
+    """Per-thread arenas where any shown batch is under ``HOST_MEMORY_MIN_PIXELS``, else one."""
+    return "per_thread" if groups and _group(*groups[0][0]) < 2 else "one"
 
 
 def huge_pages_wanted(args: argparse.Namespace) -> bool:
@@ -169,10 +160,10 @@ def huge_pages_wanted(args: argparse.Namespace) -> bool:
     evidence), nor does ``--no-keep-host-memory`` or a command without the flag. A bench
     sweep with batches on both sides runs a process per group (``batch_groups``), each of
     which decides for itself."""
-    if host_memory_arenas(args) is None:
+    if getattr(args, "keep_host_memory", False) is False:
         return False
     groups = batch_groups(args)
-    return groups is not None and all(_group(b, p) >= 1 for g in groups for b, p in g)
+    return groups is not None and _group(*groups[0][0]) >= 1
 
 
 def apply_keep_host_memory(args: argparse.Namespace) -> int | None:
