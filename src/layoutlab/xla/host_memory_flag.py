@@ -41,7 +41,9 @@ HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 # this size was clearly slower (the small CNN at 16,384 read 0.98x, its pairs 0.92-1.01);
 # below it ResNet-18's batch-1 steps (1,024) were even and the small CNN's digits step
 # (32 x 8 x 8 = 2,048) ran 0.92x, the whole digits job 0.87-0.96x
-# (benchmarks/results/huge_pages_zen4_cpu.md).
+# (benchmarks/results/huge_pages_zen4_cpu.md). On AVX2 (Zen 3) the batch-8 ResNet-18 and
+# VGG-11-BN training steps gained 1.20x and 1.18x, the other steps from the size were even
+# (the small CNN at 16,384 1.05x) (huge_pages_zen3_cpu.md).
 HUGE_PAGES_MIN_PIXELS = 8 * 32 * 32
 
 
