@@ -213,7 +213,7 @@ def test_each_batch_falls_on_its_side_of_the_threshold():
     # The setting is process-wide: one process running batch 1 to 256 would run its batch-1
     # and batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
     # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md): any batch
-    # under the threshold gets per-thread arenas (a bench's parts: test_host_memory_parts).
+    # under the threshold gets per-thread arenas (a sweep across it: a process per side).
     from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, host_memory_arenas
 
     def bench(*batches, image_size=(32,)):
