@@ -147,11 +147,7 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
     keep = getattr(args, "keep_host_memory", False)
     if keep is not None:
         return "one" if keep else None
-    return _arenas(batch_groups(args))
-
-
-def _arenas(groups: list[list[tuple[int, int]]] | None) -> str:
-    """Per-thread arenas where any shown batch is under ``HOST_MEMORY_MIN_PIXELS``, else one."""
+    groups = batch_groups(args)  # smallest setting first
     return "per_thread" if groups and _group(*groups[0][0]) < 2 else "one"
 
 
