@@ -99,7 +99,12 @@ def _both_layouts_run(name):
     return nhwc, nchw, x, _as_model(graphdef_a, out_a), _as_model(graphdef_b, out_b)
 
 
-@pytest.mark.parametrize("name", NAMES)
+# ResNet-34 is ResNet-18's code with more blocks (one ``ResNet`` of ``BasicBlock``\ s in
+# models/resnet.py): its layers convert as ResNet-18's do, at 1.6x the compile.
+CONVERTED = [name for name in NAMES if name != "resnet34"]
+
+
+@pytest.mark.parametrize("name", CONVERTED)
 def test_converted_model_matches(name):
     # A layout conversion must hold for any weights: NumPy-drawn ones will do.
     nhwc, nchw, x, (y_a, grads_a), (y_b, grads_b) = _both_layouts_run(name)
