@@ -99,8 +99,8 @@ def _both_layouts_run(name):
     return nhwc, nchw, x, _as_model(graphdef_a, out_a), _as_model(graphdef_b, out_b)
 
 
-# ResNet-34 is ResNet-18's code with more blocks (one ``ResNet`` of ``BasicBlock``\ s in
-# models/resnet.py): its layers convert as ResNet-18's do, at 1.6x the compile.
+# ResNet-34 is ResNet-18's code with more blocks (both are models/resnet.py's ``ResNet`` of
+# ``BasicBlock``): its layers convert as ResNet-18's do, at 1.6x the compile.
 CONVERTED = [name for name in NAMES if name != "resnet34"]
 
 
