@@ -66,8 +66,7 @@ _R18 = {"seed": 5, "batch": 4, "size": 64}
 # gradients were bitwise equal to its NHWC ones (Zen 3, 2026-11-29). There VGG-11-BN, the
 # cheapest, audits NCHW and checks that equality; the others audit NCHW only where it is a
 # program of its own.
-OWN_NCHW = default_activation_storage() != "channels_last"
-_NCHW_TOO = ["NHWC", "NCHW"] if OWN_NCHW else ["NHWC"]
+_NCHW_TOO = ["NHWC"] if default_activation_storage() == "channels_last" else ["NHWC", "NCHW"]
 
 
 @pytest.fixture(scope="module")
