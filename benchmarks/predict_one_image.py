@@ -1,6 +1,6 @@
 """``predict`` on one image beside the same model in PyTorch eager on that image.
 
-    python benchmarks/predict_one_image.py [--model resnet18] [--stem cifar] [--layout NHWC]
+    python benchmarks/predict_one_image.py [--model resnet18] [--stem cifar|none] [--layout NHWC]
         [--rounds 30] [--out benchmarks/results/predict_one_image_resnet18_cifar_cpu]
 
 Trains a run for one step on synthetic 32x32x3 data (the weights do not change the
@@ -12,9 +12,13 @@ is idle (``bench.timing.settle``: PyTorch's OpenMP threads spin for about 10 ms 
   and normalize the image, the run's forward (compiled once, with the run's inference XLA
   options), top-k;
 - ``layoutlab forward``: that forward alone on the prepared image, ``jax.jit`` of
-  ``make_forward`` called with the run's state (its pytree flattened on every call);
+  ``make_forward`` (on the conv plan predict runs at batch 1) called with the run's state
+  (its pytree flattened on every call);
 - ``layoutlab Run.logits``: the same program as predict calls it, the state's leaves
   flattened once when the run was opened;
+- ``layoutlab Run.logits, training plan``: the same call on the conv plan the run trained
+  with (what predict ran before it planned each batch from the table's inference rules,
+  ``infer.plan``; the two are one program when those plans agree);
 - ``layoutlab forward, no XLA options``: the same forward compiled without the options
   (what predict ran before);
 - ``torch eager <format>``: the PyTorch mirror of the model (``bench.torch_runner``) on
@@ -44,7 +48,7 @@ from layoutlab.bench.report import markdown_grid
 from layoutlab.bench.stats import OtherLoad, dispersion, median_interval, paired_ratio
 from layoutlab.bench.timing import interleaved_rounds, settle
 from layoutlab.bench.torch_runner import build_torch_model
-from layoutlab.infer.load import open_run
+from layoutlab.infer.load import _jitted_flat_forward, open_run
 from layoutlab.infer.predict import load_images, predict_files
 from layoutlab.layout import to_layout
 from layoutlab.train.config import TrainConfig
@@ -56,7 +60,7 @@ from layoutlab.train.steps import make_forward
 def _train(workdir: Path, args) -> None:
     config = TrainConfig(
         model=args.model,
-        model_kwargs={"stem": args.stem},
+        model_kwargs=_kwargs(args),
         data="synthetic:32x32x3:10:64",
         layout=args.layout,
         num_steps=1,
@@ -64,6 +68,10 @@ def _train(workdir: Path, args) -> None:
         tensorboard=False,
     )
     train_and_evaluate(config, workdir, quiet=True)
+
+
+def _kwargs(args) -> dict:
+    return {} if args.stem == "none" else {"stem": args.stem}
 
 
 def _torch_call(module, torch, memory_format, png: Path, mean, std):
@@ -81,10 +89,23 @@ def _torch_call(module, torch, memory_format, png: Path, mean, std):
     return call
 
 
+def _plan_summary(run, image) -> str:
+    from flax import nnx
+
+    from layoutlab.nn.conv_config import planned_entries
+
+    model = nnx.merge(run.inference_defs(image).eval, run.params, run.model_state)
+    counts: dict[str, int] = {}
+    for entry in planned_entries(model).values():
+        name = "xla" if entry is None else entry.algorithm
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18")
-    p.add_argument("--stem", default="cifar")
+    p.add_argument("--stem", default="cifar", help="a ResNet's stem; none: a model without")
     p.add_argument("--layout", default="NHWC")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--note", default=None)
@@ -111,15 +132,19 @@ def main(argv=None) -> None:
     image = jax.device_put(to_layout(load_images([png], run.dataset), "NHWC", run.config.layout))
     state = run.state()
     options = compile_options(run.config, "infer") or None
-    fast = jax.jit(make_forward(run.defs), compiler_options=options)
-    plain = jax.jit(make_forward(run.defs))
+    defs = run.inference_defs(image)  # the conv plan predict runs at batch 1
+    fast = jax.jit(make_forward(defs), compiler_options=options)
+    plain = jax.jit(make_forward(defs))
+    leaves, treedef = jax.tree.flatten(state)
+    trained = _jitted_flat_forward(run.defs, treedef, tuple(sorted((options or {}).items())))
     calls = {
         "layoutlab predict_files": lambda: predict_files(run, [png]),
         "layoutlab forward": lambda: np.asarray(fast(state, image)),
         "layoutlab Run.logits": lambda: np.asarray(run.logits(image)),
+        "layoutlab Run.logits, training plan": lambda: np.asarray(trained(leaves, image)),
         "layoutlab forward, no XLA options": lambda: np.asarray(plain(state, image)),
     }
-    workload = Workload(args.model, (("stem", args.stem),), (32, 32), 3, 10, "infer", 1)
+    workload = Workload(args.model, tuple(_kwargs(args).items()), (32, 32), 3, 10, "infer", 1)
     module = build_torch_model(TorchCase(workload, "contiguous", "fp32")).eval()
     mean = np.asarray(run.dataset.mean, np.float32)
     std = np.asarray([s if s > 0 else 1.0 for s in run.dataset.std], np.float32)
@@ -175,6 +200,8 @@ def main(argv=None) -> None:
     ]  # fmt: skip
     lines = [
         f"# predict on one image: {args.model} {args.stem}, {args.layout}, fp32, batch 1",
+        "",
+        f"predict's conv plan: {_plan_summary(run, image)}",
         "",
         f"first predict_files call (trace + compile): {first_s:.2f} s; second: {second_s:.3f} s;"
         f" other processes used {others:.2f} cores while timing (2-core machine).",

@@ -19,7 +19,7 @@ from PIL import Image
 from layoutlab import cli, load_model
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import evaluate_workdir
-from layoutlab.infer.load import NoRunError, checkpoint_state, open_run
+from layoutlab.infer.load import NoRunError, _jitted_flat_forward, checkpoint_state, open_run
 from layoutlab.infer.predict import load_images
 from layoutlab.nn import BatchNorm
 from layoutlab.train import (
@@ -158,14 +158,19 @@ def test_load_model_matches_the_eval_forward_and_converts_layout(run_dir):
 
 def test_run_logits_is_the_eval_forward_on_the_runs_state(run_dir):
     # predict's forward takes the state's leaves flattened once; the program is the same
-    # make_forward with the run's inference options, so its logits equal that jitted call's
-    # bit for bit (the numerics against eager are checked above).
+    # make_forward (on the conv plan of its batch: tests/test_infer_plan.py) with the run's
+    # inference options, so its logits equal that jitted call's bit for bit (the numerics
+    # against eager are checked above).
     run = open_run(run_dir)
     images = run.dataset.test_images[:4]
     options = dict(run.spec.compile_options("infer")) or None
-    want = jax.jit(make_forward(run.defs), compiler_options=options)(run.state(), images)
+    forward = make_forward(run.inference_defs(images))
+    want = jax.jit(forward, compiler_options=options)(run.state(), images)
     np.testing.assert_array_equal(np.asarray(run.logits(images)), np.asarray(want))
-    assert open_run(run_dir).logits.func is run.logits.func  # one compiled program per model
+    # One compiled program per model, plan and options: the run opened again reuses it.
+    hits = _jitted_flat_forward.cache_info().hits
+    open_run(run_dir).logits(images)
+    assert _jitted_flat_forward.cache_info().hits == hits + 1
 
 
 # --- predict --------------------------------------------------------------------------------

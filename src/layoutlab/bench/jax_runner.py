@@ -159,10 +159,18 @@ class JaxRunner:
                 compiler_options=spec.compile_options(w.mode) or None,
             )
         else:
-            # Inference needs no optimizer state: leave it out of the arguments.
+            # Inference needs no optimizer state: leave it out of the arguments. Its leaves
+            # go in flattened, as `predict` calls its forward (infer.load.Run.logits):
+            # flattening the nested state on every call made a batch-1 ResNet-18 step about
+            # 4% slower (benchmarks/results/batch1_process_variance_zen3_cpu.md).
+            leaves, treedef = jax.tree.flatten(state._replace(opt_state=None))
+
+            def forward(leaves, images):
+                return program.forward(jax.tree.unflatten(treedef, leaves), images)
+
             self.step_fn = JaxStep(
-                program.forward,
-                (state._replace(opt_state=None), images),
+                forward,
+                (leaves, images),
                 backend=self.backend,
                 name=name,
                 compiler_options=spec.compile_options(w.mode) or None,

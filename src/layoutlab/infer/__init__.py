@@ -1,7 +1,8 @@
 """Use a trained run: ``load_model``, evaluation, prediction on image files, and export.
 
 ``load_model(workdir, step=None)`` returns the run's NNX model; ``layoutlab evaluate``,
-``layoutlab predict`` and ``layoutlab export`` are thin shells over this package.
+``layoutlab predict`` and ``layoutlab export`` are thin shells over this package; the last
+two run the conv plan of their own batch (``inference_plan``).
 Names load lazily, so the CLI's ``command`` module imports without JAX.
 """
 
@@ -16,6 +17,7 @@ _HOMES = {
     "evaluate_workdir": "evaluate",
     "plot_confusion": "evaluate",
     "export_run": "export",
+    "inference_plan": "plan",
     "load_images": "predict",
     "predict_files": "predict",
 }

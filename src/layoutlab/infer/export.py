@@ -81,10 +81,12 @@ def export_run(
             f"--out's folder {out.parent} does not exist; create it first or pick another --out."
         )
     state = run.state()
-    forward = make_forward(run.defs)
     dim = jax.export.symbolic_shape("b")[0] if batch is None else batch
     # Float32 like the data loaders' batches; the model casts them per its policy.
     spec = jax.ShapeDtypeStruct(_input_shape(run, dim), jnp.float32)
+    # The conv plan for this batch on the target platform; several platforms share one
+    # program, so the CPU table's rules do not apply to them.
+    forward = make_forward(run.inference_defs(spec, ",".join(platforms)))
     try:
         exported = jax.export.export(
             jax.jit(lambda images: forward(state, images)), platforms=platforms

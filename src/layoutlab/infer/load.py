@@ -21,6 +21,9 @@ import numpy as np
 from flax import nnx
 
 from layoutlab.data import Dataset
+from layoutlab.fast_defaults import default_backend, table_cpu_kind
+from layoutlab.infer.plan import inference_plan
+from layoutlab.nn.conv_config import with_conv_plan
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR
@@ -61,17 +64,51 @@ class Run:
     @functools.cached_property
     def logits(self) -> Callable:
         """``images -> logits``: the run's eval-mode forward (``make_forward``) on this run's
-        state, jitted with its inference XLA options (on CPU those evaluation uses, which
-        made a batch-1 ResNet-18 forward 3-5x faster:
+        state, with the conv plan of ``inference_defs`` for the images' batch, jitted with
+        the run's inference XLA options (on CPU those evaluation uses, which made a batch-1
+        ResNet-18 forward 3-5x faster:
         benchmarks/results/predict_one_image_resnet18_cifar_cpu.md). The state's leaves are
         flattened once here, not on every call: flattening ResNet-18's nested state made a
         batch-1 call 3.5% [1.8, 5.3] slower on a 2-core CPU, the logits the same bit for bit
         (benchmarks/results/predict_one_image_resnet18_cifar_zen4_settle_cpu.md). The compiled
-        program is shared by every ``Run`` of the same model and options, so the same run
-        opened again does not compile it again."""
+        program is shared by every ``Run`` of the same model, plan and options, so the same
+        run opened again does not compile it again."""
         leaves, treedef = jax.tree.flatten(self.state())
         options = tuple(sorted(self.spec.compile_options("infer").items()))
-        return functools.partial(_jitted_flat_forward(self.defs, treedef, options), leaves)
+        forwards: dict[int, Callable] = {}
+
+        def logits(images):
+            forward = forwards.get(images.shape[0])
+            if forward is None:
+                defs = self.inference_defs(images)
+                forward = forwards[images.shape[0]] = _jitted_flat_forward(defs, treedef, options)
+            return forward(leaves, images)
+
+        return logits
+
+    @functools.cached_property
+    def _defs_by_batch(self) -> dict:
+        return {}
+
+    def inference_defs(self, images, platform: str | None = None) -> ModelDefs:
+        """The model's graph definitions for a forward on ``images`` (an array or
+        ``ShapeDtypeStruct`` in the run's layout; its batch may be symbolic): the run's own,
+        with the conv plan ``infer.plan.inference_plan`` gives for that batch on
+        ``platform`` (``"cpu"``, ``"cuda"``, ...; None: JAX's default backend; several
+        joined by commas get no CPU rules). ``params``/``model_state`` fit them."""
+        platform = default_backend() if platform is None else platform
+        key = (images.shape[0], platform)
+        defs = self._defs_by_batch.get(key)
+        if defs is None:
+            kind = table_cpu_kind(platform)
+            plan = inference_plan(self.spec, self.model(), images, kind)
+            if plan == self.spec.conv_plan:
+                defs = self.defs
+            else:
+                algorithms = self.spec.with_plan(plan).algorithms
+                defs = split_model(with_conv_plan(self.model(), plan, algorithms))[0]
+            self._defs_by_batch[key] = defs
+        return defs
 
     def model(self) -> nnx.Module:
         """The model in eval mode, in the run's layout and precision policy."""

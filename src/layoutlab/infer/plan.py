@@ -1,0 +1,45 @@
+"""The conv plan of a run's inference forward at the batch size it is called with.
+
+A run's ``config.json`` keeps the plan training ran. For an ``"auto"`` run that was not
+tuned, that is the shipped table's training rules at the run's batch size, keyed by the conv
+shapes at that batch, so at any other batch no entry matches and every conv runs ``xla``:
+``predict`` on one image of a MobileNetV2 run ran XLA's grouped convs, which the table's
+depthwise rule runs several times faster. The table has inference rules per batch
+(``nn.conv_algos.default_plan``); ``inference_plan`` gives them for the forward's own batch
+on this machine. A plan that was tuned or given (any entry not from the table), a run
+without a plan or with one algorithm for every conv are the user's choices and are kept.
+The weights do not depend on the plan, only the model's graph definition does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layoutlab.nn.conv_algos import AUTO, ConvPlan
+from layoutlab.nn.conv_config import default_conv_plan
+from layoutlab.train.spec import RunSpec
+
+__all__ = ["inference_plan", "planned_by_table"]
+
+TABLE_SOURCE = "default table"  # how default_conv_plan's evidence begins
+
+
+def planned_by_table(spec: RunSpec) -> bool:
+    """Whether ``spec`` runs ``"auto"`` convs on a plan made wholly by the shipped table."""
+    plan = spec.conv_plan
+    if spec.conv_algorithm != AUTO or plan is None or not len(plan):
+        return False
+    return all(
+        str((plan.evidence(p) or {}).get("source", "")).startswith(TABLE_SOURCE) for p in plan
+    )
+
+
+def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPlan | None:
+    """The plan ``model(images)`` runs: the table's inference rules (``cpu_kind``: this
+    machine's, None off CPU) at ``images``' batch when the run's plan is the table's, else
+    the run's own plan. ``images``: an array or ShapeDtypeStruct in the run's layout. A
+    symbolic batch keeps the run's plan: the custom algorithms need concrete shapes, so
+    every conv runs XLA's there whatever the plan (``conv_algos.dispatch.conv2d``)."""
+    if not planned_by_table(spec) or not isinstance(images.shape[0], int | np.integer):
+        return spec.conv_plan
+    return default_conv_plan(model, images, "inference", cpu_kind)
