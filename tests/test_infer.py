@@ -22,6 +22,7 @@ from layoutlab.infer.evaluate import evaluate_workdir
 from layoutlab.infer.load import NoRunError, _jitted_flat_forward, checkpoint_state, open_run
 from layoutlab.infer.predict import load_images
 from layoutlab.nn import BatchNorm
+from layoutlab.nn.conv_config import planned_entries
 from layoutlab.train import (
     IncompatibleCheckpointError,
     TrainConfig,
@@ -83,6 +84,25 @@ def test_evaluate_reproduces_the_runs_test_metrics_exactly(run_dir):
     np.testing.assert_array_equal(result["per_class_accuracy"], per_class)
     assert record["test_accuracy"] <= result["test_top5_accuracy"] <= 1.0
     assert result["class_names"] == [str(d) for d in range(10)]
+
+
+def test_the_eval_step_runs_the_table_plan_of_the_eval_batch(run_dir):
+    # digits has 359 test images, fewer than the eval batch (512): one batch of 359, which
+    # the training plan (keyed at batch 32) would not match. The loop's eval step and
+    # evaluate's (whose metrics equal the loop's, above) run eval_conv_plan instead.
+    config = json.loads((run_dir / "config.json").read_text())
+
+    def batches(plan):
+        return {e["spec_key"].split(":")[1] for e in plan["convs"].values()}
+
+    assert batches(config["conv_plan"]) == {"n32"}
+    assert batches(config["eval_conv_plan"]) == {"n359"}
+    sources = [e["evidence"]["source"] for e in config["eval_conv_plan"]["convs"].values()]
+    assert sources and all(s.startswith("default table") for s in sources)
+    run = open_run(run_dir)
+    model = nnx.merge(run.eval_defs.eval, run.params, run.model_state)
+    got = {p: e.spec_key for p, e in planned_entries(model).items()}
+    assert got == {p: e["spec_key"] for p, e in config["eval_conv_plan"]["convs"].items()}
 
 
 def test_evaluate_cli_prints_and_writes_json_and_png(run_dir, tmp_path, capsys):

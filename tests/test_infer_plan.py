@@ -109,6 +109,8 @@ def test_tuned_plans_and_single_algorithms_are_kept(run):
     xla = resolve_spec(dataclasses.replace(run.config, conv_algorithm="xla"))
     assert not planned_by_table(xla)
     assert inference_plan(xla, run.model(), x, KIND) is xla.conv_plan
+    # A run without an eval plan (from before it existed) evaluates on its training plan.
+    assert run.spec.eval_conv_plan is None and run.eval_defs is run.defs
 
 
 def _grouped_convs(exported) -> int:

@@ -163,6 +163,7 @@ def test_equivalent_spellings_resume(run_dir):
         (["--model", "vgg11_bn"], ["with model='vgg11_bn'", "may not change within a run"]),
         (["--activation-storage", "layout"], ["activation_storage='layout'", "keeps its"]),
         (["--set", "conv_plan=null"], ["--set conv_plan cannot be used with --resume"]),
+        (["--set", "eval_conv_plan=null"], ["--set eval_conv_plan cannot be used with"]),
     ],
 )
 def test_resume_messages_name_the_change(copy, capsys, flags, fragments):

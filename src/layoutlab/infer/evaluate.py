@@ -28,13 +28,13 @@ def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
     config = run.config
     shard = make_shardings(config.data_parallel)
-    # The run's own eval options, so the metrics are the run's to the bit.
+    # The run's own eval plan and options, so the metrics are the run's to the bit.
     options = run.spec.compile_options("infer") or None
     eval_step = jax.jit(
-        make_eval_step(run.defs), out_shardings=shard.replicated, compiler_options=options
+        make_eval_step(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
     )
     forward = jax.jit(
-        make_forward(run.defs), out_shardings=shard.replicated, compiler_options=options
+        make_forward(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
     )
     logits, labels = [], []
 

@@ -23,6 +23,7 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.infer.plan import inference_plan
+from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import with_conv_plan
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
@@ -85,6 +86,15 @@ class Run:
             return forward(leaves, images)
 
         return logits
+
+    @functools.cached_property
+    def eval_defs(self) -> ModelDefs:
+        """The graph definitions of the run's eval step: on its ``eval_conv_plan`` when it
+        has one (the plan its evaluations ran), else ``defs``."""
+        spec = self.spec
+        if spec.conv_algorithm != AUTO or spec.eval_conv_plan is None:
+            return self.defs
+        return split_model(with_conv_plan(self.model(), spec.eval_conv_plan, spec.algorithms))[0]
 
     @functools.cached_property
     def _defs_by_batch(self) -> dict:

@@ -16,22 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from layoutlab.nn.conv_algos import AUTO, ConvPlan
-from layoutlab.nn.conv_config import default_conv_plan
+from layoutlab.nn.conv_config import default_conv_plan, table_made
 from layoutlab.train.spec import RunSpec
 
 __all__ = ["inference_plan", "planned_by_table"]
 
-TABLE_SOURCE = "default table"  # how default_conv_plan's evidence begins
-
 
 def planned_by_table(spec: RunSpec) -> bool:
     """Whether ``spec`` runs ``"auto"`` convs on a plan made wholly by the shipped table."""
-    plan = spec.conv_plan
-    if spec.conv_algorithm != AUTO or plan is None or not len(plan):
-        return False
-    return all(
-        str((plan.evidence(p) or {}).get("source", "")).startswith(TABLE_SOURCE) for p in plan
-    )
+    return spec.conv_algorithm == AUTO and table_made(spec.conv_plan)
 
 
 def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPlan | None:

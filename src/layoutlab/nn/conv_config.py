@@ -207,6 +207,10 @@ def plan_coverage(model: nnx.Module, x) -> tuple[int, int]:
     return len(missing_from_plan(model, x)), total
 
 
+# How the evidence of every entry default_conv_plan makes begins (default_plan's reasons).
+TABLE_SOURCE = "default table"
+
+
 def default_conv_plan(
     model: nnx.Module,
     x,
@@ -226,3 +230,14 @@ def default_conv_plan(
         entries[path] = PlanEntry(algorithm, spec.key())
         evidence[path] = {"source": why}
     return ConvPlan(entries, evidence)
+
+
+def table_made(plan: ConvPlan | Mapping | None) -> bool:
+    """Whether every entry of ``plan`` (a ``ConvPlan`` or its dict) came from the shipped
+    table (``default_conv_plan``), not from a tuning or a user; False for an empty plan."""
+    plan = None if plan is None else as_plan(plan)
+    if not plan:
+        return False
+    return all(
+        str((plan.evidence(p) or {}).get("source", "")).startswith(TABLE_SOURCE) for p in plan
+    )

@@ -257,12 +257,14 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
         if not sep or not name:
             raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
         overrides.append(f"xla_options.{name}={value}")
-    if args.resume and any(item.partition("=")[0].strip() == "conv_plan" for item in args.set):
-        # None is also "not given" in a TrainConfig, so only here can the ask be told apart.
-        raise ValueError(
-            "--set conv_plan cannot be used with --resume: a run keeps the conv plan it was "
-            "trained with (its config.json); drop it, or start a new workdir."
-        )
+    plans = ("conv_plan", "eval_conv_plan")
+    for name in (item.partition("=")[0].strip() for item in args.set):
+        if args.resume and name in plans:
+            # None is also "not given" in a TrainConfig, so only here can the ask be told apart.
+            raise ValueError(
+                f"--set {name} cannot be used with --resume: a run keeps the conv plans it was "
+                "trained with (its config.json); drop it, or start a new workdir."
+            )
     config = apply_overrides(config, overrides + list(args.set))
     if args.tiny:
         from layoutlab import models

@@ -100,6 +100,10 @@ class TrainConfig:
     # autotuned (`train`, when tuning pays) or None: the shipped table's plan, filled in and
     # stored in config.json when the run starts (layoutlab.nn.conv_algos.default_plan).
     conv_plan: dict | None = None
+    # The plan of the eval step's "auto" convs at the eval batch: a run on the table's
+    # conv_plan gets the table's inference rules for that batch, stored here when the run
+    # starts; None: the eval step runs conv_plan (whose entries match the training batch).
+    eval_conv_plan: dict | None = None
     # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
     # which must then be one size. An int n means [n, n].
     image_size: list | None = None
@@ -306,11 +310,12 @@ def _check_conv(config: TrainConfig) -> None:
             f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
             f"(compute {compute.name}): {reason}; choose --conv-algo auto or another algorithm."
         )
-    if config.conv_plan is not None:
-        try:
-            ConvPlan.from_dict(config.conv_plan)
-        except ValueError as e:
-            raise ValueError(f"conv_plan: {e}") from None
+    for name in ("conv_plan", "eval_conv_plan"):
+        if getattr(config, name) is not None:
+            try:
+                ConvPlan.from_dict(getattr(config, name))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
     for name, value in config.xla_options.items():
         if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
             raise ValueError(

@@ -11,7 +11,7 @@ from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.state import TrainState
 
-__all__ = ["evaluate", "host_scalars"]
+__all__ = ["evaluate", "host_scalars", "main_eval_batch"]
 
 
 def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
@@ -43,6 +43,16 @@ def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Sha
         "test_loss": float(total["loss_sum"]) / count,
         "test_accuracy": int(total["correct"]) / count,
     }
+
+
+def main_eval_batch(dataset: Dataset, config: TrainConfig) -> int | None:
+    """The batch size ``evaluate`` runs most test images at: the eval batch size when the
+    test split fills one, else the split's size (its one partial batch); None: no test
+    images."""
+    count = dataset.split("test")[1].shape[0]
+    if count == 0:
+        return None
+    return config.eval_batch_size if count >= config.eval_batch_size else count
 
 
 def host_scalars(state: TrainState) -> dict:

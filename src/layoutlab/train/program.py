@@ -100,6 +100,7 @@ class Program(NamedTuple):
     tx: optax.GradientTransformation
     init: Callable[..., TrainState]
     train_step: Callable  # (state, images, labels) -> (state, metrics)
+    # Both on spec.eval_conv_plan when the spec has one (its entries: the eval batch's).
     eval_step: Callable  # (state, images, labels) -> summed loss and correct count
     forward: Callable  # (state, images) -> logits
 
@@ -114,7 +115,11 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     (``fast_defaults.default_skip_branch``)."""
     branch = default_skip_branch(backend)
     tx = build_optimizer(spec.optimizer, branch)
-    defs, _, _ = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))
+    abstract = nnx.eval_shape(lambda: build_model(spec, inputs))
+    defs = split_model(abstract)[0]
+    eval_defs = defs
+    if spec.conv_algorithm == AUTO and spec.eval_conv_plan is not None:
+        eval_defs = split_model(with_conv_plan(abstract, spec.eval_conv_plan, spec.algorithms))[0]
     # A segmentation model's logits are per pixel, with the classes on the channel axis.
     class_axis = spec.layout.channel_axis if models.spec(spec.model).per_pixel else -1
 
@@ -131,6 +136,6 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         train_step=make_train_step(
             defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=class_axis
         ),
-        eval_step=make_eval_step(defs, class_axis),
-        forward=make_forward(defs),
+        eval_step=make_eval_step(eval_defs, class_axis),
+        forward=make_forward(eval_defs),
     )

@@ -49,9 +49,9 @@ MAY_CHANGE = frozenset(
         "param_sharding",
     }
 )
-# A resumed run keeps its conv plan and where its layers compute (the stored kernels of a
+# A resumed run keeps its conv plans and where its layers compute (the stored kernels of a
 # "layout"-storage run follow the latter).
-FROM_CHECKPOINT = ("conv_plan", "activation_storage")
+FROM_CHECKPOINT = ("conv_plan", "eval_conv_plan", "activation_storage")
 
 
 class ResumeError(ValueError):

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import plan_coverage
+from layoutlab.nn.conv_config import plan_coverage, table_made
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.fast_config import with_default_plan
+from layoutlab.train.fast_config import default_eval_plan, with_default_plan
 from layoutlab.train.program import build_model
 from layoutlab.train.spec import InputSpec, resolve_spec
 
@@ -47,27 +47,45 @@ def report_plan_coverage(
 
 def planned(
     config: TrainConfig, inputs: InputSpec, total_micro_steps: int, sharding,
-    conv_planner: Callable | None, model: nnx.Module,
+    conv_planner: Callable | None, model: nnx.Module, eval_batch: int | None = None,
 ) -> TrainConfig:  # fmt: skip
     """``config`` with a conv plan, when it runs ``"auto"`` convs without one: decided by
     process 0 of a multi-process run alone (a tuning measures, the table depends on the
     CPU) and taken by the others. ``conv_planner(model, images, steps, compiler_options)``:
     the CLI's (cached, tuned or the table's); None, or its None: the shipped table's.
-    ``model``: ``abstract_model(config, inputs)``, which the caller has built already."""
+    ``model``: ``abstract_model(config, inputs)``, which the caller has built already.
+
+    When that plan is the table's, the eval step gets one too (``eval_conv_plan``): the
+    table's inference rules at ``eval_batch``, the batch most test images are evaluated at
+    (None: no eval plan). The training plan's entries are keyed by the training batch, so
+    at any other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512
+    ran 13.6x slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's
+    1.25x (benchmarks/results/eval_step_plan_zen3_cpu.md)."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
+    spec = resolve_spec(config)
 
     def decide() -> dict:
-        spec = resolve_spec(config)
         images, _ = inputs.batch(spec.layout, sharding=sharding)
+        plan = None
         if conv_planner is not None:
             options = spec.compile_options("train")
-            plan = conv_planner(model, images, total_micro_steps, options)
-            if plan is not None:
-                return plan.to_dict()
-        return with_default_plan(config, model, images).conv_plan
+            found = conv_planner(model, images, total_micro_steps, options)
+            plan = None if found is None else found.to_dict()
+        if plan is None:
+            plan = with_default_plan(config, model, images).conv_plan
+        eval_plan = None
+        if eval_batch is not None and table_made(plan):
+            images, _ = inputs.batch(spec.layout, eval_batch)
+            eval_plan = default_eval_plan(model, images).to_dict()
+        return {"conv_plan": plan, "eval_conv_plan": eval_plan}
 
-    config = dataclasses.replace(config, conv_plan=decided_by_process_0("conv plan", decide))
+    config = dataclasses.replace(config, **decided_by_process_0("conv plan", decide))
     # What every process compiles, checked like the rest of the run.
-    agree_on_run(lambda: {"conv_plan": json.dumps(config.conv_plan, sort_keys=True)})
+    agree_on_run(
+        lambda: {
+            "conv_plan": json.dumps(config.conv_plan, sort_keys=True),
+            "eval_conv_plan": json.dumps(config.eval_conv_plan, sort_keys=True),
+        }
+    )
     return config

@@ -113,6 +113,7 @@ class RunSpec:
     loss_scale: str  # resolved: "none", "dynamic", "dynamic:N" or "static:N", never "auto"
     conv_algorithm: str
     conv_plan: ConvPlan | None
+    eval_conv_plan: ConvPlan | None  # the eval step's plan; None: conv_plan
     algorithms: Mapping[str, Algorithm]  # every algorithm the convs may run, as values
     kernel_storage: str
     activation_storage: str
@@ -157,10 +158,11 @@ class RunSpec:
         }
 
 
-def _algorithms(conv_algorithm: str, plan: ConvPlan | None) -> dict[str, Algorithm]:
+def _algorithms(conv_algorithm: str, *plans: ConvPlan | None) -> dict[str, Algorithm]:
     names = {conv_algorithm} if conv_algorithm != AUTO else set()
-    if plan is not None and conv_algorithm == AUTO:
-        names |= set(plan.algorithms().values())
+    for plan in plans:
+        if plan is not None and conv_algorithm == AUTO:
+            names |= set(plan.algorithms().values())
     return {name: get_algorithm(name) for name in sorted(names - {XLA})}
 
 
@@ -172,6 +174,7 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
     if total_steps is None:
         total_steps = config.num_steps or SCHEDULE_STEPS
     plan = None if config.conv_plan is None else as_plan(config.conv_plan)
+    eval_plan = None if config.eval_conv_plan is None else as_plan(config.eval_conv_plan)
     layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
     options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
     return RunSpec(
@@ -183,7 +186,8 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
         loss_scale=resolve_loss_scale(config.loss_scale, policy),
         conv_algorithm=config.conv_algorithm,
         conv_plan=plan,
-        algorithms=types.MappingProxyType(_algorithms(config.conv_algorithm, plan)),
+        eval_conv_plan=eval_plan,
+        algorithms=types.MappingProxyType(_algorithms(config.conv_algorithm, plan, eval_plan)),
         kernel_storage=resolve_kernel_storage(config.kernel_storage),
         activation_storage=resolve_activation_storage(config.activation_storage),
         xla_options=types.MappingProxyType(options),
