@@ -289,6 +289,21 @@ def test_bad_conv_plan_is_a_clear_error(tmp_path, capsys):
     assert "Bad value for conv_plan" in capsys.readouterr().err
 
 
+def test_a_given_eval_conv_plan_is_checked_and_kept(tmp_path):
+    with pytest.raises(ValueError, match="eval_conv_plan: A conv plan is a mapping"):
+        validate(_config(eval_conv_plan={"conv": "im2col"}), 1)
+    wrong = {"convs": {"nope": {"algorithm": "im2col", "spec_key": "k"}}}
+    with pytest.raises(ValueError, match="eval_conv_plan: .*does not have \\(nope\\).*eval_conv"):
+        loop.train_and_evaluate(_config(conv_algorithm="auto", eval_conv_plan=wrong), tmp_path)
+    # A given eval plan is the user's: the run's own planning leaves it as it is.
+    given = {"convs": {"conv": {"algorithm": "im2col", "spec_key": "a shape of its own"}}}
+    config = _config(conv_algorithm="auto", eval_conv_plan=given)
+    loop.train_and_evaluate(config, tmp_path / "run", quiet=True)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["eval_conv_plan"]["convs"] == given["convs"]
+    assert saved["conv_plan"]["convs"]["conv"]["evidence"]["source"].startswith("default table")
+
+
 # A fresh process that registers the test model, then runs the real CLI.
 DRIVER = """
 import sys

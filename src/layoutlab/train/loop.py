@@ -31,7 +31,7 @@ from layoutlab.data import (
     prefetch_to_device,
     train_batches,
 )
-from layoutlab.nn.conv_config import ConvPlanMismatch
+from layoutlab.nn.conv_config import ConvPlanMismatch, with_conv_plan
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
@@ -105,6 +105,12 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
             f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
             f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
         ) from None
+    if config.eval_conv_plan is not None:
+        try:
+            with_conv_plan(model, config.eval_conv_plan)
+        except ConvPlanMismatch as e:
+            fix = str(e).replace("--set conv_plan=null", "--set eval_conv_plan=null")
+            raise ValueError(f"eval_conv_plan: {fix}") from None
     return model
 
 

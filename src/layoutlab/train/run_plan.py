@@ -74,8 +74,8 @@ def planned(
             plan = None if found is None else found.to_dict()
         if plan is None:
             plan = with_default_plan(config, model, images).conv_plan
-        eval_plan = None
-        if eval_batch is not None and table_made(plan):
+        eval_plan = config.eval_conv_plan  # a given one is kept
+        if eval_plan is None and eval_batch is not None and table_made(plan):
             images, _ = inputs.batch(spec.layout, eval_batch)
             eval_plan = default_eval_plan(model, images).to_dict()
         return {"conv_plan": plan, "eval_conv_plan": eval_plan}
