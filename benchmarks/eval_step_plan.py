@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -31,9 +32,7 @@ from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import OtherLoad, dispersion, median_interval, paired_ratio
 from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.infer.load import Run
-from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_algos.dispatch import select_algorithm
-from layoutlab.nn.conv_config import conv_specs, planned_entries
+from layoutlab.nn.conv_config import running_algorithms
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_model
 from layoutlab.train.run_plan import abstract_model, planned
@@ -43,14 +42,9 @@ from layoutlab.train.steps import make_eval_step
 
 
 def _algorithms(defs, params, model_state, x) -> str:
-    """What each conv runs on ``x``: its entry's algorithm when the entry was chosen for
-    that shape, else ``xla`` (``conv_algos.dispatch.select_algorithm``)."""
+    """How many convs run each algorithm on ``x`` (``nn.conv_config.running_algorithms``)."""
     model = nnx.merge(defs.eval, params, model_state)
-    specs = conv_specs(model, x)
-    counts: dict[str, int] = {}
-    for path, entry in planned_entries(model).items():
-        name = select_algorithm(specs[path], AUTO, entry).name
-        counts[name] = counts.get(name, 0) + 1
+    counts = Counter(running_algorithms(model, x).values())
     return ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
 
 

@@ -90,15 +90,15 @@ def _torch_call(module, torch, memory_format, png: Path, mean, std):
 
 
 def _plan_summary(run, image) -> str:
+    """How many convs predict's forward runs each algorithm on ``image`` with."""
+    from collections import Counter
+
     from flax import nnx
 
-    from layoutlab.nn.conv_config import planned_entries
+    from layoutlab.nn.conv_config import running_algorithms
 
     model = nnx.merge(run.inference_defs(image).eval, run.params, run.model_state)
-    counts: dict[str, int] = {}
-    for entry in planned_entries(model).values():
-        name = "xla" if entry is None else entry.algorithm
-        counts[name] = counts.get(name, 0) + 1
+    counts = Counter(running_algorithms(model, image).values())
     return ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
 
 

@@ -14,10 +14,13 @@ from layoutlab.bench import tuning as at
 from layoutlab.nn.conv_algos import ConvPlan, PlanEntry, load_plan
 from layoutlab.nn.conv_config import (
     conv_specs,
+    default_conv_plan,
     missing_from_plan,
     plan_coverage,
     planned_entries,
+    running_algorithms,
     set_conv_algorithm,
+    table_made,
     with_conv_plan,
 )
 
@@ -107,6 +110,16 @@ def test_missing_entries_are_counted():
     assert plan_coverage(set_conv_algorithm(nnx.clone(partial), "xla"), X) == (0, 0)
     with pytest.raises(ValueError, match="does not have \\(nope\\)"):
         with_conv_plan(model, ConvPlan({"nope": ("im2col", "k")}))
+    # What runs: the entry's algorithm for its own shape, xla for another shape or none.
+    assert running_algorithms(partial, X) == {first: "im2col", **dict.fromkeys(rest, "xla")}
+    assert running_algorithms(wrong, specs=specs) == dict.fromkeys(specs, "xla")
+    assert running_algorithms(set_conv_algorithm(nnx.clone(partial), "im2col"), X) == (
+        dict.fromkeys(specs, "im2col")
+    )
+    # A table-made plan is told apart from one with any measured or given entry.
+    table = default_conv_plan(model, X, "inference", "avx2", specs)
+    assert table_made(table) and table_made(table.to_dict())
+    assert not table_made(_plan(specs, source="measured")) and not table_made(ConvPlan())
 
 
 def test_the_program_follows_the_plan_not_the_autotune_cache(tmp_path, monkeypatch):

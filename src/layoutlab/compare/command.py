@@ -261,16 +261,10 @@ def _conv_settings(model, specs: dict) -> dict:
     storage. ``specs``: ``conv_specs(model, x)``."""
     from collections import Counter
 
-    from layoutlab.nn.conv_algos import select_algorithm
-    from layoutlab.nn.conv_config import convs
+    from layoutlab.nn.conv_config import convs, running_algorithms
     from layoutlab.nn.convert import activation_storage
 
-    algos = Counter(
-        select_algorithm(specs[path], c.algorithm, c.plan_entry, c.impl).name
-        if path in specs
-        else c.algorithm
-        for path, c in convs(model)
-    )
+    algos = Counter(running_algorithms(model, specs=specs).values())
     kernels = sorted({c.kernel_spec for _, c in convs(model)})
     return {
         "conv_algorithms": dict(sorted(algos.items())),

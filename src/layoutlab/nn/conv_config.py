@@ -187,6 +187,26 @@ def planned_entries(model: nnx.Module) -> dict[str, PlanEntry]:
     return {p: c.plan_entry for p, c in convs(model) if c.plan_entry is not None}
 
 
+def running_algorithms(
+    model: nnx.Module, x=None, *, specs: Mapping[str, ConvSpec] | None = None
+) -> dict[str, str]:
+    """``{path: algorithm}`` each conv of ``model(x)`` runs: after its plan entry (one chosen
+    for another shape runs ``xla``) and after an algorithm's refusal of the shape
+    (``select_algorithm``). ``specs``: ``conv_specs(model, x)`` when the caller has it
+    (saves a trace; ``x`` is then not needed). A conv no spec names (not 2D, or not
+    called) shows its configured algorithm."""
+    from layoutlab.nn.conv_algos.dispatch import select_algorithm
+
+    specs = conv_specs(model, x) if specs is None else specs
+
+    return {
+        path: select_algorithm(specs[path], c.algorithm, c.plan_entry, c.impl).name
+        if path in specs
+        else c.algorithm
+        for path, c in convs(model)
+    }
+
+
 def missing_from_plan(model: nnx.Module, x) -> dict[str, ConvSpec]:
     """``{path: spec}`` of the ``"auto"`` convs of ``model(x)`` with no plan entry for their
     shape: they run XLA's native conv."""
