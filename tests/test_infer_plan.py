@@ -80,9 +80,8 @@ def test_the_training_plan_matches_no_conv_at_batch_1(run):
 def test_a_one_image_forward_gets_the_inference_rules_at_batch_1(run):
     x = run.dataset.test_images[:1]
     model = nnx.merge(run.inference_defs(x).eval, run.params, run.model_state)
-    planned = {p: e for p, e in planned_entries(model).items() if e is not None}
     want = default_conv_plan(run.model(), x, "inference", KIND)
-    assert planned == dict(want.items())
+    assert planned_entries(model) == dict(want.items())
     assert _depthwise(want) and all(":n1:" in e.spec_key for _, e in want.items())
     assert set(_depthwise(want)) == set(_depthwise(run.spec.conv_plan))
 
@@ -96,7 +95,7 @@ def test_logits_with_the_batch_plan_match_xla_convs(run):
     want = np.asarray(jax.jit(make_forward(run.defs))(run.state(), x))
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
-    assert run.logits(x) is not None and run.inference_defs(x) is run.inference_defs(x)
+    assert run.inference_defs(x) is run.inference_defs(x)  # planned once per batch
 
 
 def test_tuned_plans_and_single_algorithms_are_kept(run):
@@ -133,5 +132,7 @@ def test_export_runs_the_plan_of_its_batch(run, tmp_path, batch):
     want = np.asarray(jax.jit(make_forward(run.defs))(run.state(), x))
     # As above: another summation order of the same products.
     np.testing.assert_allclose(exported.call(x), want, rtol=0, atol=1e-5 * np.abs(want).max())
-    several = export_module.export_run(run, tmp_path / "c.jax", platforms=("cpu", "cuda"), batch=2)
-    assert _grouped_convs(jax.export.deserialize(several[0].read_bytes())) > 0
+    if batch is not None:  # several platforms share one program: no CPU rules
+        several = export_module.export_run(run, tmp_path / "c.jax", platforms=("cpu", "cuda"),
+                                           batch=batch)  # fmt: skip
+        assert _grouped_convs(jax.export.deserialize(several[0].read_bytes())) > 0

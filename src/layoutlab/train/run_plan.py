@@ -55,12 +55,12 @@ def planned(
     the CLI's (cached, tuned or the table's); None, or its None: the shipped table's.
     ``model``: ``abstract_model(config, inputs)``, which the caller has built already.
 
-    When that plan is the table's, the eval step gets one too (``eval_conv_plan``): the
-    table's inference rules at ``eval_batch``, the batch most test images are evaluated at
-    (None: no eval plan). The training plan's entries are keyed by the training batch, so
-    at any other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512
-    ran 13.6x slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's
-    1.25x (benchmarks/results/eval_step_plan_zen3_cpu.md)."""
+    When that plan is the table's, the eval step gets one too (``eval_conv_plan``; a given
+    one is kept): the table's inference rules at ``eval_batch``, the batch most test images
+    are evaluated at (None: no eval plan). The training plan's entries are keyed by the
+    training batch, so at any other batch every conv would run ``xla``: MobileNetV2's eval
+    step at batch 512 ran 13.6x slower for it, its depthwise convs on XLA's grouped conv,
+    ResNet-18 CIFAR's 1.25x (benchmarks/results/eval_step_plan_zen3_cpu.md)."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
     spec = resolve_spec(config)
