@@ -23,13 +23,12 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.infer.plan import inference_plan
-from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import with_conv_plan
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR
 from layoutlab.train.metrics import CONFIG_FILE
-from layoutlab.train.program import build_model
+from layoutlab.train.program import build_model, eval_defs
 from layoutlab.train.run_data import load_run_data
 from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.state import ModelDefs, TrainState, split_model
@@ -91,10 +90,7 @@ class Run:
     def eval_defs(self) -> ModelDefs:
         """The graph definitions of the run's eval step: on its ``eval_conv_plan`` when it
         has one (the plan its evaluations ran), else ``defs``."""
-        spec = self.spec
-        if spec.conv_algorithm != AUTO or spec.eval_conv_plan is None:
-            return self.defs
-        return split_model(with_conv_plan(self.model(), spec.eval_conv_plan, spec.algorithms))[0]
+        return eval_defs(self.spec, self.model(), self.defs)
 
     @functools.cached_property
     def _defs_by_batch(self) -> dict:

@@ -257,9 +257,8 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
         if not sep or not name:
             raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
         overrides.append(f"xla_options.{name}={value}")
-    plans = ("conv_plan", "eval_conv_plan")
-    for name in (item.partition("=")[0].strip() for item in args.set):
-        if args.resume and name in plans:
+    for name in ("conv_plan", "eval_conv_plan"):
+        if args.resume and any(item.partition("=")[0].strip() == name for item in args.set):
             # None is also "not given" in a TrainConfig, so only here can the ask be told apart.
             raise ValueError(
                 f"--set {name} cannot be used with --resume: a run keeps the conv plans it was "

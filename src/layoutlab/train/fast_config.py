@@ -5,7 +5,7 @@
   the run's own ``xla_options``.
 - ``with_default_plan(config, model, images)``: an ``"auto"`` run without a ``conv_plan``
   gets the shipped table's (``nn.conv_algos.default_plan``), stored in its config.json;
-  ``default_eval_plan(model, images)``: the table's inference plan for its eval step.
+  ``table_plan(model, images, objective)``: the table's plan, e.g. for its eval step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, default_conv_plan
 from layoutlab.train.config import TrainConfig
 
-__all__ = ["compile_options", "default_eval_plan", "with_default_plan"]
+__all__ = ["compile_options", "table_plan", "with_default_plan"]
 
 
 def compile_options(config: TrainConfig, mode: str) -> dict:
@@ -44,11 +44,11 @@ def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
     fine) when it runs ``"auto"`` convs and has no plan; otherwise ``config`` unchanged."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None or not convs(model):
         return config
-    plan = default_conv_plan(model, images, "train", table_cpu_kind(default_backend()))
-    return dataclasses.replace(config, conv_plan=plan.to_dict())
+    return dataclasses.replace(config, conv_plan=table_plan(model, images, "train").to_dict())
 
 
-def default_eval_plan(model, images):
-    """The shipped table's inference plan for ``model(images)`` (abstract is fine) on this
-    backend: a run's eval step at the eval batch."""
-    return default_conv_plan(model, images, "inference", table_cpu_kind(default_backend()))
+def table_plan(model, images, objective: str):
+    """The shipped table's plan for ``model(images)`` (abstract is fine) on this backend:
+    ``objective`` ``"train"`` for a run's training step, ``"inference"`` for its eval step
+    at the eval batch."""
+    return default_conv_plan(model, images, objective, table_cpu_kind(default_backend()))

@@ -33,6 +33,7 @@ __all__ = [
     "build_program",
     "configure_model",
     "create_model",
+    "eval_defs",
 ]
 
 # A program's init runs once: compiled without LLVM optimizations it compiles ~4x faster on
@@ -77,6 +78,15 @@ def build_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
     return configure_model(create_model(spec, inputs), spec)
 
 
+def eval_defs(spec: RunSpec, model: nnx.Module, defs: ModelDefs) -> ModelDefs:
+    """The graph definitions of ``spec``'s eval step: ``model`` (``build_model``'s, abstract
+    is fine) on ``spec.eval_conv_plan`` when it runs ``"auto"`` convs with one, else
+    ``defs`` (the model's own)."""
+    if spec.conv_algorithm != AUTO or spec.eval_conv_plan is None:
+        return defs
+    return split_model(with_conv_plan(model, spec.eval_conv_plan, spec.algorithms))[0]
+
+
 def _augment_fn(spec: RunSpec):
     if not spec.augment:
         return None
@@ -117,9 +127,7 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     tx = build_optimizer(spec.optimizer, branch)
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))
     defs = split_model(abstract)[0]
-    eval_defs = defs
-    if spec.conv_algorithm == AUTO and spec.eval_conv_plan is not None:
-        eval_defs = split_model(with_conv_plan(abstract, spec.eval_conv_plan, spec.algorithms))[0]
+    step_defs = eval_defs(spec, abstract, defs)
     # A segmentation model's logits are per pixel, with the classes on the channel axis.
     class_axis = spec.layout.channel_axis if models.spec(spec.model).per_pixel else -1
 
@@ -136,6 +144,6 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         train_step=make_train_step(
             defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=class_axis
         ),
-        eval_step=make_eval_step(eval_defs, class_axis),
-        forward=make_forward(eval_defs),
+        eval_step=make_eval_step(step_defs, class_axis),
+        forward=make_forward(step_defs),
     )

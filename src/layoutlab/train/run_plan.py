@@ -12,7 +12,7 @@ from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import plan_coverage, table_made
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.fast_config import default_eval_plan, with_default_plan
+from layoutlab.train.fast_config import table_plan, with_default_plan
 from layoutlab.train.program import build_model
 from layoutlab.train.spec import InputSpec, resolve_spec
 
@@ -77,7 +77,7 @@ def planned(
         eval_plan = config.eval_conv_plan  # a given one is kept
         if eval_plan is None and eval_batch is not None and table_made(plan):
             images, _ = inputs.batch(spec.layout, eval_batch)
-            eval_plan = default_eval_plan(model, images).to_dict()
+            eval_plan = table_plan(model, images, "inference").to_dict()
         return {"conv_plan": plan, "eval_conv_plan": eval_plan}
 
     config = dataclasses.replace(config, **decided_by_process_0("conv plan", decide))
