@@ -21,7 +21,13 @@ from layoutlab.infer.load import Run
 from layoutlab.infer.plan import inference_plan, planned_by_table
 from layoutlab.nn.conv_algos import XLA, ConvPlan
 from layoutlab.nn.conv_algos.dispatch import planned_algorithm
-from layoutlab.nn.conv_config import conv_specs, default_conv_plan, planned_entries
+from layoutlab.nn.conv_config import (
+    conv_specs,
+    default_conv_plan,
+    planned_entries,
+    running_algorithms,
+)
+from layoutlab.nn.convert import convert_layout
 from layoutlab.train import TrainConfig, fast_config
 from layoutlab.train.program import INIT_COMPILER_OPTIONS as INIT
 from layoutlab.train.program import build_model
@@ -66,6 +72,10 @@ def _depthwise(plan: ConvPlan) -> dict:
     return {p: e for p, e in plan.items() if e.algorithm == "depthwise"}
 
 
+def _running_depthwise(model, x) -> set:
+    return {p for p, a in running_algorithms(model, x).items() if a == "depthwise"}
+
+
 def test_the_training_plan_matches_no_conv_at_batch_1(run):
     # Why predict needs a plan of its own: the entries are keyed by the shape at batch 32,
     # so the training plan gives every conv of a one-image forward XLA's conv.
@@ -96,6 +106,33 @@ def test_logits_with_the_batch_plan_match_xla_convs(run):
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
     assert run.inference_defs(x) is run.inference_defs(x)  # planned once per batch
+
+
+def test_load_model_plans_for_the_batch_it_is_given(run, monkeypatch):
+    # load_model rebuilds the run as open_run does; the fixture's run stands in for one read
+    # from a checkpoint.
+    monkeypatch.setattr(load_module, "open_run", lambda workdir, step: run)
+    x = run.dataset.test_images[:1]
+    depthwise = set(_depthwise(run.spec.conv_plan))
+    trained = load_module.load_model("run")
+    assert not _running_depthwise(trained, x)
+    one = load_module.load_model("run", batch_size=1)
+    want_plan = default_conv_plan(run.model(), x, "inference", KIND)
+    assert planned_entries(one) == dict(want_plan.items())
+    assert _running_depthwise(one, x) == depthwise
+    # Eager calls: the depthwise rule against XLA's grouped convs, 1e-5 of the largest logit
+    # as in test_logits_with_the_batch_plan_match_xla_convs.
+    want = np.asarray(trained(x))
+    np.testing.assert_allclose(one(x), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # Converted first, then planned in the new layout: its keys are NCHW shapes.
+    x_nchw = x.transpose(0, 3, 1, 2)
+    nchw = load_module.load_model("run", layout="NCHW", batch_size=1)
+    want_nchw = default_conv_plan(convert_layout(run.model(), "NCHW"), x_nchw, "inference", KIND)
+    assert planned_entries(nchw) == dict(want_nchw.items())
+    assert _running_depthwise(nchw, x_nchw) == depthwise
+    for bad in (0, -2, 1.5, "8", True):
+        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+            load_module.load_model("run", batch_size=bad)
 
 
 def test_tuned_plans_and_single_algorithms_are_kept(run):

@@ -22,7 +22,7 @@ from flax import nnx
 
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
-from layoutlab.infer.plan import inference_plan
+from layoutlab.infer.plan import inference_plan, planned_for_batch
 from layoutlab.nn.conv_config import with_conv_plan
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
@@ -276,18 +276,36 @@ def _other_data(spec: str, run_data: Dataset, config: TrainConfig) -> Dataset:
     return other
 
 
-def load_model(workdir: str | Path, step: int | None = None, *, layout=None) -> nnx.Module:
+def load_model(
+    workdir: str | Path, step: int | None = None, *, layout=None, batch_size: int | None = None
+) -> nnx.Module:
     """The model trained in ``workdir``, restored from checkpoint ``step`` (default: the
     newest), in eval mode and ready to call on normalized images.
 
     It runs in the run's layout and precision policy, or in ``layout`` (``"NHWC"``/``"NCHW"``,
-    converted with ``layoutlab.convert_layout``). Raises ``FileNotFoundError`` (``NoRunError``)
-    when the workdir, its config.json or the checkpoint is missing, and ``ValueError`` when the
-    checkpoint was written by another model.
+    converted with ``layoutlab.convert_layout``). Its ``"auto"`` convs carry the run's conv
+    plan, whose entries match the training batch's shapes only; ``batch_size`` plans them for
+    calls on that many images instead, as ``predict`` does (``infer.plan.planned_for_batch``).
+    Raises ``FileNotFoundError`` (``NoRunError``) when the workdir, its config.json or the
+    checkpoint is missing, and ``ValueError`` when the checkpoint was written by another
+    model or ``batch_size`` is not a positive integer.
     """
-    model = open_run(workdir, step).model()
+    if batch_size is not None and (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            f"batch_size must be a positive integer (the number of images per call), got "
+            f"{batch_size!r}."
+        )
+    run = open_run(workdir, step)
+    model = run.model()
     if layout is not None:
         from layoutlab.nn.convert import convert_layout
 
         model = convert_layout(model, layout)
+    if batch_size is not None:
+        kind = table_cpu_kind(default_backend())
+        model = planned_for_batch(run.spec, model, int(batch_size), run.dataset.image_shape, kind)
     return model

@@ -13,13 +13,15 @@ The weights do not depend on the plan, only the model's graph definition does.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO, ConvPlan
-from layoutlab.nn.conv_config import default_conv_plan, table_made
+from layoutlab.nn.conv_config import default_conv_plan, table_made, with_conv_plan
 from layoutlab.train.spec import RunSpec
 
-__all__ = ["inference_plan", "planned_by_table"]
+__all__ = ["inference_plan", "planned_by_table", "planned_for_batch"]
 
 
 def planned_by_table(spec: RunSpec) -> bool:
@@ -36,3 +38,17 @@ def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPl
     if not planned_by_table(spec) or not isinstance(images.shape[0], int | np.integer):
         return spec.conv_plan
     return default_conv_plan(model, images, "inference", cpu_kind)
+
+
+def planned_for_batch(
+    spec: RunSpec, model: nnx.Module, batch: int, image_shape, cpu_kind: str | None
+) -> nnx.Module:
+    """``model`` (eval mode, in any layout) with the plan ``inference_plan`` gives for a
+    forward on ``batch`` images of ``image_shape`` (H, W, C) in ``model.layout``; ``model``
+    itself when the run's plan is kept. A copy: ``model`` is not changed."""
+    if not planned_by_table(spec):
+        return model
+    h, w, c = image_shape
+    images = jax.ShapeDtypeStruct(model.layout.shape(batch, c, (h, w)), np.float32)
+    plan = inference_plan(spec, model, images, cpu_kind)
+    return with_conv_plan(model, plan, spec.with_plan(plan).algorithms)
