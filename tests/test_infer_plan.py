@@ -120,10 +120,12 @@ def test_load_model_plans_for_the_batch_it_is_given(run, monkeypatch):
     want_plan = default_conv_plan(run.model(), x, "inference", KIND)
     assert planned_entries(one) == dict(want_plan.items())
     assert _running_depthwise(one, x) == depthwise
-    # Eager calls: the depthwise rule against XLA's grouped convs, 1e-5 of the largest logit
-    # as in test_logits_with_the_batch_plan_match_xla_convs.
-    want = np.asarray(trained(x))
-    np.testing.assert_allclose(one(x), want, rtol=0, atol=1e-5 * np.abs(want).max())
+    # The depthwise rule against XLA's grouped convs, 1e-5 of the largest logit as in
+    # test_logits_with_the_batch_plan_match_xla_convs. Jitted: op by op, every op of both
+    # models would compile on its own (half a minute on 2 cores).
+    want = np.asarray(jax.jit(lambda x: trained(x))(x))
+    got = np.asarray(jax.jit(lambda x: one(x))(x))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     # Converted first, then planned in the new layout: its keys are NCHW shapes.
     x_nchw = x.transpose(0, 3, 1, 2)
     nchw = load_module.load_model("run", layout="NCHW", batch_size=1)
