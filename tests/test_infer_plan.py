@@ -137,18 +137,24 @@ def test_load_model_plans_for_the_batch_it_is_given(run, monkeypatch):
             load_module.load_model("run", batch_size=bad)
 
 
-def test_tuned_plans_and_single_algorithms_are_kept(run):
-    x = run.dataset.test_images[:1]
+def test_tuned_entries_stand_at_their_batch_and_the_table_plans_other_batches(run):
+    x1 = run.dataset.test_images[:1]
+    x32 = jax.ShapeDtypeStruct((32, *x1.shape[1:]), x1.dtype)  # the training batch
     measured = ConvPlan(
         dict(run.spec.conv_plan.items()),
         {p: {"source": "autotune", "ms": 1.0} for p in run.spec.conv_plan},
     )
     tuned = run.spec.with_plan(measured)
     assert not planned_by_table(tuned)
-    assert inference_plan(tuned, run.model(), x, KIND) is tuned.conv_plan
+    # At the batch it was tuned for, every entry fits: the run's plan, the same object.
+    assert inference_plan(tuned, run.model(), x32, KIND) is tuned.conv_plan
+    # At batch 1 none does: the table's inference rules, as for a run on the table's plan.
+    one = inference_plan(tuned, run.model(), x1, KIND)
+    assert one == default_conv_plan(run.model(), x1, "inference", KIND) and _depthwise(one)
+    # One algorithm for every conv is kept whatever the batch.
     xla = resolve_spec(dataclasses.replace(run.config, conv_algorithm="xla"))
     assert not planned_by_table(xla)
-    assert inference_plan(xla, run.model(), x, KIND) is xla.conv_plan
+    assert inference_plan(xla, run.model(), x1, KIND) is xla.conv_plan
     # A run without an eval plan (from before it existed) evaluates on its training plan.
     assert run.spec.eval_conv_plan is None and run.eval_defs is run.defs
 

@@ -304,6 +304,33 @@ def test_a_given_eval_conv_plan_is_checked_and_kept(tmp_path):
     assert saved["conv_plan"]["convs"]["conv"]["evidence"]["source"].startswith("default table")
 
 
+def test_a_tuned_plan_keeps_its_shapes_and_the_table_plans_the_eval_batch():
+    # A plan from a tuning or the autotune cache (conv_planner) is keyed by the training
+    # batch: at another eval batch it would give every conv XLA's, so the eval step gets the
+    # table's inference rules there; at the training batch the tuned entries stand.
+    from layoutlab.nn.conv_algos import ConvPlan, as_plan
+    from layoutlab.nn.conv_config import default_conv_plan
+    from layoutlab.train import run_plan
+    from layoutlab.train.spec import InputSpec
+
+    config = _config(conv_algorithm="auto")
+    inputs = InputSpec(image_shape=(8, 8, 3), num_classes=4, batch_size=8)
+    model = run_plan.abstract_model(config, inputs)
+
+    def tuned(model, images, steps, options):
+        table = default_conv_plan(model, images, "train", "avx2")
+        return ConvPlan({p: e._replace(algorithm="im2col") for p, e in table.items()},
+                        {p: {"source": "autotune"} for p in table})  # fmt: skip
+
+    other = run_plan.planned(config, inputs, 3, None, tuned, model, eval_batch=16)
+    train_plan, eval_plan = as_plan(other.conv_plan), as_plan(other.eval_conv_plan)
+    assert train_plan["conv"].algorithm == "im2col" and ":n8:" in train_plan["conv"].spec_key
+    assert ":n16:" in eval_plan["conv"].spec_key
+    assert eval_plan.evidence("conv")["source"].startswith("default table")
+    same = run_plan.planned(config, inputs, 3, None, tuned, model, eval_batch=8)
+    assert same.eval_conv_plan is None and as_plan(same.conv_plan) == train_plan
+
+
 # A fresh process that registers the test model, then runs the real CLI.
 DRIVER = """
 import sys

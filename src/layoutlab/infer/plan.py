@@ -1,14 +1,14 @@
 """The conv plan of a run's inference forward at the batch size it is called with.
 
-A run's ``config.json`` keeps the plan training ran. For an ``"auto"`` run that was not
-tuned, that is the shipped table's training rules at the run's batch size, keyed by the conv
-shapes at that batch, so at any other batch no entry matches and every conv runs ``xla``:
-``predict`` on one image of a MobileNetV2 run ran XLA's grouped convs, which the table's
-depthwise rule runs several times faster. The table has inference rules per batch
+A run's ``config.json`` keeps the plan training ran, keyed by the conv shapes at the run's
+batch size, so at any other batch no entry matches and every conv runs ``xla``: ``predict``
+on one image of a MobileNetV2 run ran XLA's grouped convs, which the table's depthwise rule
+runs several times faster. The table has inference rules per batch
 (``nn.conv_algos.default_plan``); ``inference_plan`` gives them for the forward's own batch
-on this machine. A plan that was tuned or given (any entry not from the table), a run
-without a plan or with one algorithm for every conv are the user's choices and are kept.
-The weights do not depend on the plan, only the model's graph definition does.
+on this machine: in place of a plan the table made, and for the convs a tuned or given plan
+has no entry for at that batch (its entries for those very shapes stand). A run with one
+algorithm for every conv is the user's choice and is kept. The weights do not depend on the
+plan, only the model's graph definition does.
 """
 
 from __future__ import annotations
@@ -31,13 +31,18 @@ def planned_by_table(spec: RunSpec) -> bool:
 
 def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPlan | None:
     """The plan ``model(images)`` runs: the table's inference rules (``cpu_kind``: this
-    machine's, None off CPU) at ``images``' batch when the run's plan is the table's, else
-    the run's own plan. ``images``: an array or ShapeDtypeStruct in the run's layout. A
-    symbolic batch keeps the run's plan: the custom algorithms need concrete shapes, so
+    machine's, None off CPU) at ``images``' batch, with the entries of a tuned or given run
+    plan that were made for these very shapes; the run's own plan (the same object) when
+    that is all it would hold. ``images``: an array or ShapeDtypeStruct in the run's layout.
+    A symbolic batch keeps the run's plan: the custom algorithms need concrete shapes, so
     every conv runs XLA's there whatever the plan (``conv_algos.dispatch.conv2d``)."""
-    if not planned_by_table(spec) or not isinstance(images.shape[0], int | np.integer):
+    if spec.conv_algorithm != AUTO or not isinstance(images.shape[0], int | np.integer):
         return spec.conv_plan
-    return default_conv_plan(model, images, "inference", cpu_kind)
+    keep = None if planned_by_table(spec) else spec.conv_plan
+    plan = default_conv_plan(model, images, "inference", cpu_kind, keep=keep)
+    if keep is not None and dict(plan.items()) == dict(keep.items()):
+        return spec.conv_plan
+    return plan
 
 
 def planned_for_batch(
@@ -46,7 +51,7 @@ def planned_for_batch(
     """``model`` (eval mode, in any layout) with the plan ``inference_plan`` gives for a
     forward on ``batch`` images of ``image_shape`` (H, W, C) in ``model.layout``; ``model``
     itself when the run's plan is kept. A copy: ``model`` is not changed."""
-    if not planned_by_table(spec):
+    if spec.conv_algorithm != AUTO:
         return model
     h, w, c = image_shape
     images = jax.ShapeDtypeStruct(model.layout.shape(batch, c, (h, w)), np.float32)

@@ -237,15 +237,25 @@ def default_conv_plan(
     objective: str,
     cpu_kind: str | None,
     specs: Mapping[str, ConvSpec] | None = None,
+    keep: ConvPlan | Mapping | None = None,
 ) -> ConvPlan:
     """The shipped table's plan for every 2D conv ``model(x)`` runs (``conv_algos.
     default_plan``; ``cpu_kind`` None off CPU, where every conv runs ``xla``). Each entry's
     evidence says it came from the table, not from a measurement on this machine.
-    ``specs``: ``conv_specs(model, x)`` when the caller has it (saves a trace)."""
+    ``specs``: ``conv_specs(model, x)`` when the caller has it (saves a trace). ``keep``: a
+    plan whose entries, with their evidence, stand wherever they were made for the conv's
+    very shape (a tuning at this batch); the table fills the rest."""
     from layoutlab.nn.conv_algos.default_plan import default_algorithm
 
+    keep = as_plan(keep)
     entries, evidence = {}, {}
     for path, spec in (conv_specs(model, x) if specs is None else specs).items():
+        kept = keep.get(path)
+        if kept is not None and kept.spec_key == spec.key():
+            entries[path] = kept
+            if keep.evidence(path) is not None:
+                evidence[path] = keep.evidence(path)
+            continue
         algorithm, why = default_algorithm(spec, objective, cpu_kind)
         entries[path] = PlanEntry(algorithm, spec.key())
         evidence[path] = {"source": why}

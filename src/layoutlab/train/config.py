@@ -100,9 +100,10 @@ class TrainConfig:
     # autotuned (`train`, when tuning pays) or None: the shipped table's plan, filled in and
     # stored in config.json when the run starts (layoutlab.nn.conv_algos.default_plan).
     conv_plan: dict | None = None
-    # The plan of the eval step's "auto" convs at the eval batch: a run on the table's
-    # conv_plan gets the table's inference rules for that batch, stored here when the run
-    # starts; None: the eval step runs conv_plan (whose entries match the training batch).
+    # The plan of the eval step's "auto" convs at the eval batch, stored here when the run
+    # starts: the table's inference rules for that batch, with a tuned conv_plan's entries
+    # for the shapes they were made for; None: the eval step runs conv_plan (a given one, a
+    # tuned one at an eval batch equal to the training batch, or a run from before).
     eval_conv_plan: dict | None = None
     # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
     # which must then be one size. An int n means [n, n].

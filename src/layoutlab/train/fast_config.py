@@ -47,8 +47,10 @@ def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
     return dataclasses.replace(config, conv_plan=table_plan(model, images, "train").to_dict())
 
 
-def table_plan(model, images, objective: str):
+def table_plan(model, images, objective: str, keep=None):
     """The shipped table's plan for ``model(images)`` (abstract is fine) on this backend:
     ``objective`` ``"train"`` for a run's training step, ``"inference"`` for its eval step
-    at the eval batch."""
-    return default_conv_plan(model, images, objective, table_cpu_kind(default_backend()))
+    at the eval batch. ``keep``: a plan whose entries for these very shapes stand
+    (``nn.conv_config.default_conv_plan``)."""
+    kind = table_cpu_kind(default_backend())
+    return default_conv_plan(model, images, objective, kind, keep=keep)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from flax import nnx
 
-from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_algos import AUTO, as_plan
 from layoutlab.nn.conv_config import plan_coverage, table_made
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
@@ -55,12 +55,14 @@ def planned(
     the CLI's (cached, tuned or the table's); None, or its None: the shipped table's.
     ``model``: ``abstract_model(config, inputs)``, which the caller has built already.
 
-    When that plan is the table's, the eval step gets one too (``eval_conv_plan``; a given
-    one is kept): the table's inference rules at ``eval_batch``, the batch most test images
-    are evaluated at (None: no eval plan). The training plan's entries are keyed by the
-    training batch, so at any other batch every conv would run ``xla``: MobileNetV2's eval
-    step at batch 512 ran 13.6x slower for it, its depthwise convs on XLA's grouped conv,
-    ResNet-18 CIFAR's 1.25x (benchmarks/results/eval_step_plan_zen3_cpu.md)."""
+    The eval step gets a plan too (``eval_conv_plan``; a given one is kept): the table's
+    inference rules at ``eval_batch``, the batch most test images are evaluated at (None:
+    no eval plan). The training plan's entries are keyed by the training batch, so at any
+    other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512 ran 13.6x
+    slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's 1.25x
+    (benchmarks/results/eval_step_plan_zen3_cpu.md). A tuned or given training plan keeps
+    its entries for the shapes they were made for (an eval batch equal to the training
+    batch: no eval plan is needed); the table fills the rest."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
     spec = resolve_spec(config)
@@ -75,9 +77,12 @@ def planned(
         if plan is None:
             plan = with_default_plan(config, model, images).conv_plan
         eval_plan = config.eval_conv_plan  # a given one is kept
-        if eval_plan is None and eval_batch is not None and table_made(plan):
+        if eval_plan is None and eval_batch is not None:
             images, _ = inputs.batch(spec.layout, eval_batch)
-            eval_plan = table_plan(model, images, "inference").to_dict()
+            keep = None if table_made(plan) else as_plan(plan)
+            made = table_plan(model, images, "inference", keep=keep)
+            if keep is None or dict(made.items()) != dict(keep.items()):
+                eval_plan = made.to_dict()
         return {"conv_plan": plan, "eval_conv_plan": eval_plan}
 
     config = dataclasses.replace(config, **decided_by_process_0("conv plan", decide))
