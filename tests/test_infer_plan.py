@@ -148,6 +148,18 @@ def test_tuned_entries_stand_at_their_batch_and_the_table_plans_other_batches(ru
     assert not planned_by_table(tuned)
     # At the batch it was tuned for, every entry fits: the run's plan, the same object.
     assert inference_plan(tuned, run.model(), x32, KIND) is tuned.conv_plan
+    # A plan without an entry for one conv: its own entries stand, the table fills the gap.
+    dropped = next(iter(measured))
+    partial = tuned.with_plan(
+        ConvPlan(
+            {p: e for p, e in measured.items() if p != dropped},
+            {p: measured.evidence(p) for p in measured if p != dropped},
+        )
+    )
+    filled = inference_plan(partial, run.model(), x32, KIND)
+    assert filled.evidence(dropped)["source"].startswith("default table")
+    assert all(filled[p] == e for p, e in partial.conv_plan.items())
+    assert {filled.evidence(p)["source"] for p in partial.conv_plan} == {"autotune"}
     # At batch 1 none does: the table's inference rules, as for a run on the table's plan.
     one = inference_plan(tuned, run.model(), x1, KIND)
     assert one == default_conv_plan(run.model(), x1, "inference", KIND) and _depthwise(one)

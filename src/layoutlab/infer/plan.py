@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO, ConvPlan
-from layoutlab.nn.conv_config import default_conv_plan, table_made, with_conv_plan
+from layoutlab.nn.conv_config import replanned, table_made, with_conv_plan
 from layoutlab.train.spec import RunSpec
 
 __all__ = ["inference_plan", "planned_by_table", "planned_for_batch"]
@@ -38,11 +38,8 @@ def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPl
     every conv runs XLA's there whatever the plan (``conv_algos.dispatch.conv2d``)."""
     if spec.conv_algorithm != AUTO or not isinstance(images.shape[0], int | np.integer):
         return spec.conv_plan
-    keep = None if planned_by_table(spec) else spec.conv_plan
-    plan = default_conv_plan(model, images, "inference", cpu_kind, keep=keep)
-    if keep is not None and dict(plan.items()) == dict(keep.items()):
-        return spec.conv_plan
-    return plan
+    made = replanned(model, images, "inference", cpu_kind, spec.conv_plan)
+    return spec.conv_plan if made is None else made
 
 
 def planned_for_batch(

@@ -262,6 +262,20 @@ def default_conv_plan(
     return ConvPlan(entries, evidence)
 
 
+def replanned(
+    model: nnx.Module, x, objective: str, cpu_kind: str | None, plan: ConvPlan | Mapping | None
+) -> ConvPlan | None:
+    """The plan ``model(x)`` runs on the shipped table's ``objective`` rules
+    (``default_conv_plan``) in place of ``plan``: whole when the table made ``plan`` (for
+    another batch or objective), else keeping ``plan``'s entries made for these very shapes
+    (a tuning's, a user's). None when that leaves ``plan``'s own entries and nothing else."""
+    keep = None if plan is None or table_made(plan) else as_plan(plan)
+    made = default_conv_plan(model, x, objective, cpu_kind, keep=keep)
+    if keep and dict(made.items()) == dict(keep.items()):
+        return None
+    return made
+
+
 def table_made(plan: ConvPlan | Mapping | None) -> bool:
     """Whether every entry of ``plan`` (a ``ConvPlan`` or its dict) came from the shipped
     table (``default_conv_plan``), not from a tuning or a user; False for an empty plan."""

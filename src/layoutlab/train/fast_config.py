@@ -16,7 +16,7 @@ from layoutlab.data.spec_forms import known_image_shape
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.models import model_compile_options, spec
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import convs, default_conv_plan
+from layoutlab.nn.conv_config import convs, replanned
 from layoutlab.train.config import TrainConfig
 
 __all__ = ["compile_options", "table_plan", "with_default_plan"]
@@ -47,10 +47,9 @@ def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
     return dataclasses.replace(config, conv_plan=table_plan(model, images, "train").to_dict())
 
 
-def table_plan(model, images, objective: str, keep=None):
+def table_plan(model, images, objective: str, plan=None):
     """The shipped table's plan for ``model(images)`` (abstract is fine) on this backend:
     ``objective`` ``"train"`` for a run's training step, ``"inference"`` for its eval step
-    at the eval batch. ``keep``: a plan whose entries for these very shapes stand
-    (``nn.conv_config.default_conv_plan``)."""
-    kind = table_cpu_kind(default_backend())
-    return default_conv_plan(model, images, objective, kind, keep=keep)
+    at the eval batch, in place of ``plan`` (``nn.conv_config.replanned``: a tuned plan's
+    entries for these very shapes stand; None when they are all it would hold)."""
+    return replanned(model, images, objective, table_cpu_kind(default_backend()), plan)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from flax import nnx
 
-from layoutlab.nn.conv_algos import AUTO, as_plan
-from layoutlab.nn.conv_config import plan_coverage, table_made
+from layoutlab.nn.conv_algos import AUTO
+from layoutlab.nn.conv_config import plan_coverage
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.fast_config import table_plan, with_default_plan
@@ -60,9 +60,10 @@ def planned(
     no eval plan). The training plan's entries are keyed by the training batch, so at any
     other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512 ran 13.6x
     slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's 1.25x
-    (benchmarks/results/eval_step_plan_zen3_cpu.md). A tuned or given training plan keeps
-    its entries for the shapes they were made for (an eval batch equal to the training
-    batch: no eval plan is needed); the table fills the rest."""
+    (benchmarks/results/eval_step_plan_zen3_cpu.md). A tuned plan (``conv_planner``'s) keeps
+    its entries for the shapes they were made for and the table fills the rest; at an eval
+    batch equal to the training batch it needs no eval plan. A given ``conv_plan`` gets
+    none: the run is returned as it is."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
     spec = resolve_spec(config)
@@ -79,10 +80,8 @@ def planned(
         eval_plan = config.eval_conv_plan  # a given one is kept
         if eval_plan is None and eval_batch is not None:
             images, _ = inputs.batch(spec.layout, eval_batch)
-            keep = None if table_made(plan) else as_plan(plan)
-            made = table_plan(model, images, "inference", keep=keep)
-            if keep is None or dict(made.items()) != dict(keep.items()):
-                eval_plan = made.to_dict()
+            made = table_plan(model, images, "inference", plan)  # None: the plan fits
+            eval_plan = None if made is None else made.to_dict()
         return {"conv_plan": plan, "eval_conv_plan": eval_plan}
 
     config = dataclasses.replace(config, **decided_by_process_0("conv plan", decide))
