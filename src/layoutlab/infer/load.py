@@ -22,8 +22,7 @@ from flax import nnx
 
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
-from layoutlab.infer.plan import inference_plan, planned_for_batch
-from layoutlab.nn.conv_config import with_conv_plan
+from layoutlab.infer.plan import planned_model
 from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR
@@ -106,13 +105,8 @@ class Run:
         key = (images.shape[0], platform)
         defs = self._defs_by_batch.get(key)
         if defs is None:
-            kind = table_cpu_kind(platform)
-            plan = inference_plan(self.spec, self.model(), images, kind)
-            if plan == self.spec.conv_plan:
-                defs = self.defs
-            else:
-                algorithms = self.spec.with_plan(plan).algorithms
-                defs = split_model(with_conv_plan(self.model(), plan, algorithms))[0]
+            planned = planned_model(self.spec, self.model(), images, table_cpu_kind(platform))
+            defs = self.defs if planned is None else split_model(planned)[0]
             self._defs_by_batch[key] = defs
         return defs
 
@@ -285,7 +279,7 @@ def load_model(
     It runs in the run's layout and precision policy, or in ``layout`` (``"NHWC"``/``"NCHW"``,
     converted with ``layoutlab.convert_layout``). Its ``"auto"`` convs carry the run's conv
     plan, whose entries match the training batch's shapes only; ``batch_size`` plans them for
-    calls on that many images instead, as ``predict`` does (``infer.plan.planned_for_batch``).
+    calls on that many images instead, as ``predict`` does (``infer.plan.planned_model``).
     Raises ``FileNotFoundError`` (``NoRunError``) when the workdir, its config.json or the
     checkpoint is missing, and ``ValueError`` when the checkpoint was written by another
     model or ``batch_size`` is not a positive integer.
@@ -306,6 +300,8 @@ def load_model(
 
         model = convert_layout(model, layout)
     if batch_size is not None:
-        kind = table_cpu_kind(default_backend())
-        model = planned_for_batch(run.spec, model, int(batch_size), run.dataset.image_shape, kind)
+        h, w, c = run.dataset.image_shape
+        images = jax.ShapeDtypeStruct(model.layout.shape(int(batch_size), c, (h, w)), np.float32)
+        planned = planned_model(run.spec, model, images, table_cpu_kind(default_backend()))
+        model = model if planned is None else planned
     return model

@@ -13,7 +13,6 @@ plan, only the model's graph definition does.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 from flax import nnx
 
@@ -21,7 +20,7 @@ from layoutlab.nn.conv_algos import AUTO, ConvPlan
 from layoutlab.nn.conv_config import replanned, table_made, with_conv_plan
 from layoutlab.train.spec import RunSpec
 
-__all__ = ["inference_plan", "planned_by_table", "planned_for_batch"]
+__all__ = ["inference_plan", "planned_by_table", "planned_model"]
 
 
 def planned_by_table(spec: RunSpec) -> bool:
@@ -42,15 +41,11 @@ def inference_plan(spec: RunSpec, model, images, cpu_kind: str | None) -> ConvPl
     return spec.conv_plan if made is None else made
 
 
-def planned_for_batch(
-    spec: RunSpec, model: nnx.Module, batch: int, image_shape, cpu_kind: str | None
-) -> nnx.Module:
-    """``model`` (eval mode, in any layout) with the plan ``inference_plan`` gives for a
-    forward on ``batch`` images of ``image_shape`` (H, W, C) in ``model.layout``; ``model``
-    itself when the run's plan is kept. A copy: ``model`` is not changed."""
-    if spec.conv_algorithm != AUTO:
-        return model
-    h, w, c = image_shape
-    images = jax.ShapeDtypeStruct(model.layout.shape(batch, c, (h, w)), np.float32)
+def planned_model(spec: RunSpec, model: nnx.Module, images, cpu_kind: str | None):
+    """A copy of ``model`` (eval mode, in any layout; ``images`` in that layout) on the plan
+    ``inference_plan`` gives for ``model(images)``, or None when that is the run's own plan,
+    which ``model`` already carries."""
     plan = inference_plan(spec, model, images, cpu_kind)
+    if plan == spec.conv_plan:
+        return None
     return with_conv_plan(model, plan, spec.with_plan(plan).algorithms)
