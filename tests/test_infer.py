@@ -5,6 +5,7 @@ about 97% test accuracy), under conftest's 4 CPU devices, so the run and every e
 here are data parallel as training was.
 """
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -87,16 +88,17 @@ def test_evaluate_reproduces_the_runs_test_metrics_exactly(run_dir):
 
 
 def test_the_eval_step_runs_the_table_plan_of_the_eval_batch(run_dir):
-    # digits has 359 test images, fewer than the eval batch (512): one batch of 359, which
-    # the training plan (keyed at batch 32) would not match. The loop's eval step and
-    # evaluate's (whose metrics equal the loop's, above) run eval_conv_plan instead.
+    # digits has 359 test images, fewer than the eval batch (512): one batch, padded to 360
+    # to split over the 4 devices (train.evaluation.eval_batches), which the training plan
+    # (keyed at batch 32) would not match. The loop's eval step and evaluate's (whose
+    # metrics equal the loop's, above) run eval_conv_plan instead.
     config = json.loads((run_dir / "config.json").read_text())
 
     def batches(plan):
         return {e["spec_key"].split(":")[1] for e in plan["convs"].values()}
 
     assert batches(config["conv_plan"]) == {"n32"}
-    assert batches(config["eval_conv_plan"]) == {"n359"}
+    assert batches(config["eval_conv_plan"]) == {"n360"}
     sources = [e["evidence"]["source"] for e in config["eval_conv_plan"]["convs"].values()]
     assert sources and all(s.startswith("default table") for s in sources)
     run = open_run(run_dir)
@@ -237,6 +239,17 @@ def test_predict_gives_the_labels_of_saved_upscaled_digits(run_dir, tmp_path, ca
     # Nor read back from the module's compilation cache: this process still holds it.
     assert events.backend_compiles == 0 and events.cache_hit is None
     assert again[0]["top_k"][0]["class"] == dataset.test_labels[n]
+    # With an eval batch of 5, the 13 files go in 3 chunks of 5, the last with 2 zero images
+    # (train.evaluation.eval_batches): one batch shape, so one compile (chunks of 5, 5 and 3
+    # would compile two), and 13 results.
+    run = open_run(run_dir)
+    run = dataclasses.replace(run, config=dataclasses.replace(run.config, eval_batch_size=5))
+    with watch_compilation() as events:
+        chunked = predict_files(run, sorted(folder.iterdir()) + [rgb], k=3)
+    assert events.backend_compiles == 1
+    assert [r["file"] for r in chunked] == [r["file"] for r in results]
+    for a, b in zip(chunked, results, strict=True):
+        assert [t["class"] for t in a["top_k"]] == [t["class"] for t in b["top_k"]]
 
 
 def test_predict_normalizes_exactly_like_the_folder_loader(tmp_path):

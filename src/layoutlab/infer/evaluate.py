@@ -39,8 +39,10 @@ def evaluate_run(run: Run) -> dict:
     logits, labels = [], []
 
     def step_and_logits(state, images, batch_labels):
-        logits.append(np.asarray(jax.device_get(forward(state, images)), np.float32))
-        labels.append(np.asarray(jax.device_get(batch_labels)))
+        batch = np.asarray(jax.device_get(batch_labels))
+        real = batch >= 0  # not the last batch's padding
+        logits.append(np.asarray(jax.device_get(forward(state, images)), np.float32)[real])
+        labels.append(batch[real])
         return eval_step(state, images, batch_labels)
 
     metrics = evaluate(

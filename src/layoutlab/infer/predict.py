@@ -19,6 +19,7 @@ from layoutlab.data.errors import DataError
 from layoutlab.data.folder import IMAGE_SUFFIXES
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import to_layout
+from layoutlab.train.evaluation import eval_batches
 
 __all__ = ["collect_images", "load_images", "predict_files", "top_k"]
 
@@ -106,8 +107,11 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     files = collect_images(paths)
     images = load_images(files, run.dataset)
     forward = run.logits
-    # Chunks of the eval batch size: a large folder compiles at most two batch shapes.
-    chunk = run.config.eval_batch_size
+    # Equal chunks of at most the eval batch size, the last padded with zero images whose
+    # logits are dropped: one batch shape, so one compile and one conv plan.
+    steps, chunk = eval_batches(len(images), run.config.eval_batch_size)
+    pad = np.zeros((steps * chunk - len(images), *images.shape[1:]), images.dtype)
+    images = np.concatenate([images, pad])
     logits = np.concatenate(
         [
             np.asarray(jax.device_get(forward(batch)), np.float32)
@@ -116,7 +120,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
                 for i in range(0, len(images), chunk)
             )
         ]
-    )
+    )[: len(files)]
     classes, probs = top_k(logits, k)
     return [
         {

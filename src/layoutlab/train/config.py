@@ -71,7 +71,9 @@ class TrainConfig:
     # Optimizer steps; overrides epochs when set.
     num_steps: int | None = None
     batch_size: int = 32
-    # None: max(batch_size, 512) rounded up to a multiple of the device count.
+    # The most test images per eval step: the split goes in equal batches of at most this,
+    # the last padded (train.evaluation.eval_batches). None: max(batch_size, 512) rounded
+    # up to a multiple of the device count.
     eval_batch_size: int | None = None
     accum_steps: int = 1
     remat: bool = False

@@ -4,6 +4,7 @@ the host-side scalars (loss scale, skipped steps) that go into the same record."
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from layoutlab.data import Dataset, epoch_batches
 from layoutlab.train.config import TrainConfig
@@ -11,48 +12,71 @@ from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.state import TrainState
 
-__all__ = ["evaluate", "host_scalars", "main_eval_batch"]
+__all__ = ["PAD_LABEL", "eval_batches", "evaluate", "host_scalars", "run_eval_batch"]
+
+# The label of a padding row: the eval step counts it nowhere (``train.steps.make_eval_step``).
+PAD_LABEL = -1
+
+
+def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
+    """``(steps, batch)``: how ``evaluate`` splits ``count`` test images. The fewest batches
+    of at most ``size`` rows, all of one size, that size a multiple of ``devices`` (``size``
+    is one when there are several); the last batch's rows past ``count`` are padding, fewer
+    than ``steps * devices`` of them. ``(0, 0)`` for no images.
+
+    Equal batches make one program, sharded and on the eval plan, where a full-size split
+    left a remainder of another shape: a second compile, XLA's convs, every row on every
+    device (CIFAR-10's 10,000 at 512: 19 batches and 272 rows; here 20 of 500).
+    """
+    if count <= 0:
+        return 0, 0
+    steps = -(-count // size)
+    batch = -(-count // steps)
+    return steps, -(-batch // devices) * devices
 
 
 def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
-    """Loss and accuracy over the whole test split, the last partial batch included.
-
-    Full batches are split over the devices; the remainder (any size) runs replicated, which
-    costs one more compile of the eval step and keeps every example counted once.
-    """
-    total, size = None, config.eval_batch_size
-    full_batches = dataset.split("test")[1].shape[0] // size
+    """Loss and accuracy over the whole test split: every image counted once, in batches of
+    one shape (``eval_batches``), each split over the devices."""
+    labels = dataset.split("test")[1]
+    count = labels.shape[0]
+    steps, size = eval_batches(count, config.eval_batch_size, shard.num_devices)
+    rows = local_rows(shard.batch, size)  # this process's rows of each batch
     batches = epoch_batches(
-        dataset,
-        "test",
-        size,
-        layout=config.layout,
-        shuffle=False,
-        drop_last=False,
-        rows=local_rows(shard.batch, size),  # this process's rows of each full batch
+        dataset, "test", size, layout=config.layout, shuffle=False, drop_last=False, rows=rows
     )
+    total = None
     for i, local in enumerate(batches):
-        if i < full_batches:
-            batch = assemble(shard.batch, local, size)
-        else:  # every process holds the whole remainder
-            batch = assemble(shard.replicated, local, local[1].shape[0])
-        out = jax.device_get(eval_step(state, *batch))
+        if i == steps - 1 and count % size:  # the loader gives every process all of it
+            local = _padded(local, size, rows)
+        out = jax.device_get(eval_step(state, *assemble(shard.batch, local, size)))
         total = out if total is None else {k: total[k] + out[k] for k in total}
-    count = int(total["count"])
+    counted = int(total["count"])
+    if counted != labels.size:  # padding counted, or rows lost: a silently wrong metric
+        raise RuntimeError(f"evaluate counted {counted} test labels of {labels.size}.")
     return {
-        "test_loss": float(total["loss_sum"]) / count,
-        "test_accuracy": int(total["correct"]) / count,
+        "test_loss": float(total["loss_sum"]) / counted,
+        "test_accuracy": int(total["correct"]) / counted,
     }
 
 
-def main_eval_batch(dataset: Dataset, config: TrainConfig) -> int | None:
-    """The batch size ``evaluate`` runs most test images at: the eval batch size when the
-    test split fills one, else the split's size (its one partial batch); None: no test
-    images."""
-    count = dataset.split("test")[1].shape[0]
-    if count == 0:
-        return None
-    return config.eval_batch_size if count >= config.eval_batch_size else count
+def _padded(batch: tuple[np.ndarray, np.ndarray], size: int, rows) -> tuple[np.ndarray, ...]:
+    """``(images, labels)`` padded to ``size`` rows (zero images, ``PAD_LABEL`` labels), then
+    this process's ``rows`` of them (all when None)."""
+    images, labels = batch
+    pad = size - labels.shape[0]
+    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
+    labels = np.concatenate([labels, np.full((pad, *labels.shape[1:]), PAD_LABEL, labels.dtype)])
+    if rows is None:
+        return images, labels
+    return tuple(np.concatenate([x[a:b] for a, b in rows]) for x in (images, labels))
+
+
+def run_eval_batch(dataset: Dataset, config: TrainConfig, devices: int = 1) -> int | None:
+    """The batch size ``evaluate`` runs every test image at on ``devices`` (``eval_batches``),
+    which the eval plan is made for; None: no test images."""
+    size = eval_batches(dataset.split("test")[1].shape[0], config.eval_batch_size, devices)[1]
+    return size or None
 
 
 def host_scalars(state: TrainState) -> dict:

@@ -37,7 +37,7 @@ from layoutlab.train.agreement import agree_on_run, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.evaluation import evaluate, host_scalars, main_eval_batch
+from layoutlab.train.evaluation import evaluate, host_scalars, run_eval_batch
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -233,7 +233,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
     shard = make_shardings(config.data_parallel)
     inputs = InputSpec.of(dataset, config.batch_size)
     steps = schedule.total_steps * schedule.accum_steps
-    eval_batch = main_eval_batch(dataset, config)
+    eval_batch = run_eval_batch(dataset, config, shard.num_devices)
     with_plan = planned(config, inputs, steps, shard.batch, conv_planner, model, eval_batch)
     # A plan made just now covers every conv of this model and batch: no coverage to report.
     report_coverage, config = with_plan is config, with_plan

@@ -56,7 +56,7 @@ def planned(
     ``model``: ``abstract_model(config, inputs)``, which the caller has built already.
 
     The eval step gets a plan too (``eval_conv_plan``; a given one is kept): the table's
-    inference rules at ``eval_batch``, the batch most test images are evaluated at (None:
+    inference rules at ``eval_batch``, the batch every test image is evaluated at (None:
     no eval plan). The training plan's entries are keyed by the training batch, so at any
     other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512 ran 13.6x
     slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's 1.25x

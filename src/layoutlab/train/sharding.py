@@ -36,7 +36,7 @@ DATA_AXIS = "data"
 
 class Shardings(NamedTuple):
     mesh: Mesh
-    replicated: NamedSharding  # the train state, metrics, a partial eval batch
+    replicated: NamedSharding  # the train state, metrics
     batch: NamedSharding  # leading axis split over the devices
 
     @property

@@ -104,16 +104,18 @@ def make_eval_step(
     defs: ModelDefs, class_axis: int = -1
 ) -> Callable[[TrainState, jax.Array, jax.Array], dict]:
     """Summed loss and correct count over a batch (sums, so batches of any size average);
-    per-pixel labels count each pixel (``class_axis`` as in ``make_train_step``)."""
+    per-pixel labels count each pixel (``class_axis`` as in ``make_train_step``). A negative
+    label marks padding (``train.evaluation.PAD_LABEL``): it counts nowhere."""
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
         model = nnx.merge(defs.eval, state.params, state.model_state)
         logits = class_last(model(images), class_axis)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        real = labels >= 0
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
         return {
-            "loss_sum": jnp.sum(losses),
-            "correct": jnp.sum((jnp.argmax(logits, axis=-1) == labels).astype(jnp.int32)),
-            "count": jnp.asarray(labels.size, jnp.int32),
+            "loss_sum": jnp.sum(jnp.where(real, losses, 0.0)),
+            "correct": jnp.sum((real & (jnp.argmax(logits, axis=-1) == labels)).astype(jnp.int32)),
+            "count": jnp.sum(real.astype(jnp.int32)),
         }
 
     return step
