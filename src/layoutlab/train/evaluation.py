@@ -20,9 +20,10 @@ PAD_LABEL = -1
 
 def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
     """``(steps, batch)``: how ``evaluate`` splits ``count`` test images. The fewest batches
-    of at most ``size`` rows, all of one size, that size a multiple of ``devices`` (``size``
-    is one when there are several); the last batch's rows past ``count`` are padding, fewer
-    than ``steps * devices`` of them. ``(0, 0)`` for no images.
+    of at most ``size`` rows (a multiple of ``devices``, as a data-parallel config's
+    ``eval_batch_size`` is), all of one size, that size a multiple of ``devices``; the last
+    batch's rows past ``count`` are padding, fewer than ``steps * devices`` of them.
+    ``(0, 0)`` for no images.
 
     Equal batches make one program, sharded and on the eval plan, where a full-size split
     left a remainder of another shape: a second compile, XLA's convs, every row on every
