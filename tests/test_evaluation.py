@@ -64,6 +64,8 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
 
     def eval_step(state, images, labels):
         shapes.append((images.shape, labels.shape))
+        for x in (images, labels):  # every batch split over the devices, the last one too
+            assert x.sharding.is_equivalent_to(shard.batch, x.ndim), x.sharding
         return jitted(state, images, labels)
 
     jitted = jax.jit(program.eval_step, out_shardings=shard.replicated)
