@@ -6,6 +6,8 @@ small_cnn's tiny variant at its initial weights on digits (359 test images, a pr
 batch size divides it), on one device and split over conftest's 4 fake CPU devices.
 """
 
+import dataclasses
+import json
 import math
 
 import jax
@@ -14,9 +16,13 @@ import pytest
 
 from layoutlab import models
 from layoutlab.data import get_dataset
+from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
+from layoutlab.infer.load import open_run
 from layoutlab.train import program as programs
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.evaluation import eval_batches, evaluate, run_eval_batch
+from layoutlab.train.loop import train_and_evaluate
+from layoutlab.train.run_plan import abstract_model, current_eval_plan, planned
 from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec, resolve_spec
 
@@ -83,3 +89,54 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
     # mean (a padding row counted, or an image lost, moves it by about 1/359).
     assert got["test_accuracy"] == want["correct"] / 359
     np.testing.assert_allclose(got["test_loss"], want["loss"], rtol=1e-5)
+
+
+def _batches(plan: dict) -> set[str]:
+    """The batches a conv plan's entries were made for (``n16`` ...)."""
+    return {e["spec_key"].split(":")[1] for e in plan["convs"].values()}
+
+
+def test_an_eval_plan_for_another_batch_is_made_again_for_this_one():
+    dataset = get_dataset("digits")
+    config = validate(TrainConfig(model_kwargs=models.spec("small_cnn").tiny), 1)
+    inputs = InputSpec.of(dataset, 32)
+    model = abstract_model(config, inputs)
+    at_16 = planned(config, inputs, 1, None, None, model, 16)
+    assert _batches(at_16.eval_conv_plan) == {"n16"}
+    layout = resolve_spec(config).layout
+    images_16, images_40 = (inputs.batch(layout, n)[0] for n in (16, 40))
+    # It fits the batch it was made for: kept as it is.
+    assert current_eval_plan(at_16, model, images_16) is at_16.eval_conv_plan
+    # At 40 none of its entries fits: what planning at 40 makes instead of it.
+    again = current_eval_plan(at_16, model, images_40)
+    assert again == planned(config, inputs, 1, None, None, model, 40).eval_conv_plan
+    assert _batches(again) == {"n40"}
+    # A run that stores none (a given conv_plan, or one from before eval plans) keeps none.
+    bare = dataclasses.replace(at_16, eval_conv_plan=None)
+    assert current_eval_plan(bare, model, images_40) is None
+
+
+def test_a_resume_at_another_eval_batch_replans_evaluation_and_evaluate_follows(tmp_path):
+    # Under conftest's 4 devices: eval batch 512 holds digits' 359 test images as one batch
+    # of 360; at eval_batch_size 64 they are 6 batches of 60.
+    tiny = {"model_kwargs": models.spec("small_cnn").tiny, "num_steps": 2, "eval_every": 2,
+            "xla_options": {"xla_backend_optimization_level": 0}}  # fmt: skip
+    record = train_and_evaluate(TrainConfig(**tiny), tmp_path, quiet=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert _batches(config["eval_conv_plan"]) == {"n360"}
+
+    # `layoutlab evaluate` of that run asked for eval batches of 64: planned at 60, its
+    # metrics the same images' (accuracy a count; the loss to float32 rounding of sums in
+    # other groupings, measured 1e-7 relative).
+    run = open_run(tmp_path)
+    at_64 = dataclasses.replace(run, config=dataclasses.replace(run.config, eval_batch_size=64))
+    assert _batches(_on_current_eval_plan(at_64, 4).config.eval_conv_plan) == {"n60"}
+    got = evaluate_run(at_64)
+    assert got["test_accuracy"] == record["test_accuracy"]
+    np.testing.assert_allclose(got["test_loss"], record["test_loss"], rtol=1e-5)
+
+    more = TrainConfig(**{**tiny, "num_steps": 4, "eval_batch_size": 64})
+    train_and_evaluate(more, tmp_path, resume=True, quiet=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert _batches(config["eval_conv_plan"]) == {"n60"}
+    assert _batches(config["conv_plan"]) == {"n32"}  # the training plan is the run's own

@@ -1,22 +1,28 @@
 """``evaluate_run``: a run's test metrics, through the very eval code path training used.
 
 Loss and accuracy come from ``layoutlab.train.loop.evaluate`` with the eval step compiled as
-the training loop compiles it (same batches, shardings and XLA options), so they equal the
-run's ``metrics.jsonl`` figures for the same checkpoint bit for bit. The extras (top-5,
+the training loop compiles it (same batches, shardings, XLA options and eval plan), so they
+equal the run's ``metrics.jsonl`` figures for the same checkpoint bit for bit. An eval plan
+made for another eval batch (another device count here, or a run from before evaluation ran
+equal batches) is made again for this one, as a resume of the run would make it. The extras (top-5,
 confusion matrix, per-class accuracy) come from the eval-mode logits of the same batches,
 computed by a second program beside the eval step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
 import numpy as np
 
 from layoutlab.infer.load import Run, class_names, open_run
+from layoutlab.train.evaluation import run_eval_batch
 from layoutlab.train.loop import evaluate
+from layoutlab.train.run_plan import abstract_model, current_eval_plan
 from layoutlab.train.sharding import make_shardings
+from layoutlab.train.spec import InputSpec
 from layoutlab.train.steps import make_eval_step, make_forward
 
 __all__ = ["TOP_K", "evaluate_run", "plot_confusion"]
@@ -26,8 +32,9 @@ TOP_K = 5  # reported when the data set has more classes than this
 
 def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
+    shard = make_shardings(run.config.data_parallel)
+    run = _on_current_eval_plan(run, shard.num_devices)
     config = run.config
-    shard = make_shardings(config.data_parallel)
     # The run's own eval plan and options, so the metrics are the run's to the bit.
     options = run.spec.compile_options("infer") or None
     eval_step = jax.jit(
@@ -56,6 +63,22 @@ def evaluate_run(run: Run) -> dict:
         **_extras(np.concatenate(logits), np.concatenate(labels), run.dataset.num_classes),
         "class_names": class_names(run.dataset),
     }
+
+
+def _on_current_eval_plan(run: Run, devices: int) -> Run:
+    """``run`` with the eval plan its evaluation on ``devices`` runs: the stored one, unless it
+    was made for another eval batch (``train.run_plan.current_eval_plan``), as a resume of
+    the run would replan it."""
+    config = run.config
+    if config.eval_conv_plan is None:
+        return run
+    batch = run_eval_batch(run.dataset, config, devices)
+    inputs = InputSpec.of(run.dataset, batch)
+    images, _ = inputs.batch(run.spec.layout, batch)
+    plan = current_eval_plan(config, abstract_model(config, inputs), images)
+    if plan == config.eval_conv_plan:
+        return run
+    return dataclasses.replace(run, config=dataclasses.replace(config, eval_conv_plan=plan))
 
 
 def _extras(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:

@@ -50,7 +50,12 @@ from layoutlab.train.metrics import (
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
-from layoutlab.train.run_plan import abstract_model, planned, report_plan_coverage
+from layoutlab.train.run_plan import (
+    abstract_model,
+    planned,
+    replan_stale_eval_plan,
+    report_plan_coverage,
+)
 from layoutlab.train.sharding import (
     Shardings,
     assemble,
@@ -237,6 +242,8 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
     with_plan = planned(config, inputs, steps, shard.batch, conv_planner, model, eval_batch)
     # A plan made just now covers every conv of this model and batch: no coverage to report.
     report_coverage, config = with_plan is config, with_plan
+    if resume:
+        config = replan_stale_eval_plan(config, inputs, model, eval_batch)
     program = _program(config, dataset, schedule)
     init = program.init
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)

@@ -9,14 +9,20 @@ from collections.abc import Callable
 from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import plan_coverage
+from layoutlab.nn.conv_config import plan_coverage, with_conv_plan
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.fast_config import table_plan, with_default_plan
 from layoutlab.train.program import build_model
 from layoutlab.train.spec import InputSpec, resolve_spec
 
-__all__ = ["abstract_model", "planned", "report_plan_coverage"]
+__all__ = [
+    "abstract_model",
+    "current_eval_plan",
+    "planned",
+    "replan_stale_eval_plan",
+    "report_plan_coverage",
+]
 
 
 def abstract_model(config: TrainConfig, inputs: InputSpec) -> nnx.Module:
@@ -92,4 +98,40 @@ def planned(
             "eval_conv_plan": json.dumps(config.eval_conv_plan, sort_keys=True),
         }
     )
+    return config
+
+
+def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | None:
+    """The eval plan for ``config``'s eval step on ``images`` (abstract is fine): the stored
+    ``eval_conv_plan`` when an entry of it fits a conv there. When none does, the eval batch
+    changed since the run was planned (another ``eval_batch_size`` or device count, or a
+    run from before evaluation ran equal batches), and the stale plan would run every conv
+    on XLA's: then the table's inference rules at this batch, as ``planned`` makes them. A
+    run that stores no eval plan keeps none (its eval step runs ``conv_plan``).
+    ``model``: ``abstract_model(config, ...)``."""
+    stored = config.eval_conv_plan
+    if config.conv_algorithm != AUTO or stored is None:
+        return stored
+    missing, total = plan_coverage(with_conv_plan(model, stored), images)
+    if missing < total:
+        return stored
+    made = table_plan(model, images, "inference", config.conv_plan)
+    return None if made is None else made.to_dict()
+
+
+def replan_stale_eval_plan(
+    config: TrainConfig, inputs: InputSpec, model: nnx.Module, eval_batch: int | None
+) -> TrainConfig:
+    """``config`` with ``current_eval_plan`` at ``eval_batch`` (a resumed run's stored plan
+    may be for another batch), decided by process 0 and checked like ``planned``'s."""
+    if eval_batch is None or config.eval_conv_plan is None or config.conv_algorithm != AUTO:
+        return config
+    images, _ = inputs.batch(resolve_spec(config).layout, eval_batch)
+    decided = decided_by_process_0(
+        "eval plan", lambda: {"eval_conv_plan": current_eval_plan(config, model, images)}
+    )
+    if decided["eval_conv_plan"] == config.eval_conv_plan:
+        return config
+    config = dataclasses.replace(config, **decided)
+    agree_on_run(lambda: {"eval_conv_plan": json.dumps(config.eval_conv_plan, sort_keys=True)})
     return config
