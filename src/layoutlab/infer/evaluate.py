@@ -4,9 +4,9 @@ Loss and accuracy come from ``layoutlab.train.loop.evaluate`` with the eval step
 the training loop compiles it (same batches, shardings, XLA options and eval plan), so they
 equal the run's ``metrics.jsonl`` figures for the same checkpoint bit for bit. An eval plan
 made for another eval batch (another device count here, or a run from before evaluation ran
-equal batches) is made again for this one, as a resume of the run would make it. The extras (top-5,
-confusion matrix, per-class accuracy) come from the eval-mode logits of the same batches,
-computed by a second program beside the eval step.
+equal batches) is made again for this one, as a resume of the run would make it. The
+extras (top-5, confusion matrix, per-class accuracy) come from the eval-mode logits of the
+same batches, computed by a second program beside the eval step.
 """
 
 from __future__ import annotations
