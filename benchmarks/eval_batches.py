@@ -36,7 +36,7 @@ from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.data import epoch_batches
 from layoutlab.data.synthetic import make_synthetic
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.evaluation import evaluate, run_eval_batch
+from layoutlab.train.evaluation import eval_batches, evaluate, run_eval_batch
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
 from layoutlab.train.run_plan import abstract_model, planned
 from layoutlab.train.sharding import assemble, make_shardings
@@ -134,7 +134,7 @@ def main(argv=None) -> None:
     ]
     for r in rows:
         shape = (f"{n // size} x {size} + {n % size}" if r["name"] == "before"
-                 else f"{-(-n // r['eval_batch'])} x {r['eval_batch']}")  # fmt: skip
+                 else "{} x {}".format(*eval_batches(n, size)))  # fmt: skip
         ci = "" if r["ci"] is None else " [{:.0f}, {:.0f}]".format(*r["ci"])
         ratio = r["before_over_this"]
         ratio = "" if ratio is None else "{:.2f} [{:.2f}, {:.2f}]".format(*ratio)

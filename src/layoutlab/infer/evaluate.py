@@ -20,7 +20,7 @@ import numpy as np
 from layoutlab.infer.load import Run, class_names, open_run
 from layoutlab.train.evaluation import run_eval_batch
 from layoutlab.train.loop import evaluate
-from layoutlab.train.run_plan import abstract_model, current_eval_plan
+from layoutlab.train.run_plan import replan_stale_eval_plan
 from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec
 from layoutlab.train.steps import make_eval_step, make_forward
@@ -69,16 +69,11 @@ def _on_current_eval_plan(run: Run, devices: int) -> Run:
     """``run`` with the eval plan its evaluation on ``devices`` runs: the stored one, unless it
     was made for another eval batch (``train.run_plan.current_eval_plan``), as a resume of
     the run would replan it."""
-    config = run.config
-    if config.eval_conv_plan is None:
-        return run
-    batch = run_eval_batch(run.dataset, config, devices)
+    batch = run_eval_batch(run.dataset, run.config, devices)
     inputs = InputSpec.of(run.dataset, batch)
-    images, _ = inputs.batch(run.spec.layout, batch)
-    plan = current_eval_plan(config, abstract_model(config, inputs), images)
-    if plan == config.eval_conv_plan:
-        return run
-    return dataclasses.replace(run, config=dataclasses.replace(config, eval_conv_plan=plan))
+    # The restored model, not an abstract one built again: the plan needs only conv shapes.
+    config = replan_stale_eval_plan(run.config, inputs, run.model(), batch)
+    return run if config is run.config else dataclasses.replace(run, config=config)
 
 
 def _extras(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:

@@ -19,7 +19,7 @@ from layoutlab.data.errors import DataError
 from layoutlab.data.folder import IMAGE_SUFFIXES
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import to_layout
-from layoutlab.train.evaluation import eval_batches
+from layoutlab.train.evaluation import eval_batches, pad_rows
 
 __all__ = ["collect_images", "load_images", "predict_files", "top_k"]
 
@@ -109,14 +109,12 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     forward = run.logits
     # Equal chunks of at most the eval batch size, the last padded with zero images whose
     # logits are dropped: one batch shape, so one compile and one conv plan.
-    steps, chunk = eval_batches(len(images), run.config.eval_batch_size)
-    pad = np.zeros((steps * chunk - len(images), *images.shape[1:]), images.dtype)
-    images = np.concatenate([images, pad])
+    chunk = eval_batches(len(images), run.config.eval_batch_size)[1]
     logits = np.concatenate(
         [
             np.asarray(jax.device_get(forward(batch)), np.float32)
             for batch in (
-                to_layout(images[i : i + chunk], "NHWC", run.config.layout)
+                to_layout(pad_rows(images[i : i + chunk], chunk), "NHWC", run.config.layout)
                 for i in range(0, len(images), chunk)
             )
         ]

@@ -12,7 +12,14 @@ from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.state import TrainState
 
-__all__ = ["PAD_LABEL", "eval_batches", "evaluate", "host_scalars", "run_eval_batch"]
+__all__ = [
+    "PAD_LABEL",
+    "eval_batches",
+    "evaluate",
+    "host_scalars",
+    "pad_rows",
+    "run_eval_batch",
+]
 
 # The label of a padding row: the eval step counts it nowhere (``train.steps.make_eval_step``).
 PAD_LABEL = -1
@@ -61,13 +68,18 @@ def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Sha
     }
 
 
+def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
+    """``x`` with rows of ``fill`` appended up to ``size`` rows; ``x`` itself when it has
+    them (the last of ``eval_batches``' batches is the one that needs them)."""
+    if x.shape[0] >= size:
+        return x
+    return np.concatenate([x, np.full((size - x.shape[0], *x.shape[1:]), fill, x.dtype)])
+
+
 def _padded(batch: tuple[np.ndarray, np.ndarray], size: int, rows) -> tuple[np.ndarray, ...]:
     """``(images, labels)`` padded to ``size`` rows (zero images, ``PAD_LABEL`` labels), then
     this process's ``rows`` of them (all when None)."""
-    images, labels = batch
-    pad = size - labels.shape[0]
-    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-    labels = np.concatenate([labels, np.full((pad, *labels.shape[1:]), PAD_LABEL, labels.dtype)])
+    images, labels = pad_rows(batch[0], size), pad_rows(batch[1], size, PAD_LABEL)
     if rows is None:
         return images, labels
     return tuple(np.concatenate([x[a:b] for a, b in rows]) for x in (images, labels))

@@ -108,7 +108,7 @@ def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | 
     run from before evaluation ran equal batches), and the stale plan would run every conv
     on XLA's: then the table's inference rules at this batch, as ``planned`` makes them. A
     run that stores no eval plan keeps none (its eval step runs ``conv_plan``).
-    ``model``: ``abstract_model(config, ...)``."""
+    ``model``: the run's model, abstract (``abstract_model``) or restored."""
     stored = config.eval_conv_plan
     if config.conv_algorithm != AUTO or stored is None:
         return stored
@@ -122,8 +122,9 @@ def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | 
 def replan_stale_eval_plan(
     config: TrainConfig, inputs: InputSpec, model: nnx.Module, eval_batch: int | None
 ) -> TrainConfig:
-    """``config`` with ``current_eval_plan`` at ``eval_batch`` (a resumed run's stored plan
-    may be for another batch), decided by process 0 and checked like ``planned``'s."""
+    """``config`` with ``current_eval_plan`` at ``eval_batch`` (the stored plan of a resumed
+    or re-evaluated run may be for another batch), decided by process 0 and checked like
+    ``planned``'s; ``config`` itself when that is the stored plan."""
     if eval_batch is None or config.eval_conv_plan is None or config.conv_algorithm != AUTO:
         return config
     images, _ = inputs.batch(resolve_spec(config).layout, eval_batch)
