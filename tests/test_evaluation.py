@@ -20,11 +20,12 @@ from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
 from layoutlab.infer.load import open_run
 from layoutlab.train import program as programs
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.evaluation import eval_batches, evaluate, run_eval_batch
+from layoutlab.train.evaluation import eval_batches, eval_sums, record_metrics, run_eval_batch
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.run_plan import abstract_model, current_eval_plan, planned
 from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec, resolve_spec
+from layoutlab.xla.inspect import inspect_spec
 
 
 @pytest.mark.parametrize("devices", [1, 2, 4, 8])
@@ -51,7 +52,17 @@ def digits_program():
     logits = np.asarray(jax.jit(program.forward)(state, images), np.float64)
     shifted = logits - logits.max(axis=1, keepdims=True)
     losses = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(labels.size), labels]
-    want = {"loss": losses.mean(), "correct": int((logits.argmax(axis=1) == labels).sum())}
+    predicted = logits.argmax(axis=1)
+    confusion = np.zeros((10, 10), np.int64)
+    np.add.at(confusion, (labels, predicted), 1)
+    # The 5 highest logits, ties to the lower class (a stable sort of the negated logits).
+    top5 = np.argsort(-logits, axis=1, kind="stable")[:, :5]
+    want = {
+        "loss": losses.mean(),
+        "correct": int((predicted == labels).sum()),
+        "confusion": confusion,
+        "top5_correct": int((top5 == labels[:, None]).any(axis=1).sum()),
+    }
     return dataset, config, program, state, want
 
 
@@ -75,7 +86,8 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
         return jitted(state, images, labels)
 
     jitted = jax.jit(program.eval_step, out_shardings=shard.replicated)
-    got = evaluate(eval_step, jax.device_put(state, shard.replicated), dataset, config, shard)
+    sums = eval_sums(eval_step, jax.device_put(state, shard.replicated), dataset, config, shard)
+    got = record_metrics(sums)
 
     steps, batch = eval_batches(359, eval_batch_size, shard.num_devices)
     assert batch == run_eval_batch(dataset, config, shard.num_devices)
@@ -89,6 +101,29 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
     # mean (a padding row counted, or an image lost, moves it by about 1/359).
     assert got["test_accuracy"] == want["correct"] / 359
     np.testing.assert_allclose(got["test_loss"], want["loss"], rtol=1e-5)
+    # The extras `layoutlab evaluate` reports come from the same sums: counts, so exact.
+    np.testing.assert_array_equal(sums["confusion"], want["confusion"])
+    assert sums["top5_correct"] == want["top5_correct"]
+
+
+@pytest.mark.parametrize(
+    ("model", "classes", "layout"),
+    [("small_cnn", 5, "NHWC"), ("small_cnn", 6, "NCHW"), ("unet", 3, "NCHW"), ("unet", 7, "NHWC")],
+)
+def test_the_eval_step_sums_a_confusion_matrix_and_top5_hits_past_5_classes(model, classes, layout):
+    # Shapes only (no compile): a segmentation model's per-pixel labels, with its classes on
+    # the layout's channel axis, fill the same classes x classes matrix.
+    tiny = models.spec(model).tiny
+    spec, inputs = inspect_spec(model, layout=layout, batch_size=4, image_size=8,
+                                num_classes=classes, model_kwargs=tiny)  # fmt: skip
+    program = programs.build_program(spec, inputs, "cpu")
+    state = jax.eval_shape(program.init)
+    sums = jax.eval_shape(program.eval_step, state, *inputs.batch(spec.layout))
+    keys = {"loss_sum", "correct", "count", "confusion"}
+    keys |= {"top5_correct"} if classes > 5 else set()
+    assert set(sums) == keys
+    assert sums["confusion"].shape == (classes, classes)
+    assert all(sums[k].shape == () for k in keys - {"confusion"})
 
 
 def _batches(plan: dict) -> set[str]:

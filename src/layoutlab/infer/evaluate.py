@@ -1,12 +1,13 @@
 """``evaluate_run``: a run's test metrics, through the very eval code path training used.
 
-Loss and accuracy come from ``layoutlab.train.loop.evaluate`` with the eval step compiled as
-the training loop compiles it (same batches, shardings, XLA options and eval plan), so they
-equal the run's ``metrics.jsonl`` figures for the same checkpoint bit for bit. An eval plan
-made for another eval batch (another device count here, or a run from before evaluation ran
-equal batches) is made again for this one, as a resume of the run would make it. The
-extras (top-5, confusion matrix, per-class accuracy) come from the eval-mode logits of the
-same batches, computed by a second program beside the eval step.
+Everything comes from ``layoutlab.train.evaluation.eval_sums`` with the eval step compiled
+as the training loop compiles it (same program, batches, shardings, XLA options and eval
+plan), so loss and accuracy equal the run's ``metrics.jsonl`` figures for the same
+checkpoint bit for bit. An eval plan made for another eval batch (another device count
+here, or a run from before evaluation ran equal batches) is made again for this one, as a
+resume of the run would make it. The extras (top-5, confusion matrix, per-class accuracy)
+are sums of the same step (``train.steps.make_eval_step``): each image goes through the
+model once.
 """
 
 from __future__ import annotations
@@ -18,49 +19,34 @@ import jax
 import numpy as np
 
 from layoutlab.infer.load import Run, class_names, open_run
-from layoutlab.train.evaluation import run_eval_batch
-from layoutlab.train.loop import evaluate
+from layoutlab.train.evaluation import eval_sums, record_metrics, run_eval_batch
+from layoutlab.train.program import class_axis
 from layoutlab.train.run_plan import replan_stale_eval_plan
 from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec
-from layoutlab.train.steps import make_eval_step, make_forward
+from layoutlab.train.steps import TOP_K, make_eval_step
 
 __all__ = ["TOP_K", "evaluate_run", "plot_confusion"]
-
-TOP_K = 5  # reported when the data set has more classes than this
 
 
 def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
     shard = make_shardings(run.config.data_parallel)
     run = _on_current_eval_plan(run, shard.num_devices)
-    config = run.config
     # The run's own eval plan and options, so the metrics are the run's to the bit.
-    options = run.spec.compile_options("infer") or None
     eval_step = jax.jit(
-        make_eval_step(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
+        make_eval_step(run.eval_defs, class_axis(run.spec)),
+        out_shardings=shard.replicated,
+        compiler_options=run.spec.compile_options("infer") or None,
     )
-    forward = jax.jit(
-        make_forward(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
-    )
-    logits, labels = [], []
-
-    def step_and_logits(state, images, batch_labels):
-        batch = np.asarray(jax.device_get(batch_labels))
-        real = batch >= 0  # not the last batch's padding
-        logits.append(np.asarray(jax.device_get(forward(state, images)), np.float32)[real])
-        labels.append(batch[real])
-        return eval_step(state, images, batch_labels)
-
-    metrics = evaluate(
-        step_and_logits, jax.device_put(run.state(), shard.replicated), run.dataset, config, shard
-    )
+    state = jax.device_put(run.state(), shard.replicated)
+    sums = eval_sums(eval_step, state, run.dataset, run.config, shard)
     return {
         "workdir": str(run.workdir),
         "step": run.step,
         "data": run.dataset.name,
-        **metrics,
-        **_extras(np.concatenate(logits), np.concatenate(labels), run.dataset.num_classes),
+        **record_metrics(sums),
+        **_extras(sums),
         "class_names": class_names(run.dataset),
     }
 
@@ -76,23 +62,19 @@ def _on_current_eval_plan(run: Run, devices: int) -> Run:
     return run if config is run.config else dataclasses.replace(run, config=config)
 
 
-def _extras(logits: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:
-    predicted = np.argmax(logits, axis=-1)
-    confusion = np.zeros((num_classes, num_classes), np.int64)
-    np.add.at(confusion, (labels, predicted), 1)
+def _extras(sums: dict) -> dict:
+    confusion = np.asarray(sums["confusion"], np.int64)
     support = confusion.sum(axis=1)
     per_class = np.diag(confusion) / np.maximum(support, 1)
     out = {
-        "count": int(labels.shape[0]),
+        "count": int(sums["count"]),
         "confusion": confusion.tolist(),  # rows: true class, columns: predicted class
         "per_class_accuracy": [
             float(a) if n else None for a, n in zip(per_class, support, strict=True)
         ],
     }
-    if num_classes > TOP_K:
-        # Stable sort of the negated logits: ties go to the lower class, as argmax does.
-        top = np.argsort(-logits, axis=-1, kind="stable")[:, :TOP_K]
-        out[f"test_top{TOP_K}_accuracy"] = float(np.mean(np.any(top == labels[:, None], -1)))
+    if f"top{TOP_K}_correct" in sums:  # more classes than TOP_K
+        out[f"test_top{TOP_K}_accuracy"] = int(sums[f"top{TOP_K}_correct"]) / out["count"]
     return out
 
 

@@ -15,9 +15,11 @@ from layoutlab.train.state import TrainState
 __all__ = [
     "PAD_LABEL",
     "eval_batches",
+    "eval_sums",
     "evaluate",
     "host_scalars",
     "pad_rows",
+    "record_metrics",
     "run_eval_batch",
 ]
 
@@ -43,9 +45,10 @@ def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
     return steps, -(-batch // devices) * devices
 
 
-def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
-    """Loss and accuracy over the whole test split: every image counted once, in batches of
-    one shape (``eval_batches``), each split over the devices."""
+def eval_sums(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
+    """The eval step's sums (``train.steps.make_eval_step``) over the whole test split, as
+    NumPy values: every image counted once, in batches of one shape (``eval_batches``), each
+    split over the devices."""
     labels = dataset.split("test")[1]
     count = labels.shape[0]
     steps, size = eval_batches(count, config.eval_batch_size, shard.num_devices)
@@ -62,10 +65,21 @@ def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Sha
     counted = int(total["count"])
     if counted != labels.size:  # padding counted, or rows lost: a silently wrong metric
         raise RuntimeError(f"evaluate counted {counted} test labels of {labels.size}.")
+    return total
+
+
+def record_metrics(sums: dict) -> dict:
+    """The record's ``test_loss`` and ``test_accuracy`` from ``eval_sums``."""
+    counted = int(sums["count"])
     return {
-        "test_loss": float(total["loss_sum"]) / counted,
-        "test_accuracy": int(total["correct"]) / counted,
+        "test_loss": float(sums["loss_sum"]) / counted,
+        "test_accuracy": int(sums["correct"]) / counted,
     }
+
+
+def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
+    """Loss and accuracy over the whole test split (``eval_sums``)."""
+    return record_metrics(eval_sums(eval_step, state, dataset, config, shard))
 
 
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:

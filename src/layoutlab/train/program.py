@@ -31,6 +31,7 @@ __all__ = [
     "Program",
     "build_model",
     "build_program",
+    "class_axis",
     "configure_model",
     "create_model",
     "eval_defs",
@@ -119,6 +120,12 @@ class Program(NamedTuple):
         return self.inputs.batch(self.spec.layout, batch_size, sharding)
 
 
+def class_axis(spec: RunSpec) -> int:
+    """The axis of the classes in the model's logits: a segmentation model's logits are per
+    pixel, with the classes on the layout's channel axis."""
+    return spec.layout.channel_axis if models.spec(spec.model).per_pixel else -1
+
+
 def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) -> Program:
     """The model, state and steps of ``spec`` on ``inputs`` (see ``Program``) for
     ``backend`` (None: JAX's default), which picks how a non-finite step is skipped
@@ -128,8 +135,7 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))
     defs = split_model(abstract)[0]
     step_defs = eval_defs(spec, abstract, defs)
-    # A segmentation model's logits are per pixel, with the classes on the channel axis.
-    class_axis = spec.layout.channel_axis if models.spec(spec.model).per_pixel else -1
+    axis = class_axis(spec)
 
     def init(model: nnx.Module | None = None) -> TrainState:
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)
@@ -142,8 +148,8 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         tx=tx,
         init=init,
         train_step=make_train_step(
-            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=class_axis
+            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=axis
         ),
-        eval_step=make_eval_step(step_defs, class_axis),
+        eval_step=make_eval_step(step_defs, axis),
         forward=make_forward(step_defs),
     )

@@ -100,23 +100,43 @@ def make_train_step(
     return step
 
 
+# The eval step also counts top-k hits where a data set has more classes than this.
+TOP_K = 5
+
+
 def make_eval_step(
     defs: ModelDefs, class_axis: int = -1
 ) -> Callable[[TrainState, jax.Array, jax.Array], dict]:
-    """Summed loss and correct count over a batch (sums, so batches of any size average);
-    per-pixel labels count each pixel (``class_axis`` as in ``make_train_step``). A negative
-    label marks padding (``train.evaluation.PAD_LABEL``): it counts nowhere."""
+    """Sums over a batch, so batches of any size add up: ``loss_sum``, ``correct``,
+    ``count``, the ``confusion`` matrix (rows: true class, columns: predicted) and, with more
+    than ``TOP_K`` classes, ``top5_correct`` (a label among the ``TOP_K`` highest logits, ties
+    to the lower class as ``argmax``). Per-pixel labels count each pixel (``class_axis`` as
+    in ``make_train_step``). A negative label marks padding (``train.evaluation.PAD_LABEL``):
+    it counts nowhere. The training loop's evaluations and ``layoutlab evaluate`` run this one
+    program, so the figures both report come from the same forward, computed once."""
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
         model = nnx.merge(defs.eval, state.params, state.model_state)
         logits = class_last(model(images), class_axis)
         real = labels >= 0
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
-        return {
+        predicted = jnp.argmax(logits, axis=-1)
+        classes = logits.shape[-1]
+        counted = real.astype(jnp.int32)
+        # One cell per (true, predicted) pair; a padding row adds 0 to cell 0.
+        cells = jnp.where(real, labels * classes + predicted, 0).ravel()
+        confusion = jnp.zeros(classes * classes, jnp.int32).at[cells].add(counted.ravel())
+        sums = {
             "loss_sum": jnp.sum(jnp.where(real, losses, 0.0)),
-            "correct": jnp.sum((real & (jnp.argmax(logits, axis=-1) == labels)).astype(jnp.int32)),
-            "count": jnp.sum(real.astype(jnp.int32)),
+            "correct": jnp.sum((real & (predicted == labels)).astype(jnp.int32)),
+            "count": jnp.sum(counted),
+            "confusion": confusion.reshape(classes, classes),
         }
+        if classes > TOP_K:
+            top = jax.lax.top_k(logits, TOP_K)[1]
+            hit = real & jnp.any(top == labels[..., None], axis=-1)
+            sums[f"top{TOP_K}_correct"] = jnp.sum(hit.astype(jnp.int32))
+        return sums
 
     return step
 
