@@ -311,18 +311,21 @@ def test_half_params_keep_optimizer_state_in_float32():
     np.testing.assert_allclose(np.asarray(updates["w"], np.float64), want, rtol=2**-11)
 
 
-def test_another_models_conv_plan_names_the_plan_and_the_fix(tmp_path, capsys):
+@pytest.mark.parametrize("field", ["conv_plan", "eval_conv_plan"])
+def test_another_models_conv_plan_names_the_plan_and_the_fix(tmp_path, capsys, field):
     # A small_cnn run's config.json (its conv plan included) reused for another model: the
-    # error is about the plan, not the model's kwargs, and says how to drop it.
+    # error is about the plan, not the model's kwargs, and says how to drop that field.
     key = "NHWC:n32:8x8:{}:k3x3:s1x1:p1-1,1-1:d1x1:g1:float32"
     plan = {
         "features/layers/0/layers/0": {"algorithm": "xla", "spec_key": key.format("1->32")},
         "features/layers/1/layers/0": {"algorithm": "xla", "spec_key": key.format("32->64")},
     }
-    saved = TrainConfig(conv_plan={"convs": plan}).to_dict()
+    saved = TrainConfig(**{field: {"convs": plan}}).to_dict()
     (tmp_path / "config.json").write_text(json.dumps(saved))
     argv = ["train", "--config", str(tmp_path / "config.json"), "--model", "resnet18"]
     assert main([*argv, "--workdir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: conv_plan: "), err
-    assert "--set conv_plan=null" in err[0] and "model_kwargs" not in err[0], err
+    assert len(err) == 1 and err[0].startswith(f"error: {field}: "), err
+    assert f"--set {field}=null" in err[0] and "model_kwargs" not in err[0], err
+    other = {"conv_plan": "eval_conv_plan", "eval_conv_plan": "conv_plan"}[field]
+    assert f"--set {other}=null" not in err[0], err

@@ -149,7 +149,20 @@ def model_conv_specs(model: nnx.Module, x) -> list[ConvSpec]:
 
 
 class ConvPlanMismatch(ValueError):
-    """A conv plan made for another model (it names convs this one does not have)."""
+    """A conv plan made for another model (it names convs this one does not have).
+    ``message(field)`` says so for the config field that held the plan."""
+
+    def __init__(self, model: str, unknown: list[str]):
+        self.model, self.unknown = model, unknown
+        super().__init__(self.message("conv_plan"))
+
+    def message(self, field: str) -> str:
+        shown = ", ".join(self.unknown[:5]) + (" ..." if len(self.unknown) > 5 else "")
+        return (
+            f"the conv plan names {len(self.unknown)} conv(s) {self.model} does not have "
+            f"({shown}); it was made for another model: tune this one (`layoutlab autotune "
+            f"convs`, `train --conv-algo auto`) or drop the plan (`--set {field}=null`)."
+        )
 
 
 def with_conv_plan(
@@ -169,12 +182,7 @@ def with_conv_plan(
     found = dict(convs(model))
     unknown = sorted(set(plan) - set(found))
     if unknown:
-        shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        raise ConvPlanMismatch(
-            f"the conv plan names {len(unknown)} conv(s) {type(model).__name__} does not have "
-            f"({shown}); it was made for another model: tune this one (`layoutlab autotune "
-            "convs`, `train --conv-algo auto`) or drop the plan (`--set conv_plan=null`)."
-        )
+        raise ConvPlanMismatch(type(model).__name__, unknown)
     copy = nnx.clone(model)
     for path, conv in convs(copy):
         conv.plan_entry = plan.get(path)

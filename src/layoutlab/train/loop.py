@@ -114,8 +114,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         try:
             with_conv_plan(model, config.eval_conv_plan)
         except ConvPlanMismatch as e:
-            fix = str(e).replace("--set conv_plan=null", "--set eval_conv_plan=null")
-            raise ValueError(f"eval_conv_plan: {fix}") from None
+            raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
     return model
 
 
