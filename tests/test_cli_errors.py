@@ -1,4 +1,9 @@
-"""argparse's own errors read like every other bad input: one ``error:`` line, exit 2."""
+"""argparse's own errors read like every other bad input: one ``error:`` line, exit 2; a closed
+output pipe ends a command quietly."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 from test_cli_fast_start import _command_paths
@@ -65,3 +70,22 @@ def test_bench_numeric_flags_are_checked_under_their_own_names(flag, value, caps
     argv = ["bench", "--model", "small_cnn", "--out", "unused", flag, value]
     line = _one_line_error(argv, capsys)
     assert f"argument {flag}: expected" in line and repr(value) in line, line
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    # `layoutlab ... | head`: the pipe is closed before the command writes, so its output
+    # meets a closed pipe. No traceback and no "Exception ignored" from the interpreter's
+    # last flush, exit status 1 (Python's own for a broken pipe).
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "layoutlab.cli", "data", "--data", "digits"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (1, ""), proc.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from layoutlab import __version__
@@ -53,6 +54,20 @@ def _name_parsers(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        return _main(argv)
+    try:
+        code = _main(None)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        # The reader went away (`layoutlab evaluate ... | head`): stop quietly as other
+        # command-line tools do, and keep the interpreter's final flush off the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     from layoutlab.bench.tuning.command import legacy_argv
     from layoutlab.train import launch
 
