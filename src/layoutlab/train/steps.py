@@ -113,7 +113,7 @@ def make_eval_step(
     to the lower class as ``argmax``). Per-pixel labels count each pixel (``class_axis`` as
     in ``make_train_step``). A negative label marks padding (``train.evaluation.PAD_LABEL``):
     it counts nowhere. The training loop's evaluations and ``layoutlab evaluate`` run this one
-    program, so the figures both report come from the same forward, computed once."""
+    program: the same figures, each image's forward computed once."""
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array) -> dict:
         model = nnx.merge(defs.eval, state.params, state.model_state)
