@@ -243,6 +243,20 @@ def test_each_batch_falls_on_its_side_of_the_threshold():
     )
 
 
+def test_evaluate_predict_and_export_keep_glibcs_malloc():
+    # The host-memory guide says so: one arena ran a 10,000-image evaluation 6-7% faster in
+    # two triples, within the VM's drift (benchmarks/results/evaluate_host_memory_zen4_cpu.md).
+    from layoutlab.cli import build_parser
+    from layoutlab.xla.host_memory_flag import host_memory_arenas, huge_pages_wanted
+
+    parser = build_parser()
+    for argv in (["evaluate", "--workdir", "R"], ["predict", "--workdir", "R", "a.png"],
+                 ["export", "--workdir", "R", "--out", "m.jax"]):  # fmt: skip
+        args = parser.parse_args(argv)
+        assert not hasattr(args, "keep_host_memory"), argv
+        assert host_memory_arenas(args) is None and not huge_pages_wanted(args), argv
+
+
 def test_the_flags_choose_the_arenas():
     # Small batches keep host memory with per-thread arenas, large ones (or batches the
     # flags do not show) with one, a sweep across the threshold with per-thread arenas (with
