@@ -36,7 +36,7 @@ from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.data import epoch_batches
 from layoutlab.data.synthetic import make_synthetic
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.evaluation import eval_batches, evaluate, run_eval_batch
+from layoutlab.train.evaluation import eval_batches, evaluate, jit_eval_step, run_eval_batch
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
 from layoutlab.train.run_plan import abstract_model, planned
 from layoutlab.train.sharding import assemble, make_shardings
@@ -64,8 +64,7 @@ def _variant(config, dataset, inputs, eval_batch, shard):
     spec = resolve_spec(config)
     program = build_program(spec, inputs, "cpu")
     state = jax.jit(program.init, compiler_options=INIT_COMPILER_OPTIONS)()
-    step = jax.jit(program.eval_step, out_shardings=shard.replicated,
-                   compiler_options=spec.compile_options("infer") or None)  # fmt: skip
+    step = jit_eval_step(program.eval_step, spec, shard)
     return step, jax.device_put(state, shard.replicated)
 
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from layoutlab.infer.load import Run, class_names, open_run
-from layoutlab.train.evaluation import eval_sums, record_metrics, run_eval_batch
+from layoutlab.train.evaluation import eval_sums, jit_eval_step, record_metrics, run_eval_batch
 from layoutlab.train.program import class_axis
 from layoutlab.train.run_plan import replan_stale_eval_plan
 from layoutlab.train.sharding import make_shardings
@@ -33,12 +33,8 @@ def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
     shard = make_shardings(run.config.data_parallel)
     run = _on_current_eval_plan(run, shard.num_devices)
-    # The run's own eval plan and options, so the metrics are the run's to the bit.
-    eval_step = jax.jit(
-        make_eval_step(run.eval_defs, class_axis(run.spec)),
-        out_shardings=shard.replicated,
-        compiler_options=run.spec.compile_options("infer") or None,
-    )
+    # The run's own eval plan, jitted as the loop jits it: the metrics are the run's to the bit.
+    eval_step = jit_eval_step(make_eval_step(run.eval_defs, class_axis(run.spec)), run.spec, shard)
     state = jax.device_put(run.state(), shard.replicated)
     sums = eval_sums(eval_step, state, run.dataset, run.config, shard)
     return {

@@ -10,6 +10,7 @@ from layoutlab.data import Dataset, epoch_batches
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
+from layoutlab.train.spec import RunSpec
 from layoutlab.train.state import TrainState
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "eval_sums",
     "evaluate",
     "host_scalars",
+    "jit_eval_step",
     "pad_rows",
     "record_metrics",
     "run_eval_batch",
@@ -43,6 +45,18 @@ def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
     steps = -(-count // size)
     batch = -(-count // steps)
     return steps, -(-batch // devices) * devices
+
+
+def jit_eval_step(eval_step, spec: RunSpec, shard: Shardings):
+    """``eval_step`` (``train.steps.make_eval_step``) jitted as every evaluation runs it: its
+    sums replicated, compiled with the run's inference XLA options. The training loop and
+    ``layoutlab evaluate`` both go through here, so their programs are one and their metrics
+    equal to the bit."""
+    return jax.jit(
+        eval_step,
+        out_shardings=shard.replicated,
+        compiler_options=spec.compile_options("infer") or None,
+    )
 
 
 def eval_sums(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:

@@ -37,7 +37,7 @@ from layoutlab.train.agreement import agree_on_run, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.evaluation import evaluate, host_scalars, run_eval_batch
+from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -276,11 +276,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
 
     t0 = time.perf_counter()
     train_step = compile_train_step(program, state, shard, state_sharding)
-    eval_step = jax.jit(
-        program.eval_step,
-        out_shardings=shard.replicated,
-        compiler_options=program.spec.compile_options("infer") or None,
-    )
+    eval_step = jit_eval_step(program.eval_step, program.spec, shard)
     compile_s = time.perf_counter() - t0
 
     progress = Progress(schedule.total_steps, start, quiet)
