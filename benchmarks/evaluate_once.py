@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -36,12 +37,10 @@ from layoutlab.bench.timing import interleaved_rounds
 from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
 from layoutlab.infer.load import open_run
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.evaluation import eval_sums, record_metrics
+from layoutlab.train.evaluation import eval_sums, jit_eval_step, record_metrics
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.sharding import make_shardings
-from layoutlab.train.steps import make_forward
-
-TOP_K = 5
+from layoutlab.train.steps import TOP_K, make_forward
 
 
 def _old_eval_step(defs):
@@ -49,17 +48,13 @@ def _old_eval_step(defs):
 
     def step(state, images, labels):
         model = nnx.merge(defs.eval, state.params, state.model_state)
-        logits = model(images).astype(jax.numpy.float32)
+        logits = model(images).astype(jnp.float32)
         real = labels >= 0
-        losses = optax.softmax_cross_entropy_with_integer_labels(
-            logits, jax.numpy.maximum(labels, 0)
-        )
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
         return {
-            "loss_sum": jax.numpy.sum(jax.numpy.where(real, losses, 0.0)),
-            "correct": jax.numpy.sum(
-                (real & (jax.numpy.argmax(logits, axis=-1) == labels)).astype(jax.numpy.int32)
-            ),
-            "count": jax.numpy.sum(real.astype(jax.numpy.int32)),
+            "loss_sum": jnp.sum(jnp.where(real, losses, 0.0)),
+            "correct": jnp.sum((real & (jnp.argmax(logits, axis=-1) == labels)).astype(jnp.int32)),
+            "count": jnp.sum(real.astype(jnp.int32)),
         }
 
     return step
@@ -70,13 +65,8 @@ def evaluate_before(run) -> dict:
     extras come from (computed on the host)."""
     shard = make_shardings(run.config.data_parallel)
     run = _on_current_eval_plan(run, shard.num_devices)
-    options = run.spec.compile_options("infer") or None
-    eval_step = jax.jit(
-        _old_eval_step(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
-    )
-    forward = jax.jit(
-        make_forward(run.eval_defs), out_shardings=shard.replicated, compiler_options=options
-    )
+    eval_step = jit_eval_step(_old_eval_step(run.eval_defs), run.spec, shard)
+    forward = jit_eval_step(make_forward(run.eval_defs), run.spec, shard)
     logits, labels = [], []
 
     def step_and_logits(state, images, batch_labels):
