@@ -6,7 +6,9 @@ normalized images in the run's layout (float32) to logits, and needs only JAX to
     exported = jax.export.deserialize(open("model.jax", "rb").read())
     logits = exported.call(images)
 
-The batch dimension is symbolic by default, so one artifact serves any batch size. The
+The batch dimension is symbolic by default, so one artifact serves any batch size. Every
+conv runs XLA's own convolution in it where the run's plan names an algorithm that calls
+kernels outside XLA (``onednn``): those exist only where layoutlab registered them. The
 sidecar (``<out>.json``) says what the input must be: shape, layout, dtype, and the
 normalization that turns pixels into it (``(pixels / 255 - mean) / std`` per channel).
 """
@@ -14,16 +16,27 @@ normalization that turns pixels into it (``(pixels / 255 - mean) / std`` per cha
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import parse_layout
+from layoutlab.nn.conv_config import without_custom_calls
+from layoutlab.train.state import split_model
 from layoutlab.train.steps import make_forward
 
-__all__ = ["PLATFORMS", "export_run", "parse_batch", "parse_platforms", "sidecar_path"]
+__all__ = [
+    "PLATFORMS",
+    "export_run",
+    "layoutlab_targets",
+    "parse_batch",
+    "parse_platforms",
+    "sidecar_path",
+]
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 SYMBOLIC = "symbolic"
@@ -58,6 +71,24 @@ def sidecar_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".json")
 
 
+# Every custom-call target layoutlab registers starts with this (oneDNN's: "layoutlab_onednn_").
+_TARGET = re.compile(
+    r"(?:custom_call\s*@|call_target_name\s*=\s*\"|custom_call_target=\")(layoutlab_\w+)"
+)
+
+
+def layoutlab_targets(module_text: str) -> set[str]:
+    """The custom-call targets of layoutlab's own kernels in a StableHLO or HLO module's text."""
+    return set(_TARGET.findall(module_text))
+
+
+def _portable_defs(run: Run, defs):
+    """``defs`` with XLA's conv wherever they run an algorithm that makes custom calls."""
+    model = nnx.merge(defs.eval, run.params, run.model_state)
+    portable = without_custom_calls(model)
+    return defs if portable is model else split_model(portable)[0]
+
+
 def _input_shape(run: Run, batch) -> tuple:
     h, w, c = run.dataset.image_shape
     channels_last = parse_layout(run.config.layout).is_channels_last
@@ -86,17 +117,26 @@ def export_run(
     spec = jax.ShapeDtypeStruct(_input_shape(run, dim), jnp.float32)
     # The conv plan for this batch on the target platform; several platforms share one
     # program, so the CPU table's rules do not apply to them.
-    forward = make_forward(run.inference_defs(spec, ",".join(platforms)))
+    forward = make_forward(_portable_defs(run, run.inference_defs(spec, ",".join(platforms))))
     try:
         exported = jax.export.export(
             jax.jit(lambda images: forward(state, images)), platforms=platforms
         )(spec)
+        foreign = layoutlab_targets(exported.mlir_module())
     except Exception as e:  # lowering errors come in several types; all mean one thing here
+        foreign = layoutlab_targets(str(e))
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not foreign:
+            raise ValueError(
+                f"Exporting {run.config.model} for {', '.join(platforms)} failed: {first}; "
+                "try --platforms cpu or a fixed --batch N."
+            ) from None
+    if foreign:  # an algorithm that calls its own kernels without saying so (custom_calls)
         raise ValueError(
-            f"Exporting {run.config.model} for {', '.join(platforms)} failed: {first}; try "
-            "--platforms cpu or a fixed --batch N."
-        ) from None
+            f"Exporting {run.config.model} would leave calls to layoutlab's own kernels "
+            f"({', '.join(sorted(foreign))}) in an artifact meant to load without layoutlab; "
+            "the conv algorithm making them must declare Algorithm.custom_calls (a bug to report)."
+        )
     out.write_bytes(exported.serialize())
     out_aval = exported.out_avals[0]
     sidecar = {

@@ -190,6 +190,21 @@ def with_conv_plan(
     return copy
 
 
+def without_custom_calls(model: nnx.Module) -> nnx.Module:
+    """``model`` itself when no conv runs an algorithm whose core makes custom calls
+    (``Algorithm.custom_calls``), else a copy whose such convs run ``xla``: a program of the
+    copy holds only XLA's own ops, so it runs where layoutlab's kernels are not registered
+    (an exported artifact). Only the graph definition changes; the weights fit both."""
+    if not any(c.impl is not None and c.impl.custom_calls for _, c in convs(model)):
+        return model
+    copy = nnx.clone(model)
+    for _, conv in convs(copy):
+        if conv.impl is not None and conv.impl.custom_calls:
+            conv.algorithm, conv.plan_entry = XLA, None
+            conv.capture_algorithm()
+    return copy
+
+
 def planned_entries(model: nnx.Module) -> dict[str, PlanEntry]:
     """``{path: entry}`` the model's convs carry (``with_conv_plan``)."""
     return {p: c.plan_entry for p, c in convs(model) if c.plan_entry is not None}

@@ -31,13 +31,19 @@ def any_dtype(dtype: str) -> str | None:
 
 
 class Algorithm(NamedTuple):
-    """``supports`` must refuse every spec whose dtype ``dtype_reason`` refuses."""
+    """``supports`` must refuse every spec whose dtype ``dtype_reason`` refuses.
+
+    ``custom_calls``: the core calls kernels outside XLA (custom calls, e.g. oneDNN's), so a
+    program with it runs only where layoutlab registered them; ``layoutlab export`` runs XLA's
+    conv in its place (``conv_config.without_custom_calls``).
+    """
 
     name: str
     core: Core
     supports: Supports
     description: str
     dtype_reason: DtypeReason = any_dtype
+    custom_calls: bool = False
 
 
 _REGISTRY: dict[str, Algorithm] = {}
