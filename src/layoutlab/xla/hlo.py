@@ -15,6 +15,9 @@
   the op sees them, e.g. ``NCHW``/``OIHW``) and a *physical* order (the same axes from slowest
   to fastest in memory, read from the ``{minor_to_major}`` layouts, e.g. ``NHWC``/``HWIO``).
 - every ``dot`` (and cuBLAS gemm custom-calls) with its shapes.
+- the convs that run as oneDNN calls (the ``onednn`` conv algorithm's custom-calls, targets
+  ``layoutlab_onednn_*``), counted by kind beside XLA's convs (``onednn_convs``); they are not
+  among ``convolutions``, whose layouts XLA chooses.
 
 The records are in ``hlo_ops``, the reading of instructions into them in ``hlo_extract``,
 the text parser in ``hlo_parse``.
@@ -26,7 +29,12 @@ import collections
 import dataclasses
 from collections.abc import Mapping
 
-from layoutlab.xla.hlo_extract import classify_computations, fusion_kind, op_records
+from layoutlab.xla.hlo_extract import (
+    classify_computations,
+    fusion_kind,
+    onednn_kind,
+    op_records,
+)
 from layoutlab.xla.hlo_ops import ConvOp, CustomCallOp, DataMoveOp, DotOp, dtype_trio, layout_trio
 from layoutlab.xla.hlo_parse import HloModule, parse_hlo
 
@@ -36,6 +44,7 @@ __all__ = [
     "conv_table",
     "diff",
     "hlo_report",
+    "onednn_line",
 ]
 
 
@@ -104,9 +113,16 @@ class HloReport:
             "converts": len(self.converts),
             "convert_bytes": _sum(c.bytes_moved for c in self.converts),
             "convolutions": len(self.convolutions),
+            "onednn_convs": sum(self.onednn_convs().values()),
             "dots": len(self.dots),
             "custom_calls": len(self.custom_calls),
         }
+
+    def onednn_convs(self) -> dict[str, int]:
+        """How many convs run as oneDNN calls, by kind: ``{"forward": 20, "backward data":
+        19, "backward weights": 20}`` (empty when none do)."""
+        kinds = (onednn_kind(c.target) for c in self.custom_calls)
+        return dict(collections.Counter(k for k in kinds if k is not None))
 
     def conv_layouts(self) -> dict[str, int]:
         """How many convs run in each physical layout, e.g. ``{"NHWC*HWIO->NHWC": 20}``."""
@@ -133,6 +149,7 @@ class HloReport:
             "fusion_kinds": dict(self.fusion_kinds),
             "conversions": self.conversions,
             "conv_layouts": self.conv_layouts(),
+            "onednn_convs": self.onednn_convs(),
             "transposes": [t.to_dict() for t in self.transposes],
             "copies": [c.to_dict() for c in self.copies],
             "converts": [c.to_dict() for c in self.converts],
@@ -152,11 +169,18 @@ class HloReport:
             f"  copies: {t['copies']}, {t['copy_bytes']} bytes; memory permutations: "
             f"{t['memory_permutations']} ({t['memory_permutation_bytes']} bytes)",
             f"  converts: {t['converts']} {self.conversions}, {t['convert_bytes']} bytes",
-            f"  convolutions: {t['convolutions']} {self.conv_layouts()}; dots: {t['dots']}; "
+            f"  convolutions: {t['convolutions']} {self.conv_layouts()}; "
+            f"{onednn_line(self.onednn_convs())}; dots: {t['dots']}; "
             f"custom-calls: {t['custom_calls']}",
             f"  operand dtypes: {self.operand_dtypes()}",
         ]
         return "\n".join(lines)
+
+
+def onednn_line(kinds: Mapping[str, int]) -> str:
+    """``"oneDNN convs: 3 (forward 1, backward data 1, backward weights 1)"``."""
+    parts = ", ".join(f"{k} {v}" for k, v in kinds.items())
+    return f"oneDNN convs: {sum(kinds.values())}" + (f" ({parts})" if parts else "")
 
 
 def hlo_report(text: str | HloModule) -> HloReport:

@@ -23,9 +23,11 @@ from layoutlab.xla.hlo_parse import (
 )
 
 __all__ = [
+    "ONEDNN_PREFIX",
     "classify_computations",
     "decode_dim_labels",
     "fusion_kind",
+    "onednn_kind",
     "op_records",
     "parse_window",
     "physical_order",
@@ -204,10 +206,33 @@ def _data_move(ins: Instruction, fusion: str | None) -> DataMoveOp:
 
 
 def _is_conv(ins: Instruction) -> bool:
+    """XLA's own convs: ``convolution`` ops and the backend's conv custom-calls (cuDNN's).
+    layoutlab's oneDNN calls have no layouts for XLA to choose; ``onednn_kind`` counts them."""
     if ins.opcode == "convolution":
         return True
     target = (_unquote(ins.attrs.get("custom_call_target")) or "").lower()
-    return ins.opcode == "custom-call" and "conv" in target
+    return ins.opcode == "custom-call" and "conv" in target and onednn_kind(target) is None
+
+
+# The prefix of every custom-call target of the onednn conv algorithm
+# (``nn.conv_algos.onednn.TARGET_PREFIX``; read here without loading that module's extension).
+ONEDNN_PREFIX = "layoutlab_onednn_"
+_ONEDNN_KINDS = (
+    ("backward weights", {"dw", "weight", "weights", "wei"}),
+    ("backward data", {"dx", "data"}),
+    ("forward", {"fwd", "forward"}),
+)
+
+
+def onednn_kind(target: str | None) -> str | None:
+    """``"forward"``, ``"backward data"`` or ``"backward weights"`` for a oneDNN conv's
+    custom-call target (by its suffix, e.g. ``layoutlab_onednn_conv_bwd_data``), the suffix
+    itself for another oneDNN call, None for a target that is not oneDNN's."""
+    if not target or not target.startswith(ONEDNN_PREFIX):
+        return None
+    suffix = target[len(ONEDNN_PREFIX) :]
+    words = set(suffix.lower().split("_"))
+    return next((kind for kind, keys in _ONEDNN_KINDS if words & keys), suffix)
 
 
 def _is_dot(ins: Instruction) -> bool:

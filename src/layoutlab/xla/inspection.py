@@ -13,7 +13,7 @@ from typing import Any
 
 from layoutlab.xla.compile import CompileReport
 from layoutlab.xla.conv_rows import ConvRow, format_conv_rows, match_convs
-from layoutlab.xla.hlo import HloReport
+from layoutlab.xla.hlo import HloReport, onednn_line
 from layoutlab.xla.transpose_kinds import transposes_by_kind
 
 __all__ = ["ModelInspection", "json_text", "write_text"]
@@ -130,6 +130,7 @@ class ModelInspection:
         mem = r.memory or {}
         return {
             "convolutions": t.get("convolutions"),
+            "onednn_convs": t.get("onednn_convs"),
             "transposes": t.get("transposes"),
             "kernel_transposes": kinds["kernel"]["count"],
             "kernel_transpose_bytes": kinds["kernel"]["bytes"],
@@ -214,6 +215,7 @@ class ModelInspection:
             "conversions_written": r.hlo_before.conversions if r.hlo_before else {},
             "fusion_kinds": r.hlo.fusion_kinds if r.hlo else {},
             "conv_layouts": self.conv_layouts(),
+            "onednn_convs": r.hlo.onednn_convs() if r.hlo else {},
             "convolutions": [row.to_dict() for row in self.conv_rows()],
             "cost": {k: v for k, v in r.cost.items() if k != "raw"},
             "memory": r.memory,
@@ -299,8 +301,8 @@ class ModelInspection:
             f"aliased {mb(t['alias_bytes'])}, temp {mb(t['temp_bytes'])}, "
             f"peak {mb(t['peak_bytes'])}",
             f"  logical layout {self.layout} (kernels {self.kernel_layout}); "
-            f"{self.num_conv_kernels} conv layers, {t['convolutions']} convolutions in the "
-            "compiled program",
+            f"{self.num_conv_kernels} conv layers, {t['convolutions']} XLA convolutions in the "
+            f"compiled program; {onednn_line(h.onednn_convs() if h else {})}",
             self._conv_options_line(),
             f"  transposes: {t['transposes']} ({t['kernel_transposes']} kernel-shaped: conv "
             f"weights or their gradients; {t['activation_transposes']} of activations; "
