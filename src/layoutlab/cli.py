@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="layoutlab",
         description="Layout- and precision-aware Flax vision models on XLA.",
     )
-    parser.add_argument("--version", action="version", version=f"layoutlab {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version and whether oneDNN runs"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(subparsers)
@@ -41,6 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_keep_host_memory(subparsers)
     _name_parsers(parser)
     return parser
+
+
+class _Version(argparse.Action):
+    """``layoutlab X`` and the onednn convs' status line, read only when asked for."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from layoutlab.nn.conv_algos.onednn_status import onednn_status
+
+        print(f"layoutlab {__version__}\n{onednn_status().line}")
+        parser.exit()
 
 
 def _name_parsers(parser: argparse.ArgumentParser) -> None:

@@ -112,6 +112,7 @@ def _torch_threads() -> int | None:
 
 def machine_info(backend=None, *, note: str | None = None) -> dict:
     """A JSON-ready description of this machine and the backend the run used."""
+    from layoutlab.nn.conv_algos.onednn_status import onednn_status
     from layoutlab.xla import host_memory_state, huge_pages_state, resolve_backend
 
     be = resolve_backend(backend)
@@ -130,6 +131,8 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
         "device_kind": be.device_kind,
         "device_count": len(be.device.client.local_devices()),
         "versions": library_versions(),
+        # Whether the onednn conv algorithm runs here (available, version, reason, line).
+        "onednn": onednn_status().to_dict(),
         "torch_threads": _torch_threads(),
         "load_average": _load(),
         # Process-wide malloc settings change every framework's step time in the run.
