@@ -64,6 +64,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from layoutlab.bench.best_vs_best import markdown_best_vs_best
     from layoutlab.bench.host_memory_parts import host_memory_parts, run_parts
     from layoutlab.bench.plots import plot_all
     from layoutlab.bench.report import markdown_table
@@ -115,6 +116,8 @@ def run_bench(args: argparse.Namespace) -> int:
     out = save_results(args.out, results)
     plots = [] if args.no_plots else plot_all(results.rows, out)
     print(markdown_table(results.rows))
+    if best := markdown_best_vs_best(results.rows):
+        print(f"\n{best}")
     for note in results.notes:
         print(f"\nnote: {note}")
     written = ["results.csv", "results.json", "machine.json"] + [p.name for p in plots]

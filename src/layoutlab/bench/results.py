@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layoutlab.bench.stats import imprecise, paired_ratio
+from layoutlab.bench.stats import Interval, imprecise, paired_ratio
 
 __all__ = [
     "BenchResults",
@@ -23,6 +23,8 @@ __all__ = [
     "variant",
     "load_results",
     "precision_class",
+    "ratio_fields",
+    "ratio_interval",
     "save_results",
 ]
 
@@ -181,7 +183,7 @@ def add_torch_ratios(rows: list[dict]) -> list[dict]:
                 best = max(peers, key=lambda t: t["images_per_sec"])
                 row["ratio_vs_torch_best"] = row["images_per_sec"] / best["images_per_sec"]
                 row["torch_best"] = f"{best['memory_format']}/{best['precision']}"
-                row.update(_ratio_interval(best, row))
+                row.update(ratio_interval(best, row))
                 if row.get("unstable") or best.get("unstable"):
                     row["ratio_verdict"] = UNTRUSTED
         out.append(row)
@@ -213,7 +215,7 @@ def _workload(row: dict) -> tuple:
                                       "batch_size"))  # fmt: skip
 
 
-def _ratio_interval(slow: dict, fast: dict) -> dict:
+def ratio_interval(slow: dict, fast: dict) -> dict:
     """The per-round paired ratio ``slow / fast`` of two rows timed in the same interleaved
     rounds: its median as ``ratio_vs_torch_best``, its interval as ``ratio_ci_low/high`` and
     a verdict; nothing when either lacks its rounds."""
@@ -224,6 +226,11 @@ def _ratio_interval(slow: dict, fast: dict) -> dict:
     ci = paired_ratio(a, b)
     if ci is None:
         return {"ratio_verdict": "too few rounds"}
+    return ratio_fields(ci)
+
+
+def ratio_fields(ci: Interval) -> dict:
+    """A ratio's median, interval and verdict as a row's ``ratio_*`` columns."""
     if imprecise(ci):
         verdict = IMPRECISE
     elif ci.contains(1.0):
