@@ -19,9 +19,33 @@ from layoutlab.bench.tuning.conv_reference import candidate_errors, conv_shapes
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import ConvSpec
 
-__all__ = ["CandidateResult", "candidate_fns", "check_candidate", "options_key", "time_candidates"]
+__all__ = [
+    "CandidateResult",
+    "candidate_fns",
+    "check_candidate",
+    "options_key",
+    "time_candidates",
+    "unusable_reason",
+]
 
 Options = tuple[tuple[str, object], ...]
+
+
+def unusable_reason(name: str, platform: str) -> str | None:
+    """Why the registered algorithm ``name`` cannot be a candidate on ``platform``, or None.
+
+    ``onednn`` runs oneDNN's CPU primitives, so it is a candidate on CPU only, and only where
+    its extension loaded (``nn.conv_algos.onednn_status``); elsewhere its convs would run
+    XLA's, and timing that twin of ``xla`` could only pick it by noise.
+    """
+    if name != "onednn":
+        return None
+    if platform != "cpu":
+        return f"oneDNN's convs run on CPU, not {platform}"
+    from layoutlab.nn.conv_algos.onednn_status import onednn_status
+
+    status = onednn_status()
+    return None if status.available else f"oneDNN unavailable: {status.reason}"
 
 
 def options_key(compiler_options: dict | None) -> Options:

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 from flax import nnx
 
 from layoutlab.bench.machine import machine_fingerprint
@@ -39,6 +40,7 @@ from layoutlab.bench.tuning.conv_candidates import (
     check_candidate,
     options_key,
     time_candidate_rounds,
+    unusable_reason,
 )
 from layoutlab.bench.tuning.conv_reference import reference_conv, spec_inputs
 from layoutlab.nn import conv_algos as ca
@@ -124,9 +126,14 @@ def _forward_is_xla(name: str) -> bool:
 
 
 def candidates_for(
-    spec: ConvSpec, algorithms: Iterable[str] | None = None, objective: str = "train"
+    spec: ConvSpec,
+    algorithms: Iterable[str] | None = None,
+    objective: str = "train",
+    platform: str | None = None,
 ) -> list[str]:
-    """Registered algorithms (or ``algorithms``) that support ``spec``; ``xla`` first.
+    """Registered algorithms (or ``algorithms``) that support ``spec`` and can run on
+    ``platform`` (default: JAX's default backend; ``conv_candidates.unusable_reason``: an
+    unavailable ``onednn`` is skipped, not failed); ``xla`` first.
 
     For ``"inference"`` the algorithms whose forward is XLA's own conv (``gemm_dw``,
     ``col2im_dx``, ``phase_dx``) are left out: they run the same program as ``xla`` there,
@@ -135,7 +142,9 @@ def candidates_for(
     names = list(algorithms) if algorithms is not None else list(ca.algorithm_names())
     for name in names:
         ca.get_algorithm(name)  # unknown names raise with the list of known ones
-    ok = [n for n in names if ca.get_algorithm(n).supports(spec) is None]
+    platform = platform or jax.default_backend()
+    ok = [n for n in names if ca.get_algorithm(n).supports(spec) is None
+          and unusable_reason(n, platform) is None]  # fmt: skip
     if objective == "inference":
         ok = [n for n in ok if n == ca.XLA or not _forward_is_xla(n)]
     return sorted(set(ok), key=lambda n: (n != ca.XLA, names.index(n)))
@@ -175,7 +184,7 @@ def autotune_conv(
     cache = AutotuneCache.at(cache)
     device = device_for(backend)
     here = versions()
-    names = candidates_for(spec, algorithms, objective)
+    names = candidates_for(spec, algorithms, objective, device.platform)
     key = _cache_key(
         spec.key(),
         device.platform,
@@ -227,8 +236,11 @@ def autotune_conv(
             dict(options_key(compiler_options)),
             verdict=_verdict(decision, spec, alone),
             ratio=None if decision is None or decision.ratio is None else list(decision.ratio),
-            rounds_ms={n: ms for (k, n), ms in rounds.items()
-                       if k == ("train" if objective == "train" else "fwd")},  # fmt: skip
+            rounds_ms={
+                n: ms
+                for (k, n), ms in rounds.items()
+                if k == ("train" if objective == "train" else "fwd")
+            },  # fmt: skip
             fingerprint=machine_fingerprint(),
             load_avg=load_average(),
         )
@@ -289,9 +301,7 @@ def plan_from_results(specs: dict[str, ConvSpec], results: Sequence[TuneResult])
             "device_kind": r.device_kind,
             "versions": r.versions,
             "compiler_options": r.compiler_options,
-            "times_ms": {
-                c.algorithm: [c.forward_ms, c.train_ms] for c in r.candidates if c.passed
-            },
+            "times_ms": {c.algorithm: [c.forward_ms, c.train_ms] for c in r.candidates if c.passed},
         }
     return ConvPlan(entries, evidence)
 

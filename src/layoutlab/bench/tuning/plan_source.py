@@ -68,7 +68,7 @@ def conv_plan_for_run(
     if tune == "auto":
 
         def n_candidates(spec):
-            return len(candidates_for(spec, objective=objective))
+            return len(candidates_for(spec, objective=objective, platform=platform))
 
         rounds = repeats + warmup
         if cannot_pay(specs, steps, platform, n_candidates, rounds):
