@@ -25,7 +25,6 @@ Supports = Callable[[ConvSpec], "str | None"]
 DtypeReason = Callable[[str], "str | None"]
 
 
-
 def any_dtype(dtype: str) -> str | None:
     return None
 
