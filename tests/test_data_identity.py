@@ -49,7 +49,6 @@ def _sixteen_bit_folder(root, rng):
 def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
     want = _sixteen_bit_folder(tmp_path, np.random.default_rng(0))
     dataset = load_folder(tmp_path)
-    assert dataset.pixel_bits == 16
     for split in ("train", "test"):
         images, _ = dataset.split(split)
         unnormalized = images * np.float32(dataset.std[0]) + np.float32(dataset.mean[0])
@@ -58,6 +57,7 @@ def test_sixteen_bit_images_are_scaled_not_clipped(tmp_path):
         # would be off by up to 1.
         np.testing.assert_allclose(unnormalized, want[split], rtol=0, atol=1e-6)
     assert np.isclose(dataset.mean[0], want["train"].mean(), rtol=1e-12)
+    assert dataset.pixel_bits == 16
     # predict reads the same files into the same arrays, bit for bit.
     files = sorted((tmp_path / "test").rglob("*.png"))
     np.testing.assert_array_equal(load_images(files, dataset), dataset.test_images)
@@ -75,12 +75,12 @@ def test_predict_scales_a_sixteen_bit_file_for_an_eight_bit_run(tmp_path):
             pixels = np.full((4, 4), 60 * i, np.uint8)
             Image.fromarray(pixels).save(tmp_path / "data" / name / f"{i}.png")
     dataset = load_folder(tmp_path / "data")
-    assert dataset.pixel_bits == 8
     Image.fromarray(np.full((4, 4), 32896, np.uint16)).save(tmp_path / "deep.png")  # 128 * 257
     Image.fromarray(np.full((4, 4), 128, np.uint8)).save(tmp_path / "eight.png")
     deep, eight = load_images([tmp_path / "deep.png", tmp_path / "eight.png"], dataset)
     # 32896 / 65535 is 128 / 255 exactly; float32 scaling rounds each within a few ulps.
     np.testing.assert_allclose(deep, eight, rtol=0, atol=1e-6)
+    assert dataset.pixel_bits == 8
 
 
 def test_images_of_unknown_range_are_refused_naming_file_and_mode(tmp_path):
@@ -103,7 +103,6 @@ def test_resume_on_changed_mnist_labels_is_refused(tmp_path, capsys):
     argv = ["train", "--workdir", str(workdir), "--data", f"mnist:{data}", "--quiet"]
     assert cli.main([*argv, "--steps", "1", "--batch-size", "8", *TINY, *LEVEL_0]) == 0
     recorded = json.loads((workdir / "config.json").read_text())["data_fingerprint"]
-    assert recorded["files"] == 4 and set(recorded["each"]) >= {"train-labels-idx1-ubyte"}
     capsys.readouterr()
     labels = data / "train-labels-idx1-ubyte"
     raw = bytearray(labels.read_bytes())
@@ -112,6 +111,7 @@ def test_resume_on_changed_mnist_labels_is_refused(tmp_path, capsys):
     code = cli.main(["train", "--workdir", str(workdir), "--resume", "--steps", "2"])
     assert code == 2
     _one_line_error(capsys.readouterr().err, "train-labels-idx1-ubyte changed since the run")
+    assert recorded["files"] == 4 and set(recorded["each"]) >= {"train-labels-idx1-ubyte"}
 
 
 def test_built_in_digits_file_is_fingerprinted(tmp_path, monkeypatch):

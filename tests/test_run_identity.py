@@ -130,7 +130,7 @@ def test_a_run_from_before_run_ids_is_checked_by_step(copy):
     """Without a run id in config.json any run's step is taken (nothing to compare it
     with), but a step under another number still is not."""
     config = json.loads((copy / "config.json").read_text())
-    del config["run_id"]
+    config.pop("run_id", None)
     (copy / "config.json").write_text(json.dumps(config))
     assert open_run(copy).step == 4
     shutil.copytree(copy / "checkpoints" / "2", copy / "checkpoints" / "6")
