@@ -35,8 +35,15 @@ def _what_changed(recorded: dict, have: dict) -> str:
         return f"it is generated from {have.get('spec')!r} now, {recorded['spec']!r} then"
     was, now = recorded.get("each"), have.get("each")
     if isinstance(was, dict) and isinstance(now, dict):
-        changed = [n for n in sorted({*was, *now}) if was.get(n) != now.get(n)]
-        return f"{', '.join(changed)} changed since the run started"
+        parts = []
+        for what, names in (
+            ("changed", [n for n in sorted(was) if n in now and was[n] != now[n]]),
+            ("added", sorted(set(now) - set(was))),
+            ("removed", sorted(set(was) - set(now))),
+        ):
+            if names:
+                parts.append(f"{', '.join(names)} {what}")
+        return "; ".join(parts) + " since the run started"
     what = []
     for key, unit in (("files", "files"), ("bytes", "bytes")):
         if have.get(key) != recorded.get(key):
