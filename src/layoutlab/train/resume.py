@@ -212,7 +212,8 @@ def check_resume(
         raise ResumeError(f"Cannot resume {workdir}: {change}")
     if change := environment_change(saved.get("jax_numerics"), config.jax_numerics or {}):
         raise ResumeError(f"Cannot resume {workdir}: {change}")
-    kept = {"run_id": recorded_run_id(workdir) or saved.get("run_id")}
+    saved_id = saved.get("run_id")
+    kept = {"run_id": recorded_run_id(workdir) or (saved_id if isinstance(saved_id, str) else None)}
     for name in field_names():
         if name in MAY_CHANGE or name in FROM_CHECKPOINT or name not in saved:
             continue
