@@ -89,6 +89,9 @@ def pytest_collection_modifyitems(config, items):
         # float32 tolerances (1e-5) would call a wrong answer (seen on an H200: Dense and
         # the one-dot transposed conv; cuDNN's small convs happened to run in full float32).
         jax.config.update("jax_default_matmul_precision", "highest")
+        # Training subprocesses too (``env`` copies this environment): a run records the
+        # setting, and a resume across an in-process and a subprocess run compares it.
+        os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(skip_gpu)

@@ -61,7 +61,7 @@ def test_digits_default_split_and_stats():
     # Read from sklearn's CSV without importing sklearn: its load_digits, row for row.
     from layoutlab.data.digits import _digits_table
 
-    table, bunch = _digits_table(), sk_digits()
+    table, bunch = _digits_table()[0], sk_digits()
     np.testing.assert_array_equal(table[:, :-1].reshape(-1, 8, 8), bunch.images)
     np.testing.assert_array_equal(table[:, -1], bunch.target)
     other = get_dataset("digits", seed=4)

@@ -11,6 +11,7 @@ hostile file cannot run code.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset
 from layoutlab.data.errors import DataError
+from layoutlab.data.fingerprint import files_fingerprint
 
 __all__ = ["load_cifar10", "load_cifar100", "read_cifar_pickle"]
 
@@ -114,6 +116,13 @@ def _names(path: Path, key: str, count: int) -> tuple[str, ...]:
     return tuple(n.decode() if isinstance(n, bytes) else str(n) for n in names)
 
 
+def _with_fingerprint(dataset: Dataset, root: Path, paths: list[Path]) -> Dataset:
+    """``dataset`` with the fingerprint of the files it was read from (the class-name file
+    only where it exists: without it the names are numbers)."""
+    read = [p for p in paths if p.is_file()]
+    return dataclasses.replace(dataset, fingerprint=files_fingerprint(root, read))
+
+
 def load_cifar10(directory: str | Path) -> Dataset:
     """CIFAR-10 from ``directory`` (50000 train, 10000 test images of 32x32x3)."""
     root = _find_root(directory, _CIFAR10_SUBDIR, "data_batch_1")
@@ -121,7 +130,9 @@ def load_cifar10(directory: str | Path) -> Dataset:
     train = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     test = _batch_arrays(root / "test_batch", "labels")
     names = _names(root / "batches.meta", "label_names", 10)
-    return make_dataset("cifar10", train, test, num_classes=10, scale=255.0, class_names=names)
+    dataset = make_dataset("cifar10", train, test, num_classes=10, scale=255.0, class_names=names)
+    read = [root / f"data_batch_{i}" for i in range(1, 6)] + [root / "test_batch"]
+    return _with_fingerprint(dataset, root, [*read, root / "batches.meta"])
 
 
 def load_cifar100(directory: str | Path) -> Dataset:
@@ -130,4 +141,5 @@ def load_cifar100(directory: str | Path) -> Dataset:
     train = _batch_arrays(root / "train", "fine_labels")
     test = _batch_arrays(root / "test", "fine_labels")
     names = _names(root / "meta", "fine_label_names", 100)
-    return make_dataset("cifar100", train, test, num_classes=100, scale=255.0, class_names=names)
+    dataset = make_dataset("cifar100", train, test, num_classes=100, scale=255.0, class_names=names)
+    return _with_fingerprint(dataset, root, [root / "train", root / "test", root / "meta"])

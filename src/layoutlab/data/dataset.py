@@ -35,9 +35,12 @@ class Dataset:
     mean: tuple[float, ...]  # per channel, of pixels scaled to [0, 1], train split
     std: tuple[float, ...]
     class_names: tuple[str, ...] = ()
-    # What the data was read from, for data that can change on disk (folder data):
-    # {"files", "bytes", "sha256"} of its files, compared when a run resumes; else None.
+    # What the data was read from (data.fingerprint): {"files", "bytes", "sha256"} of its
+    # files, or a generated set's {"spec"}; compared when a run resumes. None: made in Python.
     fingerprint: dict | None = None
+    # Bits per pixel of the image files it was read from (folder data of 16-bit images: 16),
+    # so that predict scales an image file as the data set's were.
+    pixel_bits: int = 8
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

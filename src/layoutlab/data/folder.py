@@ -8,24 +8,26 @@ train part; files ending in .png, .jpg, .jpeg, .bmp or .gif are images, other fi
 Size rule: with ``image_size=(H, W)`` every image is resized (bilinear) to it; without it all
 images must have the size of the first one, and a differing image is an error naming it.
 Channels: if every image is grayscale the data set has 1 channel, otherwise all images are
-converted to RGB (alpha dropped).
+converted to RGB (alpha dropped). Depth: 8-bit pixels are scaled by 255; if any image is
+16-bit grayscale, every pixel is read in 16-bit units and scaled by 65535, never clipped
+(``data.pixels``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
 from layoutlab.data.errors import DataError
+from layoutlab.data.fingerprint import files_fingerprint
+from layoutlab.data.pixels import DEEP_MAX, GRAY_MODES, SIXTEEN_BIT_MODES, check_mode, read_pixels
 
 __all__ = ["load_folder", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
-_GRAY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 
 
 def _open(path: Path):
@@ -40,6 +42,7 @@ def _open(path: Path):
 def _header(path: Path) -> tuple[tuple[int, int], str]:
     """``((W, H), mode)`` from the file header, without decoding the pixels."""
     with _open(path) as image:
+        check_mode(path, image.mode)
         return image.size, image.mode
 
 
@@ -82,43 +85,18 @@ def _common_size(paths: list[Path], headers: list[tuple[tuple[int, int], str]]) 
     return first_h, first_w
 
 
-def _decode(path: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
-    from PIL import Image
-
-    with _open(path) as image:
-        try:
-            converted = image.convert(mode)  # decodes the pixels
-        except Exception as e:  # truncated or corrupt payloads fail here, not in open()
-            raise DataError(f"Cannot decode image {path} ({type(e).__name__}: {e}).") from e
-    if converted.size != (size[1], size[0]):
-        converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    pixels = np.asarray(converted, np.uint8)
-    return pixels[..., None] if pixels.ndim == 2 else pixels
-
-
 def _read_split(
-    files: dict[str, list[Path]], classes: tuple[str, ...], mode: str, size: tuple[int, int]
+    files: dict[str, list[Path]],
+    classes: tuple[str, ...],
+    gray: bool,
+    size: tuple[int, int],
+    deep: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     images, labels = [], []
     for name, paths in files.items():
-        images += [_decode(p, mode, size) for p in paths]
+        images += [read_pixels(p, gray, size, deep) for p in paths]
         labels += [classes.index(name)] * len(paths)
     return np.stack(images), np.asarray(labels, np.int32)
-
-
-def _fingerprint(root: Path, paths: list[Path]) -> dict:
-    """The files' names (relative to ``root``) and contents, hashed: any file added, removed,
-    renamed or changed gives another digest. The files were just read, so this re-read is
-    served from the page cache."""
-    digest = hashlib.sha256()
-    total = 0
-    for path in sorted(paths):
-        data = path.read_bytes()
-        total += len(data)
-        name = path.relative_to(root).as_posix().encode()
-        digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return {"files": len(paths), "bytes": total, "sha256": digest.hexdigest()}
 
 
 def _check_size(image_size) -> tuple[int, int] | None:
@@ -156,11 +134,11 @@ def load_folder(
     all_paths = [p for group in (train_files, test_files) for ps in group.values() for p in ps]
     headers = [_header(p) for p in all_paths]
     size = size or _common_size(all_paths, headers)
-    gray = all(mode in _GRAY_MODES for _, mode in headers)
-    mode = "L" if gray else "RGB"
-    train = _read_split(train_files, classes, mode, size)
+    gray = all(mode in GRAY_MODES for _, mode in headers)
+    deep = any(mode in SIXTEEN_BIT_MODES for _, mode in headers)
+    train = _read_split(train_files, classes, gray, size, deep)
     if pre_split:
-        test = _read_split(test_files, classes, mode, size)
+        test = _read_split(test_files, classes, gray, size, deep)
     else:
         train, test = split_by_seed(*train, test_fraction=test_fraction, seed=seed)
     dataset = make_dataset(
@@ -168,7 +146,8 @@ def load_folder(
         train,
         test,
         num_classes=len(classes),
-        scale=255.0,
+        scale=DEEP_MAX if deep else 255.0,
         class_names=classes,
     )
-    return dataclasses.replace(dataset, fingerprint=_fingerprint(root, all_paths))
+    fingerprint = files_fingerprint(root, all_paths)
+    return dataclasses.replace(dataset, fingerprint=fingerprint, pixel_bits=16 if deep else 8)

@@ -7,6 +7,7 @@ The directory may also be the parent of a ``raw/`` folder, as torchvision leaves
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import zlib
@@ -16,6 +17,7 @@ import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset
 from layoutlab.data.errors import DataError
+from layoutlab.data.fingerprint import files_fingerprint
 
 __all__ = ["read_idx", "load_mnist", "load_fashion_mnist", "IMAGES_MAGIC", "LABELS_MAGIC"]
 
@@ -104,11 +106,12 @@ def _find_file(root: Path, stem: str) -> Path:
     )
 
 
-def _split(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
+def _split(root: Path, prefix: str, read: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     images_path = _find_file(root, f"{prefix}-images-idx3-ubyte")
     labels_path = _find_file(root, f"{prefix}-labels-idx1-ubyte")
     images = read_idx(images_path, expected_magic=IMAGES_MAGIC)
     labels = read_idx(labels_path, expected_magic=LABELS_MAGIC)
+    read += [images_path, labels_path]
     if images.shape[0] != labels.shape[0]:
         raise DataError(
             f"{images_path} has {images.shape[0]} images but {labels_path} has "
@@ -121,8 +124,10 @@ def _load(directory: str | Path, name: str, class_names: tuple[str, ...]) -> Dat
     root = Path(directory).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"Data directory {root} does not exist or is not a directory.")
-    train, test = _split(root, "train"), _split(root, "t10k")
-    return make_dataset(name, train, test, num_classes=10, scale=255.0, class_names=class_names)
+    read: list[Path] = []
+    train, test = _split(root, "train", read), _split(root, "t10k", read)
+    dataset = make_dataset(name, train, test, num_classes=10, scale=255.0, class_names=class_names)
+    return dataclasses.replace(dataset, fingerprint=files_fingerprint(root, read))
 
 
 def load_mnist(directory: str | Path) -> Dataset:

@@ -7,9 +7,12 @@ every pixel still varies.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
+from layoutlab.data.fingerprint import spec_fingerprint
 
 __all__ = ["make_synthetic"]
 
@@ -47,4 +50,6 @@ def make_synthetic(
     images += protos[labels]
     train, test = split_by_seed(images, labels, test_fraction=test_fraction, seed=seed)
     name = f"synthetic:{h}x{w}x{c}:{num_classes}:{num_examples}"
-    return make_dataset(name, train, test, num_classes=num_classes, scale=1.0)
+    dataset = make_dataset(name, train, test, num_classes=num_classes, scale=1.0)
+    spec = f"{name}:seed={seed}:test_fraction={test_fraction}"
+    return dataclasses.replace(dataset, fingerprint=spec_fingerprint(spec))

@@ -23,7 +23,11 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.infer.plan import planned_model
-from layoutlab.train.checkpoint import IncompatibleCheckpointError, read_checkpoint
+from layoutlab.train.checkpoint import (
+    ForeignCheckpointError,
+    IncompatibleCheckpointError,
+    read_checkpoint,
+)
 from layoutlab.train.config import TrainConfig, validate, with_legacy_defaults
 from layoutlab.train.loop import CHECKPOINT_DIR
 from layoutlab.train.metrics import CONFIG_FILE
@@ -159,10 +163,16 @@ def read_config(workdir: Path) -> TrainConfig:
     return validate(TrainConfig.from_dict(raw), jax.device_count())
 
 
-def _read(workdir: Path, step: int | None) -> tuple[dict, dict]:
+def _read(workdir: Path, step: int | None, run_id: str | None) -> tuple[dict, dict]:
+    """A certified step of this run (``run_id``, None for a run from before run ids: any
+    run's) that is the step its directory names."""
     directory = workdir / CHECKPOINT_DIR
     try:
-        return read_checkpoint(directory, step)
+        return read_checkpoint(directory, step, run_id=run_id)
+    except ForeignCheckpointError as e:  # only for an asked step: the newest falls back
+        raise ForeignCheckpointError(
+            f"{e} Pick another step (or leave out --checkpoint for the run's newest own one)."
+        ) from None
     except FileNotFoundError as e:
         if step is not None and directory.is_dir():
             raise NoRunError(f"{e} Pick one of those steps (or leave out --checkpoint).") from None
@@ -223,7 +233,7 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     """
     workdir = Path(workdir)
     config = read_config(workdir)
-    arrays, meta = _read(workdir, step)
+    arrays, meta = _read(workdir, step, config.run_id)
     dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
         dataset = _other_data(data, dataset, config)

@@ -1,8 +1,10 @@
 """``predict``: top-k classes of image files under a trained run's model.
 
-Images are prepared as the folder loader prepares training data (``layoutlab.data.folder``):
-converted to the model's channels (``"L"`` for 1, ``"RGB"`` for 3), resized bilinearly to the
-run's image size when they differ, scaled to ``[0, 1]`` (8-bit pixels / 255) and normalized
+Images are prepared as the folder loader prepares training data (``layoutlab.data.folder``,
+through the same ``data.pixels.read_pixels``): converted to the model's channels (1 or 3),
+resized bilinearly to the run's image size when they differ, scaled to ``[0, 1]`` (8-bit
+pixels / 255, or for a run of 16-bit images every pixel in 16-bit units / 65535; a 16-bit
+image is scaled, never clipped) and normalized
 with the run's train-split mean and std, with the same float32 operations as
 ``layoutlab.data.dataset``. So a folder-trained run sees its own test images bit for bit.
 """
@@ -15,16 +17,15 @@ import jax
 import numpy as np
 
 from layoutlab.data import Dataset
-from layoutlab.data.errors import DataError
 from layoutlab.data.folder import IMAGE_SUFFIXES
+from layoutlab.data.pixels import DEEP_MAX, read_pixels
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import to_layout
 from layoutlab.train.evaluation import eval_batches, pad_rows
 
 __all__ = ["collect_images", "load_images", "predict_files", "top_k"]
 
-_MODES = {1: "L", 3: "RGB"}
-_PIXEL_MAX = 255.0  # 8-bit images; 16-bit and float images are converted to 8 bits by Pillow
+_CHANNELS = (1, 3)
 
 
 def collect_images(paths: list[str | Path]) -> list[Path]:
@@ -48,37 +49,21 @@ def collect_images(paths: list[str | Path]) -> list[Path]:
     return files
 
 
-def _pixels(path: Path, mode: str, size: tuple[int, int]) -> np.ndarray:
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            converted = image.convert(mode)
-    except Exception as e:  # Pillow raises several types for unreadable or truncated files
-        raise DataError(
-            f"Cannot read image {path} ({type(e).__name__}: {e}); pass a PNG, JPEG, BMP or "
-            "GIF file."
-        ) from None
-    if converted.size != (size[1], size[0]):
-        converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-    pixels = np.asarray(converted, np.uint8)
-    return pixels[..., None] if pixels.ndim == 2 else pixels
-
-
 def load_images(files: list[Path], dataset: Dataset) -> np.ndarray:
     """``files`` as normalized NHWC float32, in the shape and statistics of ``dataset``."""
     h, w, c = dataset.image_shape
-    if c not in _MODES:
+    if c not in _CHANNELS:
         raise ValueError(
             f"The run's images have {c} channels; predict reads 1 (grayscale) or 3 (RGB)."
         )
-    raw = np.stack([_pixels(p, _MODES[c], (h, w)) for p in files])
+    deep = dataset.pixel_bits == 16  # the run's images were read in 16-bit units
+    raw = np.stack([read_pixels(p, c == 1, (h, w), deep) for p in files])
     mean = np.asarray(dataset.mean, np.float64)
     std = np.asarray(dataset.std, np.float64)
     std = np.where(std > 0, std, 1.0)  # as make_dataset: a constant channel divides by 1
     # The float32 steps of layoutlab.data.dataset._normalize, in its order.
     out = raw.astype(np.float32)
-    out *= np.float32(1.0 / _PIXEL_MAX)
+    out *= np.float32(1.0 / (DEEP_MAX if deep else 255.0))
     out -= mean.astype(np.float32)
     out *= (1.0 / std).astype(np.float32)
     return out

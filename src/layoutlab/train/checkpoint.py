@@ -38,6 +38,7 @@ import orbax.checkpoint as ocp
 from layoutlab.train.checkpoint_io import (
     READERS_LOCK,
     certify,
+    check_identity,
     check_stored,
     open_manager,
     read_leaves,
@@ -50,6 +51,7 @@ from layoutlab.train.manifest import (
     MANIFEST,
     CheckpointError,
     CorruptCheckpointError,
+    ForeignCheckpointError,
     IncompatibleCheckpointError,
     array_crc32s,
     has_manifest,
@@ -63,6 +65,7 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "CorruptCheckpointError",
+    "ForeignCheckpointError",
     "IncompatibleCheckpointError",
     "newest_meta",
     "read_checkpoint",
@@ -149,12 +152,14 @@ class Checkpointer:
         *,
         max_to_keep: int | None = 3,
         log: Callable[[str], None] = _stderr,
+        run_id: str | None = None,
     ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}.")
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self.log = log
+        self.run_id = run_id  # recorded in every step saved, checked in every step restored
         self._main = jax.process_index() == 0
         self._manager = open_manager(self.directory, writing=True)
         if self._main:  # what a kill during deletion left
@@ -183,6 +188,8 @@ class Checkpointer:
             # so no host fetches the whole state.
             leaves = jax.device_get(leaves)
         meta = {"step": step, "paths": paths, "shapes": shapes, "dtypes": dtypes}
+        if self.run_id is not None:
+            meta["run_id"] = self.run_id
         meta.update(key_impls=impls, extra=extra or {})
         if jax.process_count() == 1:  # what certifies the step if the manifest never comes
             meta["array_crc32s"] = array_crc32s(leaves)
@@ -236,6 +243,7 @@ class Checkpointer:
         step_dir = self.step_dir(step)
         verified = has_manifest(step_dir)
         meta = self.read_meta(step)
+        check_identity(step_dir, meta, self.run_id)
         leaves, paths, shapes, dtypes = _describe(target)
         _check_compatible(step_dir, meta, paths, shapes, dtypes)
         if not verified:
@@ -307,9 +315,10 @@ class Checkpointer:
         self.close()
 
 
-def _read_step(manager, directory: Path, step: int):
+def _read_step(manager, directory: Path, step: int, run_id: str | None):
     step_dir = directory / str(step)
     meta = read_meta(manager, step, step_dir)
+    check_identity(step_dir, meta, run_id)
     verified = has_manifest(step_dir)
     if not verified:
         check_stored(manager, step, step_dir, meta)
@@ -325,16 +334,21 @@ def _read_step(manager, directory: Path, step: int):
 
 
 def read_checkpoint(
-    directory: str | os.PathLike, step: int | None = None, *, log: Callable[[str], None] = _stderr
+    directory: str | os.PathLike,
+    step: int | None = None,
+    *,
+    log: Callable[[str], None] = _stderr,
+    run_id: str | None = None,
 ):
     """``({path: np.ndarray}, meta)`` of a certified checkpoint, without the model that wrote
     it; reads only (a live run's directory included: the step read cannot be pruned meanwhile).
 
     ``step=None`` reads the newest step that is certified (its manifest checks, or without one
     its arrays match their recorded checksums), saying on ``log`` which newer one it skipped
-    and why. Paths are ``TrainState`` key paths such as ``".params['classifier']..."``; PRNG
-    keys appear as their uint32 key data. Works on any device count: arrays are read onto the
-    first local device.
+    and why. A step of another run than ``run_id`` (None: any), or holding another step than
+    its directory names, is not certified (``checkpoint_io.check_identity``). Paths are
+    ``TrainState`` key paths such as ``".params['classifier']..."``; PRNG keys appear as their
+    uint32 key data. Works on any device count: arrays are read onto the first local device.
     """
     directory = Path(directory).absolute()
     if not directory.is_dir():
@@ -350,20 +364,23 @@ def read_checkpoint(
                     raise FileNotFoundError(
                         f"No checkpoint for step {step} in {directory}; have {steps}."
                     )
-                return _read_step(manager, directory, step)
+                return _read_step(manager, directory, step, run_id)
             for candidate in reversed(steps[1:]):
                 try:
-                    return _read_step(manager, directory, candidate)
+                    return _read_step(manager, directory, candidate, run_id)
                 except CorruptCheckpointError as e:
                     log(f"note: {e} Reading the step before it.")
-            return _read_step(manager, directory, steps[0])
+            return _read_step(manager, directory, steps[0], run_id)
         finally:
             manager.close()
 
 
-def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
+def newest_meta(
+    directory: str | os.PathLike, run_id: str | None = None
+) -> tuple[dict, Path] | None:
     """``(meta, step_dir)`` of the newest step under ``directory`` whose meta reads (its
-    manifest checked where it has one), or None; reads only, moves nothing."""
+    manifest checked where it has one) and that is run ``run_id``'s own step
+    (``check_identity``), or None; reads only, moves nothing."""
     directory = Path(directory).absolute()
     if not directory.is_dir():
         return None
@@ -371,8 +388,11 @@ def newest_meta(directory: str | os.PathLike) -> tuple[dict, Path] | None:
         manager = open_manager(directory, writing=False)
         try:
             for step in sorted(manager.all_steps(), reverse=True):
+                step_dir = directory / str(step)
                 try:
-                    return read_meta(manager, step, directory / str(step)), directory / str(step)
+                    meta = read_meta(manager, step, step_dir)
+                    check_identity(step_dir, meta, run_id)
+                    return meta, step_dir
                 except CorruptCheckpointError:
                     continue
         finally:

@@ -18,6 +18,7 @@ from layoutlab.train.manifest import (
     MANIFEST,
     CheckpointError,
     CorruptCheckpointError,
+    ForeignCheckpointError,
     array_crc32s,
     has_manifest,
     verify_manifest,
@@ -27,6 +28,7 @@ from layoutlab.train.orbax_failures import quiet_orbax_failure
 __all__ = [
     "READERS_LOCK",
     "certify",
+    "check_identity",
     "check_stored",
     "open_manager",
     "read_leaves",
@@ -117,6 +119,25 @@ def read_meta(manager, step: int, step_dir: Path) -> dict:
     if missing:
         raise CorruptCheckpointError(f"Checkpoint {step_dir}: its meta lacks {missing}.")
     return meta
+
+
+def check_identity(step_dir: Path, meta: dict, run_id: str | None) -> None:
+    """A step is the run's own and the step its directory names: its certified meta records
+    both (``step``, ``run_id``). A step copied in from another run, copied or renamed to
+    another step number, or swapped with another, raises ``ForeignCheckpointError``. A step
+    or run from before run ids (no ``run_id`` on either side) is checked by its step only."""
+    recorded = meta.get("step")
+    if isinstance(recorded, int) and str(recorded) != step_dir.name:
+        raise ForeignCheckpointError(
+            f"Checkpoint {step_dir} holds step {recorded}, not {step_dir.name}: it was copied "
+            "or renamed from another step."
+        )
+    theirs = meta.get("run_id")
+    if run_id is not None and theirs is not None and theirs != run_id:
+        raise ForeignCheckpointError(
+            f"Checkpoint {step_dir} belongs to another run (run id {theirs}; this run's, in "
+            f"its config.json, is {run_id}): it was copied in from another workdir."
+        )
 
 
 def check_stored(manager, step: int, step_dir: Path, meta: dict) -> None:

@@ -209,9 +209,37 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+# XLA options that name files or directories to write (dumps, autotune results, caches):
+# taken from the command line only, never from a saved config (anyone who can write the
+# run's config.json could otherwise make a resume write wherever its user may).
+_FILE_OPTION_PARTS = ("dump",)
+_FILE_OPTION_ENDS = ("_to", "_dir", "_directory", "_path", "_file", "_prefix")
+
+
+def writes_files(option: str) -> bool:
+    """Whether XLA option ``option`` names a place to write files."""
+    name = option.lower()
+    return any(p in name for p in _FILE_OPTION_PARTS) or name.endswith(_FILE_OPTION_ENDS)
+
+
+def _without_file_options(config: TrainConfig, source: str) -> TrainConfig:
+    dropped = {k: v for k, v in config.xla_options.items() if writes_files(k)}
+    if not dropped:
+        return config
+    given = ", ".join(f"{k}={v}" for k, v in dropped.items())
+    print(
+        f"note: not using xla_options {given} from {source}: options that write files are "
+        "taken from the command line only (--xla-option NAME=VALUE).",
+        file=sys.stderr,
+    )
+    kept = {k: v for k, v in config.xla_options.items() if k not in dropped}
+    return dataclasses.replace(config, xla_options=kept)
+
+
 def _saved_config(workdir: Path) -> TrainConfig:
     """The run's config for ``--resume``: its ``config.json`` (where you may edit what may
-    change), else its newest readable checkpoint's; an error if it has neither."""
+    change), else its newest readable checkpoint's; an error if it has neither. XLA options
+    that write files (``writes_files``) are left out of it."""
     from layoutlab.train.loop import CHECKPOINT_DIR
     from layoutlab.train.resume import nothing_to_resume, saved_run_config
 
@@ -220,9 +248,10 @@ def _saved_config(workdir: Path) -> TrainConfig:
         raise nothing_to_resume(workdir)
     saved, source = found
     try:
-        return TrainConfig.from_dict(saved)
+        config = TrainConfig.from_dict(saved)
     except ValueError as e:
         raise ValueError(f"The saved config in {source} is not usable: {e}") from None
+    return _without_file_options(config, source)
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:

@@ -117,10 +117,16 @@ class TrainConfig:
     # "replicated": each device holds the whole train state; "fsdp": parameters and
     # optimizer state are split over the data axis too (about 1/N of them per device).
     param_sharding: str = "replicated"
-    # What the training data was read from, filled in when the run starts (folder data:
-    # {"files", "bytes", "sha256"} of its files; None for the built-in sets); a resume on
-    # other data is refused.
+    # What the training data was read from, filled in when the run starts (files read:
+    # {"files", "bytes", "sha256"} of them; synthetic data: its spec); a resume on other
+    # data is refused.
     data_fingerprint: dict | None = None
+    # The run's identity, made when it first starts and kept by --resume: every checkpoint
+    # records it, and readers use no checkpoint of another run (train.checkpoint_io).
+    run_id: str | None = None
+    # The JAX settings that change a run's numbers (jax_enable_x64, the default matmul
+    # precision, the PRNG), recorded when the run starts; a resume under others is refused.
+    jax_numerics: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -33,7 +33,7 @@ from layoutlab.data import (
 )
 from layoutlab.nn.conv_config import ConvPlanMismatch, with_conv_plan
 from layoutlab.train import program as programs
-from layoutlab.train.agreement import agree_on_run, run_fingerprint
+from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
@@ -50,6 +50,7 @@ from layoutlab.train.metrics import (
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
+from layoutlab.train.run_identity import new_run_id, numerics_environment
 from layoutlab.train.run_plan import (
     abstract_model,
     planned,
@@ -133,7 +134,9 @@ def check_xla_options(options: dict) -> None:
 
 
 def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
-    ckpt = Checkpointer(workdir / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints)
+    ckpt = Checkpointer(
+        workdir / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints, run_id=config.run_id
+    )
     if ckpt.steps() and not resume:
         ckpt.close()
         raise ValueError(
@@ -185,12 +188,17 @@ def train_and_evaluate(
     workdir = Path(workdir)
     dataset = load_run_data(config)
     config = with_data_fingerprint(config, dataset)
+    # What the run records of itself: an id carried in (another run's config.json) is not its.
+    config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
     try:
         if resume:
             # Before the model is built: a changed model is then named as such, not by its
             # conv plan. Reads only; the lock below keeps a second trainer out.
             make_workdir(workdir, create=False)
-            config = check_resume(config, workdir, workdir / CHECKPOINT_DIR, asked)
+            note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
+            config = check_resume(config, workdir, workdir / CHECKPOINT_DIR, asked, note)
+        if config.run_id is None:  # a new run, or one from before run ids
+            config = dataclasses.replace(config, run_id=decided_by_process_0("run id", new_run_id))
         schedule = make_step_schedule(config, dataset)
         model = _check_dataset(config, dataset)
         make_workdir(workdir, create=not resume)

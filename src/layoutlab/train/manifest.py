@@ -25,6 +25,7 @@ __all__ = [
     "MANIFEST",
     "CheckpointError",
     "CorruptCheckpointError",
+    "ForeignCheckpointError",
     "IncompatibleCheckpointError",
     "array_crc32s",
     "has_manifest",
@@ -43,6 +44,11 @@ class CheckpointError(ValueError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are missing, truncated or altered, or its save never finished."""
+
+
+class ForeignCheckpointError(CorruptCheckpointError):
+    """A certified step that is not this run's, or not the step its directory names: it is
+    used as an uncertified step is (never; the step before it when the newest is asked)."""
 
 
 class IncompatibleCheckpointError(CheckpointError):

@@ -15,7 +15,7 @@ import math
 
 from layoutlab import models
 
-__all__ = ["builder_options", "check_model"]
+__all__ = ["builder_options", "check_model", "with_builder_defaults"]
 
 # Builder arguments the loop sets itself (remat has its own field).
 _RESERVED_KWARGS = ("num_classes", "layout", "policy", "rngs", "remat")
@@ -36,6 +36,17 @@ def _builder_parameters(model: str) -> list[inspect.Parameter]:
 def builder_options(model: str) -> list[str]:
     """Keyword arguments the model's builder accepts."""
     return [p.name for p in _builder_parameters(model)]
+
+
+def with_builder_defaults(model: str, model_kwargs: dict) -> dict:
+    """``model_kwargs`` with every builder argument it leaves out at its default: what the
+    builder is called with, so ``{"dropout": 0.0}`` and ``{}`` are one model."""
+    defaults = {
+        p.name: p.default
+        for p in _builder_parameters(model)
+        if p.default is not inspect.Parameter.empty and p.name not in _RESERVED_KWARGS
+    }
+    return {**defaults, **model_kwargs}
 
 
 def _kwarg_kind(default) -> tuple[tuple[type, ...], str] | None:

@@ -5,24 +5,30 @@ Every checkpoint carries the resolved config that wrote it (``extra["config"]``)
 ``MAY_CHANGE`` that differs is refused with a one-line error naming it, since it would
 silently train another model, under another policy or on another data stream than the one
 the checkpoint holds. Fields in ``FROM_CHECKPOINT`` are not the user's to set on resume:
-they are taken from the checkpoint.
+they are taken from the checkpoint. Of the fields that may change, a change of one in
+``NOTED`` (how the same computation runs) is said in one line, old -> new. The run id is
+the run's own (its ``config.json``), and the JAX settings that change numbers
+(``train.run_identity``) must be those the run was trained with.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from layoutlab.train.checkpoint import Checkpointer, newest_meta
 from layoutlab.train.config import TrainConfig, field_names, with_legacy_defaults
 from layoutlab.train.metrics import CONFIG_FILE, read_records
 from layoutlab.train.run_data import data_change
+from layoutlab.train.run_identity import environment_change
 from layoutlab.train.state import TrainState
 
 __all__ = [
     "FROM_CHECKPOINT",
     "MAY_CHANGE",
+    "NOTED",
     "ResumeError",
     "check_resume",
     "nothing_to_resume",
@@ -52,6 +58,19 @@ MAY_CHANGE = frozenset(
 # A resumed run keeps its conv plans and where its layers compute (the stored kernels of a
 # "layout"-storage run follow the latter).
 FROM_CHECKPOINT = ("conv_plan", "eval_conv_plan", "activation_storage")
+# May change, but changes how the run computes (its speed, and with some its last bits):
+# a resume says so.
+NOTED = (
+    "eval_batch_size",
+    "data_parallel",
+    "remat",
+    "conv_algorithm",
+    "xla_options",
+    "cpu_fast",
+    "param_sharding",
+)
+# Recorded by the run itself, compared on their own below.
+_RECORDED = ("data_fingerprint", "run_id", "jax_numerics")
 
 
 class ResumeError(ValueError):
@@ -66,7 +85,8 @@ def saved_run_config(
     ``prefer_config_json`` puts first."""
 
     def from_checkpoint():
-        found = newest_meta(checkpoint_dir)
+        # Another run's step, or a step under another step's name, says nothing of this run.
+        found = newest_meta(checkpoint_dir, recorded_run_id(workdir))
         if found is not None and isinstance(found[0].get("extra", {}).get("config"), dict):
             return found[0]["extra"]["config"], f"checkpoint {found[1]}"
         return None
@@ -92,6 +112,17 @@ def saved_run_config(
     return None
 
 
+def recorded_run_id(workdir: Path) -> str | None:
+    """The run id in ``workdir``'s ``config.json``; None without one (a run from before run
+    ids, or an unreadable file, which the caller reports)."""
+    try:
+        saved = json.loads((workdir / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    run_id = saved.get("run_id") if isinstance(saved, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
 def nothing_to_resume(workdir: Path) -> ResumeError:
     """The error for a workdir without config.json or checkpoint: a wrong path, or a run
     killed before it wrote either."""
@@ -107,9 +138,10 @@ def nothing_to_resume(workdir: Path) -> ResumeError:
     )
 
 
-def _canonical(name: str, value):
+def _canonical(name: str, value, model: str | None = None):
     """What ``value`` of field ``name`` means, so that spellings of one setting compare equal
-    (``nhwc`` and ``NHWC``, ``p=f32,c=f32,o=f32`` and ``fp32``)."""
+    (``nhwc`` and ``NHWC``, ``p=f32,c=f32,o=f32`` and ``fp32``, ``model_kwargs`` of ``model``
+    with a default spelled out or left out)."""
     try:
         if name == "layout":
             from layoutlab.layout import parse_layout
@@ -123,7 +155,11 @@ def _canonical(name: str, value):
             from layoutlab import models
 
             return models.spec(value).name
-    except ValueError:
+        if name == "model_kwargs" and model is not None:
+            from layoutlab.train.model_checks import with_builder_defaults
+
+            return with_builder_defaults(model, value)
+    except (ValueError, KeyError):
         pass  # a saved value this version no longer reads: compared as written
     return value
 
@@ -143,14 +179,29 @@ def _explicit(asked: TrainConfig | None, name: str) -> bool:
     return getattr(asked, name) not in (None, "auto")
 
 
+def _noted_changes(have: dict, saved: dict) -> str | None:
+    changed = [
+        f"{name} {saved[name]!r} -> {have[name]!r}"
+        for name in NOTED
+        if name in saved and have[name] != saved[name]
+    ]
+    return "; ".join(changed) if changed else None
+
+
 def check_resume(
-    config: TrainConfig, workdir: Path, checkpoint_dir: Path, asked: TrainConfig | None = None
+    config: TrainConfig,
+    workdir: Path,
+    checkpoint_dir: Path,
+    asked: TrainConfig | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> TrainConfig:
     """``config`` (resolved) with the ``FROM_CHECKPOINT`` fields of the saved run; raises
     ``ResumeError`` if there is no run to continue or a field outside ``MAY_CHANGE`` differs
     in meaning (spellings of one value are equal, and the saved spelling is kept).
     ``asked`` is the config as given, before resolution: a ``FROM_CHECKPOINT`` field it sets
-    explicitly to another value than the run's is refused, not replaced."""
+    explicitly to another value than the run's is refused, not replaced. ``log`` gets one
+    line naming the ``NOTED`` fields that change. The result carries the run's id (None for
+    a run from before run ids: the caller makes one)."""
     found = saved_run_config(workdir, checkpoint_dir)
     if found is None:
         raise nothing_to_resume(workdir)
@@ -159,15 +210,19 @@ def check_resume(
     have = config.to_dict()
     if change := data_change(config, saved.get("data_fingerprint"), config.data_fingerprint):
         raise ResumeError(f"Cannot resume {workdir}: {change}")
-    kept = {}
+    if change := environment_change(saved.get("jax_numerics"), config.jax_numerics or {}):
+        raise ResumeError(f"Cannot resume {workdir}: {change}")
+    saved_id = saved.get("run_id")
+    kept = {"run_id": recorded_run_id(workdir) or (saved_id if isinstance(saved_id, str) else None)}
     for name in field_names():
         if name in MAY_CHANGE or name in FROM_CHECKPOINT or name not in saved:
             continue
-        if name == "data_fingerprint":
+        if name in _RECORDED:
             continue  # compared above, with what changed named
         if have[name] == saved[name]:
             continue
-        if _canonical(name, have[name]) != _canonical(name, saved[name]):
+        model = have["model"]
+        if _canonical(name, have[name], model) != _canonical(name, saved[name], model):
             raise _refuse(workdir, name, have[name], saved[name], source)
         kept[name] = saved[name]
     for name in FROM_CHECKPOINT:
@@ -181,7 +236,9 @@ def check_resume(
                 "workdir."
             )
         kept[name] = value
-    return dataclasses.replace(config, **kept) if kept else config
+    if log is not None and (changed := _noted_changes(have, saved)):
+        log(f"note: resuming {workdir} with changed settings: {changed}.")
+    return dataclasses.replace(config, **kept)
 
 
 def _history(metrics_path: Path, checkpoint_every: int) -> list[int]:

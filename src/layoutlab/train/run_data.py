@@ -30,20 +30,40 @@ def load_run_data(config: TrainConfig) -> Dataset:
     return get_dataset(config.data, image_size=size)
 
 
+def _what_changed(recorded: dict, have: dict) -> str:
+    if "spec" in recorded:
+        return f"it is generated from {have.get('spec')!r} now, {recorded['spec']!r} then"
+    was, now = recorded.get("each"), have.get("each")
+    if isinstance(was, dict) and isinstance(now, dict):
+        parts = []
+        for what, names in (
+            ("changed", [n for n in sorted(was) if n in now and was[n] != now[n]]),
+            ("added", sorted(set(now) - set(was))),
+            ("removed", sorted(set(was) - set(now))),
+        ):
+            if names:
+                parts.append(f"{', '.join(names)} {what}")
+        return "; ".join(parts) + " since the run started"
+    what = []
+    for key, unit in (("files", "files"), ("bytes", "bytes")):
+        if have.get(key) != recorded.get(key):
+            what.append(f"{have.get(key)} {unit} now, {recorded.get(key)} when the run started")
+    return "; ".join(what) or "as many files of the same sizes, but other contents or names"
+
+
 def data_change(config: TrainConfig, recorded: dict | None, have: dict | None) -> str | None:
-    """None when the data read now (fingerprint ``have``) is what ``recorded`` describes (or
-    nothing was recorded: built-in data, runs from before fingerprints), else one sentence
-    naming what changed and the fix."""
+    """None when the data read now (fingerprint ``have``) is what ``recorded`` describes
+    (every entry ``recorded`` holds is ``have``'s: a run recorded before per-file digests
+    compares by the rest), or nothing was recorded (a run from before fingerprints), else
+    one sentence naming what changed and the fix."""
     if recorded is None or recorded == have:
         return None
     if not isinstance(have, dict) or not isinstance(recorded, dict):
         what = "it has no fingerprint now"
+    elif all(have.get(k) == v for k, v in recorded.items()):
+        return None
     else:
-        what = []
-        for key, unit in (("files", "files"), ("bytes", "bytes")):
-            if have.get(key) != recorded.get(key):
-                what.append(f"{have.get(key)} {unit} now, {recorded.get(key)} when the run started")
-        what = "; ".join(what) or "as many files of the same sizes, but other contents or names"
+        what = _what_changed(recorded, have)
     return (
         f"The training data {config.data!r} is not what the run was trained on ({what}). "
         "Restore that data, or train on the new data in a new workdir."
