@@ -55,7 +55,13 @@ def _extensions() -> list[Extension]:
             # file so the link works whichever copies exist. No rpath: layoutlab loads the
             # library by absolute path before it imports the extension.
             extra_link_args=[os.path.join(lib_dir, "libdnnl.so.3")],
-            extra_compile_args=["-std=c++17", "-O2", "-fvisibility=hidden", "-Wno-return-type", "-g0"],
+            extra_compile_args=[
+                "-std=c++17",
+                "-O2",
+                "-fvisibility=hidden",
+                "-Wno-return-type",
+                "-g0",
+            ],
             language="c++",
             optional=True,
         )
