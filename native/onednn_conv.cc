@@ -37,6 +37,7 @@ struct Params {
   int64_t op, src_dt, wei_dt, dst_dt, nchw;
   int64_t n, c, h, w, o, kh, kw, oh, ow;
   int64_t sh, sw, plh, plw, prh, prw, dh, dw, groups;
+  int64_t plain_weights;  // 1: the primitive reads and writes HWIO itself (no reorder)
 };
 constexpr int kNumParams = sizeof(Params) / sizeof(int64_t);
 
@@ -95,6 +96,7 @@ std::unique_ptr<Entry> Create(const Params& p) {
   memory::desc src = ActDesc(p, p.src_dt, p.c, p.h, p.w);
   memory::desc dst = ActDesc(p, p.dst_dt, p.o, p.oh, p.ow);
   memory::desc wei_any(WeiDims(p), ToDnnl(p.wei_dt), memory::format_tag::any);
+  if (p.plain_weights) wei_any = UserWeiDesc(p);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 
@@ -227,7 +229,7 @@ int64_t DtCode(ffi::DataType t) {
 Params MakeParams(int64_t op, ffi::AnyBuffer::Dimensions act, ffi::AnyBuffer::Dimensions wei,
                   ffi::AnyBuffer::Dimensions out, int64_t src_dt, int64_t wei_dt, int64_t dst_dt,
                   int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw, int64_t prh,
-                  int64_t prw, int64_t dh, int64_t dw, int64_t groups) {
+                  int64_t prw, int64_t dh, int64_t dw, int64_t groups, int64_t plain_weights) {
   if (act.size() != 4 || wei.size() != 4 || out.size() != 4)
     throw std::invalid_argument("conv operands must have rank 4");
   Params p{};
@@ -254,6 +256,7 @@ Params MakeParams(int64_t op, ffi::AnyBuffer::Dimensions act, ffi::AnyBuffer::Di
   p.dh = dh;
   p.dw = dw;
   p.groups = groups;
+  p.plain_weights = plain_weights;
   if (wei[2] * groups != p.c) throw std::invalid_argument("kernel in-channels * groups != C");
   return p;
 }
@@ -273,12 +276,14 @@ ffi::Error Guard(F&& f) {
 
 #define CONV_ATTRS(X)                                                                   \
   X(int64_t, nchw) X(int64_t, sh) X(int64_t, sw) X(int64_t, plh) X(int64_t, plw)      \
-      X(int64_t, prh) X(int64_t, prw) X(int64_t, dh) X(int64_t, dw) X(int64_t, groups)
-#define GEOM nchw, sh, sw, plh, plw, prh, prw, dh, dw, groups
+      X(int64_t, prh) X(int64_t, prw) X(int64_t, dh) X(int64_t, dw) X(int64_t, groups) \
+          X(int64_t, plain_weights)
+#define GEOM nchw, sh, sw, plh, plw, prh, prw, dh, dw, groups, plain_weights
 
 ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
                    int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw, int64_t prh,
-                   int64_t prw, int64_t dh, int64_t dw, int64_t groups) {
+                   int64_t prw, int64_t dh, int64_t dw, int64_t groups,
+                   int64_t plain_weights) {
   return Guard([&] {
     Params p = MakeParams(kForward, x.dimensions(), w.dimensions(), y->dimensions(),
                           DtCode(x.element_type()), DtCode(w.element_type()),
@@ -289,7 +294,8 @@ ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffe
 
 ffi::Error BackwardData(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
                         int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
-                        int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups) {
+                        int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
+                   int64_t plain_weights) {
   return Guard([&] {
     Params p = MakeParams(kBackwardData, dx->dimensions(), w.dimensions(), dy.dimensions(),
                           DtCode(dx->element_type()), DtCode(w.element_type()),
@@ -300,7 +306,8 @@ ffi::Error BackwardData(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::An
 
 ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw_out,
                            int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
-                           int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups) {
+                           int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
+                   int64_t plain_weights) {
   return Guard([&] {
     Params p = MakeParams(kBackwardWeights, x.dimensions(), dw_out->dimensions(), dy.dimensions(),
                           DtCode(x.element_type()), DtCode(dw_out->element_type()),
@@ -386,7 +393,7 @@ PyMethodDef kMethods[] = {
     {"impl_info", ImplInfo, METH_VARARGS,
      "(impl_info_str, weights reordered, scratchpad bytes) of the primitive for a parameter "
      "tuple (op, src_dt, wei_dt, dst_dt, nchw, n, c, h, w, o, kh, kw, oh, ow, sh, sw, plh, plw, "
-     "prh, prw, dh, dw, groups)."},
+     "prh, prw, dh, dw, groups, plain_weights)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_onednn",

@@ -307,3 +307,38 @@ def test_absent_extension_falls_back_to_xla_with_the_reason(extension_absent):
     geom = spec.geometry
     y = onednn.onednn_core(x, w, geom, None)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(want[0]))
+
+
+@needs_onednn
+def test_nchw_activations_read_directly_match_the_nhwc_conv():
+    """``onednn_conv`` takes NCHW itself (oneDNN's GEMM-based kernel; the registry core
+    transposes instead, see the module docstring): the same values as NHWC, within float32
+    rounding of the 72-product sums (1e-5 relative to the largest output)."""
+    spec = _spec("3x3s2", "NHWC")
+    x, w, dy = (jnp.asarray(a) for a in _inputs(spec, seed=6))
+    t = (0, 3, 1, 2)
+    ys = []
+    for layout, xi, dyi in (("NHWC", x, dy), ("NCHW", x.transpose(t), dy.transpose(t))):
+        conv = lambda a, b, lay=layout: onednn.onednn_conv(a, b, spec.geometry, None, lay)  # noqa: E731
+        y, vjp = jax.vjp(conv, xi, w)
+        dx, dw = vjp(dyi)
+        if layout == "NCHW":
+            y, dx = y.transpose(0, 2, 3, 1), dx.transpose(0, 2, 3, 1)
+        ys.append((y, dx, dw))
+    for a, b in zip(*ys, strict=True):
+        scale = float(jnp.max(jnp.abs(a)))
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale, rtol=0)
+
+
+def test_off_cpu_the_program_holds_xla_convs_only():
+    """Lowered for a GPU, the algorithm's convs are XLA's (``lax.platform_dependent``): no
+    custom call that the GPU could not run. On CPU, the forward's result is unused by the
+    gradient of a sum, so the program holds the two gradient calls."""
+    spec = _spec("3x3s1", "NHWC")
+    x, w, _ = (jnp.asarray(a) for a in _inputs(spec, seed=7))
+    grad = jax.jit(jax.grad(lambda a, b: jnp.sum(_conv(spec, "onednn")(a, b)), argnums=(0, 1)))
+    gpu = grad.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert onednn.TARGET_PREFIX not in gpu and "convolution" in gpu
+    if onednn.available():
+        cpu = grad.trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
+        assert cpu.count(onednn.TARGET_PREFIX) == 2 and "convolution" not in cpu

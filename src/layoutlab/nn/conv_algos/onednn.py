@@ -1,7 +1,12 @@
 """The ``onednn`` conv algorithm: forward, input gradient and weight gradient as oneDNN
 primitives called through XLA FFI custom calls (``native/onednn_conv.cc``), with a custom VJP.
 
-Activations stay in the conv's layout (NHWC or NCHW: oneDNN reads both), kernels are HWIO.
+Activations are NHWC, kernels HWIO, XLA's buffers as they are. ``onednn_conv`` also takes NCHW
+activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, which
+ran 1.5-2.5x slower than its NHWC ones plus XLA's two transposes (3x3 convs, N1 and N32,
+float32 and bfloat16, forward and training, on a loaded 2-core Zen 4). So the registry core
+takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse the
+transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
 Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
 ``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands'
 dtype. The backward casts the cotangent to the operands' dtype, as autocast does, writes the
@@ -14,14 +19,17 @@ extension at trace time which implementation each would get. Off CPU the algorit
 XLA's conv (``lax.platform_dependent``), so a GPU program holds no custom call.
 
 Determinism: oneDNN 3.2 has no deterministic attribute (``primitive_attr::set_deterministic``
-came in 3.4). Its CPU convolutions split work over threads by output blocks and, for the
-weight gradient, reduce the per-thread partial sums in a fixed order, so for a fixed thread
-count a call's bits repeat; ``tests/test_onednn_conv.py`` checks it.
+is in oneDNN 3.4's documentation, not in 3.2's headers). oneDNN documents its CPU primitives
+as run-to-run bitwise deterministic in a fixed environment (same CPU, library, thread count
+and environment variables); the attribute exists for implementations built on atomics, which
+the ones that run here are not. ``tests/test_onednn_conv.py`` checks that a step's gradients
+repeat to the bit.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +68,7 @@ def dtype_reason(dtype: str) -> str | None:
     return f"compute dtype {dtype} (oneDNN convs take float32 and bfloat16)"
 
 
-def _attrs(geom: Geometry, layout: str) -> dict:
+def _attrs(geom: Geometry, layout: str, plain: bool) -> dict:
     (plh, prh), (plw, prw) = geom.padding
     values = dict(
         nchw=int(layout == "NCHW"),
@@ -73,19 +81,22 @@ def _attrs(geom: Geometry, layout: str) -> dict:
         dh=geom.dilation[0],
         dw=geom.dilation[1],
         groups=geom.groups,
+        plain_weights=int(plain),
     )
     return {k: np.int64(v) for k, v in values.items()}
 
 
-def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec) -> tuple[int, ...]:
-    """The extension's parameter tuple (see ``native/onednn_conv.cc``: ``Params``)."""
+def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec, plain=False) -> tuple[int, ...]:
+    """The extension's parameter tuple (see ``native/onednn_conv.cc``: ``Params``) of the
+    primitive the core runs for ``spec``: NHWC whatever the spec's layout (see the module
+    docstring)."""
     g = spec.geometry
     (plh, prh), (plw, prw) = g.padding
     ho, wo = spec.out_size
     return (
         op,
         *(_DTYPES[d] for d in dts),
-        int(spec.layout == "NCHW"),
+        0,  # NHWC
         spec.batch,
         spec.in_features,
         *spec.in_size,
@@ -100,7 +111,22 @@ def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec) -> tuple[int, ..
         prw,
         *g.dilation,
         g.groups,
+        int(plain),
     )
+
+
+# Below this many output pixels (batch * Ho * Wo) a float32 forward reads the HWIO kernel
+# as it is: reordering it into the blocked format costs more than the conv itself (N1 4x4x512
+# 3x3: 3.0 against 8.1 ms; N1 8x8 256->512 stride 2: 1.6 against 4.0 ms, one thread, on a
+# loaded 2-core Zen 4), while at N32 the blocked kernel wins (4x4x512: 72 against 137 ms).
+# Other primitives get only oneDNN's GEMM-based kernels with plain weights.
+PLAIN_WEIGHTS_MAX_PIXELS = 64
+
+
+def plain_weights(dtype: str, out_pixels: int) -> bool:
+    """Whether the forward of a ``dtype`` conv writing ``out_pixels`` (batch * Ho * Wo)
+    reads the kernel without a reorder."""
+    return dtype == "float32" and out_pixels <= PLAIN_WEIGHTS_MAX_PIXELS
 
 
 def _queries(dtype: str) -> list[tuple[str, int, tuple[str, str, str]]]:
@@ -122,8 +148,10 @@ def supports(spec: ConvSpec) -> str | None:
         return f"negative padding {spec.geometry.padding} (a cropping conv)"
     if not available():
         return f"oneDNN convs unavailable: {unavailable_reason()}"
+    ho, wo = spec.out_size
+    plain = plain_weights(spec.dtype, spec.batch * ho * wo)
     for what, op, dts in _queries(spec.dtype):
-        info = impl_info(_params(op, dts, spec))
+        info = impl_info(_params(op, dts, spec, plain and op == _FWD))
         if isinstance(info, str):
             return f"its {what}: {info}"
         if "ref" in info[0]:
@@ -132,9 +160,13 @@ def supports(spec: ConvSpec) -> str | None:
 
 
 def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
+    if not available():  # registers the targets on first use
+        raise RuntimeError(f"oneDNN convs unavailable: {unavailable_reason()}")
     out = jax.ShapeDtypeStruct(shape, dtype)
     call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
-    return call(a, b, **_attrs(geom, layout))
+    pixels = math.prod(shape) // shape[1 if layout == "NCHW" else 3]
+    plain = target == "fwd" and plain_weights(a.dtype.name, pixels)
+    return call(a, b, **_attrs(geom, layout, plain))
 
 
 def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
@@ -154,7 +186,7 @@ def _forward(x, w, geom, preferred, layout):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def onednn_conv(x, w, geom: Geometry, preferred, layout: str = "NHWC"):
     """``layout`` (NHWC or NCHW) x HWIO conv by oneDNN on CPU (no platform switch: see
-    ``onednn_core``); the extension must be loaded (``available()``)."""
+    ``onednn_core``); raises where the extension is unavailable."""
     return _forward(x, w, geom, preferred, layout)
 
 
@@ -199,6 +231,3 @@ def onednn_core(x, w, geom: Geometry, preferred, layout: str = "NHWC"):
         return onednn_conv(a, b, geom, preferred, layout)
 
     return lax.platform_dependent(x, w, cpu=cpu, default=native)
-
-
-onednn_core.layouts = ("NHWC", "NCHW")
