@@ -3,7 +3,9 @@
 //
 // Activations are NHWC or NCHW (attribute `nchw`) and kernels HWIO, exactly as XLA holds them:
 // src/dst wrap XLA's buffers, so only the kernel may be reordered, into the blocked format the
-// primitive picked (weights are declared `format_tag::any`). Primitives are created once per
+// primitive picked (weights are declared `format_tag::any`, or HWIO itself with the
+// `plain_weights` attribute, which layoutlab sets where the reorder would cost more than the
+// conv: float32 forwards of few output pixels). Primitives are created once per
 // shape (a mutex-guarded cache keyed by every parameter); scratchpads are user-managed and
 // live in per-thread buffers that only grow, so a steady-state call allocates nothing but
 // oneDNN's small memory handles. Errors come back as ffi::Error, never an abort.
@@ -194,26 +196,25 @@ void Run(const Params& p, void* src, void* wei, void* dst) {
   memory user_wei(e.user_wei_md, eng, wei);
   memory wei_m = e.reorder_wei ? memory(e.wei_md, eng, wei_buf.Get(e.wei_md.get_size()))
                                : user_wei;
-  memory scratch_m(memory::desc({static_cast<int64_t>(e.scratch_bytes)}, memory::data_type::u8,
-                                memory::format_tag::x),
-                   eng, e.scratch_bytes ? scratch.Get(e.scratch_bytes) : nullptr);
+  std::unordered_map<int, memory> args;
+  if (e.scratch_bytes) {
+    memory::desc scratch_md({static_cast<int64_t>(e.scratch_bytes)}, memory::data_type::u8,
+                            memory::format_tag::x);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, eng, scratch.Get(e.scratch_bytes)));
+  }
   if (p.op == kForward) {
     if (e.reorder_wei) e.wei_reorder.execute(stream, user_wei, wei_m);
-    e.prim.execute(stream, {{DNNL_ARG_SRC, src_m},
-                            {DNNL_ARG_WEIGHTS, wei_m},
-                            {DNNL_ARG_DST, dst_m},
-                            {DNNL_ARG_SCRATCHPAD, scratch_m}});
+    args.insert({{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
+    e.prim.execute(stream, args);
   } else if (p.op == kBackwardData) {
     if (e.reorder_wei) e.wei_reorder.execute(stream, user_wei, wei_m);
-    e.prim.execute(stream, {{DNNL_ARG_DIFF_DST, dst_m},
-                            {DNNL_ARG_WEIGHTS, wei_m},
-                            {DNNL_ARG_DIFF_SRC, src_m},
-                            {DNNL_ARG_SCRATCHPAD, scratch_m}});
+    args.insert(
+        {{DNNL_ARG_DIFF_DST, dst_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DIFF_SRC, src_m}});
+    e.prim.execute(stream, args);
   } else {
-    e.prim.execute(stream, {{DNNL_ARG_SRC, src_m},
-                            {DNNL_ARG_DIFF_DST, dst_m},
-                            {DNNL_ARG_DIFF_WEIGHTS, wei_m},
-                            {DNNL_ARG_SCRATCHPAD, scratch_m}});
+    args.insert(
+        {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_DIFF_DST, dst_m}, {DNNL_ARG_DIFF_WEIGHTS, wei_m}});
+    e.prim.execute(stream, args);
     if (e.reorder_wei) e.wei_reorder.execute(stream, wei_m, user_wei);
   }
   stream.wait();
