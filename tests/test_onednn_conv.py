@@ -342,3 +342,28 @@ def test_off_cpu_the_program_holds_xla_convs_only():
     if onednn.available():
         cpu = grad.trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
         assert cpu.count(onednn.TARGET_PREFIX) == 2 and "convolution" not in cpu
+
+
+def _setup_module(monkeypatch):
+    """``setup.py`` as a module, with ``setuptools.setup`` not run."""
+    import importlib.util
+    from pathlib import Path
+
+    import setuptools
+
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    path = Path(__file__).resolve().parents[1] / "setup.py"
+    spec = importlib.util.spec_from_file_location("layoutlab_setup", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_leaves_the_extension_out_rather_than_fail(monkeypatch):
+    """The extension is optional to setuptools (a failed compile still installs the package),
+    and without the oneDNN wheels or XLA's FFI headers it is not attempted at all."""
+    setup = _setup_module(monkeypatch)
+    for ext in setup._extensions():
+        assert ext.name == "layoutlab._onednn" and ext.optional
+    monkeypatch.setattr(setup, "_jaxlib_include", lambda: None)
+    assert setup._extensions() == []
