@@ -367,3 +367,34 @@ def test_the_build_leaves_the_extension_out_rather_than_fail(monkeypatch):
         assert ext.name == "layoutlab._onednn" and ext.optional
     monkeypatch.setattr(setup, "_jaxlib_include", lambda: None)
     assert setup._extensions() == []
+
+
+WAIT_PROBE = """
+import os
+from layoutlab.nn.conv_algos import onednn_load
+print(onednn_load.available(), onednn_load.wait_policy(), os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("given", "runtime", "source"),
+    [(None, "PASSIVE", "set by layoutlab"), ("active", "ACTIVE", "(OMP_WAIT_POLICY)")],
+)
+def test_openmp_wait_policy_is_passive_unless_the_environment_says(env, given, runtime, source):
+    """libgomp reports the policy it read at start-up (``OMP_DISPLAY_ENV``); the process's
+    environment is left as it was."""
+    import subprocess
+    import sys
+
+    run_env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    run_env["OMP_DISPLAY_ENV"] = "TRUE"
+    if given is not None:
+        run_env["OMP_WAIT_POLICY"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", WAIT_PROBE], env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"OMP_WAIT_POLICY = '{runtime}'" in proc.stderr
+    loaded, *rest = proc.stdout.split()
+    assert loaded == "True" and source in proc.stdout and rest[-1] == str(given)
