@@ -6,11 +6,14 @@ PyTorch eager (oneDNN too), at batch 1 and 32, float32 and bfloat16, one conv at
     python benchmarks/onednn_conv_table.py --smoke          # one conv, a few rounds: it runs
 
 The convs come from the models themselves (``nn.conv_config.model_conv_specs``), NHWC with
-HWIO kernels. Each pass is its own jitted program: ``fwd`` the conv, ``dx`` and ``dw`` the VJP
-with respect to one operand (the other's gradient and the forward are dead code). layoutlab's
-convs are compiled with the XLA:CPU options a run of that mode uses (``cpu_fast_options``).
-bfloat16 is mixed precision as ``mixed_bf16`` runs it: bf16 operands, float32 accumulation and
-output; PyTorch gets bf16 channels_last tensors (autocast's conv, without its casts). Per conv,
+HWIO kernels. PyTorch's wheel and the oneDNN wheel share one OpenMP runtime per process (one
+soname); this script loads layoutlab's first, so both run with the wait policy layoutlab sets
+(PASSIVE) unless ``OMP_WAIT_POLICY`` is given (``ACTIVE`` is PyTorch's own default). Each
+pass is its own jitted program: ``fwd`` the conv, ``dx`` and ``dw`` the VJP with respect to
+one operand (the other's gradient and the forward are dead code). layoutlab's convs are
+compiled with the XLA:CPU options a run of that mode uses (``cpu_fast_options``). bfloat16 is
+mixed precision as ``mixed_bf16`` runs it: bf16 operands, float32 accumulation and output;
+PyTorch gets bf16 channels_last tensors (autocast's conv, without its casts). Per conv,
 batch, dtype and pass, the three cases are compiled and warmed up, then timed round by round
 (A B C A B C ...), a block of calls each, so they share the machine's load. A row gives each
 median in ms and GF/s, and the paired per-round ratios ``xla / onednn`` and
@@ -28,7 +31,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 from layoutlab import models
 from layoutlab.bench.machine import finish_machine_info, machine_info
@@ -37,6 +39,7 @@ from layoutlab.bench.timing import settle
 from layoutlab.fast_defaults import cpu_fast_options
 from layoutlab.nn.conv_algos import conv2d, get_algorithm
 from layoutlab.nn.conv_algos.onednn import status_line
+from layoutlab.nn.conv_algos.onednn_load import wait_policy
 from layoutlab.nn.conv_config import model_conv_specs
 
 MODELS = {
@@ -95,6 +98,8 @@ def _jax_case(algorithm, spec, pass_, dtype, batch, arrays):
 
 
 def _torch_case(spec, pass_, dtype, arrays):
+    import torch  # after layoutlab's OpenMP runtime (see the module docstring)
+
     g = spec.geometry
     tdt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     x = torch.from_numpy(arrays[0]).permute(0, 3, 1, 2).to(tdt)
@@ -172,7 +177,7 @@ def main(argv=None) -> None:
         args.models, args.batches, args.rounds, args.block, args.limit = (
             "resnet18_cifar", "1", 3, 1, 2,
         )  # fmt: skip
-    print(status_line())
+    print(status_line(), f"(OpenMP wait policy: {wait_policy()})")
     machine = machine_info("cpu")
     convs = distinct_convs(args.models.split(","))[: args.limit]
     rows = []
@@ -206,7 +211,8 @@ def main(argv=None) -> None:
     if args.out:
         path = Path(args.out) / "onednn_conv_table.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        result = {"machine": finish_machine_info(machine), "onednn": status_line(), "rows": rows}
+        result = {"machine": finish_machine_info(machine), "onednn": status_line(),
+                  "omp_wait_policy": wait_policy(), "rows": rows}  # fmt: skip
         path.write_text(json.dumps(result, indent=1) + "\n")
 
 
