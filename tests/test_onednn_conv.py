@@ -398,3 +398,15 @@ def test_openmp_wait_policy_is_passive_unless_the_environment_says(env, given, r
     assert f"OMP_WAIT_POLICY = '{runtime}'" in proc.stderr
     loaded, *rest = proc.stdout.split()
     assert loaded == "True" and source in proc.stdout and rest[-1] == str(given)
+
+
+@needs_onednn
+def test_shapes_onednn_runs_by_reference_kernels_run_xla(monkeypatch):
+    """Where oneDNN has only its reference kernel for one of the three primitives (none of
+    the shapes above on this CPU), or none at all, the conv runs XLA's, saying which."""
+    spec = _spec("3x3s1", "NHWC")
+    assert onednn.supports(spec) is None
+    monkeypatch.setattr(onednn, "impl_info", lambda params: ("ref:any", False, 0))
+    assert "reference kernel 'ref:any'" in ca.select_algorithm(spec, "onednn").reason
+    monkeypatch.setattr(onednn, "impl_info", lambda params: "oneDNN: could not create")
+    assert "could not create" in ca.select_algorithm(spec, "onednn").reason
