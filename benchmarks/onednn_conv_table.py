@@ -170,6 +170,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--block", type=int, default=5, help="timed calls per case per round")
     p.add_argument("--limit", type=int, help="only the first LIMIT distinct convs")
+    p.add_argument("--match", help="only convs whose key contains MATCH (e.g. 16x16:128->128)")
     p.add_argument("--smoke", action="store_true", help="one conv, batch 1, 3 rounds of 1 call")
     p.add_argument("--out", help="folder for onednn_conv_table.json")
     args = p.parse_args(argv)
@@ -179,7 +180,8 @@ def main(argv=None) -> None:
         )  # fmt: skip
     print(status_line(), f"(OpenMP wait policy: {wait_policy()})")
     machine = machine_info("cpu")
-    convs = distinct_convs(args.models.split(","))[: args.limit]
+    convs = distinct_convs(args.models.split(","))
+    convs = [c for c in convs if args.match is None or args.match in c[1].key()][: args.limit]
     rows = []
     print("| model | conv | n | dtype | pass | xla ms | onednn ms | torch ms | xla GF/s | "
           "onednn GF/s | torch GF/s | xla/onednn [95%] | torch/onednn [95%] |")  # fmt: skip
