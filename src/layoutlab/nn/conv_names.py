@@ -25,4 +25,5 @@ BUILTIN_ALGORITHMS = (
     "pointwise",
     "s2d",
     "depthwise",
+    "onednn",
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from layoutlab.nn.conv_algos import depthwise, pointwise, space_to_depth, winograd
+from layoutlab.nn.conv_algos import depthwise, onednn, pointwise, space_to_depth, winograd
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
@@ -95,6 +95,15 @@ BUILTIN = (
         depthwise.depthwise_conv,
         depthwise.supports,
         "depthwise conv as shifted multiply-adds, one kernel tap per channel (JAX autodiff)",
+    ),
+    # oneDNN's primitives through XLA FFI custom calls (native/), where the extension loads;
+    # elsewhere, and for shapes oneDNN would run by its reference kernels, XLA's conv.
+    Algorithm(
+        "onednn",
+        onednn.onednn_core,
+        onednn.supports,
+        "oneDNN forward, input- and weight-gradient primitives via XLA FFI (CPU; XLA elsewhere)",
+        onednn.dtype_reason,
     ),
 )
 

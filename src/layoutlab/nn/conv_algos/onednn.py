@@ -1,0 +1,233 @@
+"""The ``onednn`` conv algorithm: forward, input gradient and weight gradient as oneDNN
+primitives called through XLA FFI custom calls (``native/onednn_conv.cc``), with a custom VJP.
+
+Activations are NHWC, kernels HWIO, XLA's buffers as they are. ``onednn_conv`` also takes NCHW
+activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, which
+ran 1.5-2.5x slower than its NHWC ones plus XLA's two transposes (3x3 convs, N1 and N32,
+float32 and bfloat16, forward and training, on a loaded 2-core Zen 4). So the registry core
+takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse the
+transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
+Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
+``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands'
+dtype. The backward casts the cotangent to the operands' dtype, as autocast does, writes the
+input gradient in that dtype and the weight gradient in the accumulation dtype.
+
+``supports`` refuses a conv (so XLA's conv runs, with the reason) when the extension is not
+available, for dtypes other than float32 and bfloat16, for negative padding, and where oneDNN
+would run one of its reference ("ref") kernels for any of the three primitives: it asks the
+extension at trace time which implementation each would get. Off CPU the algorithm lowers
+XLA's conv (``lax.platform_dependent``), so a GPU program holds no custom call.
+
+Determinism: oneDNN 3.2 has no deterministic attribute (``primitive_attr::set_deterministic``
+is in oneDNN 3.4's documentation, not in 3.2's headers). oneDNN documents its CPU primitives
+as run-to-run bitwise deterministic in a fixed environment (same CPU, library, thread count
+and environment variables); the attribute exists for implementations built on atomics, which
+the ones that run here are not. ``tests/test_onednn_conv.py`` checks that a step's gradients
+repeat to the bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+from layoutlab.nn.conv_algos.native import native_conv
+from layoutlab.nn.conv_algos.onednn_load import (
+    TARGET_PREFIX,
+    TARGETS,
+    available,
+    impl_info,
+    status_line,
+    unavailable_reason,
+)
+
+__all__ = [
+    "TARGET_PREFIX",
+    "available",
+    "dtype_reason",
+    "onednn_conv",
+    "onednn_core",
+    "status_line",
+    "supports",
+    "unavailable_reason",
+]
+
+_DTYPES = {"float32": 0, "bfloat16": 1}
+_FWD, _BWD_DATA, _BWD_WEIGHTS = 0, 1, 2
+
+
+def dtype_reason(dtype: str) -> str | None:
+    if dtype in _DTYPES:
+        return None
+    return f"compute dtype {dtype} (oneDNN convs take float32 and bfloat16)"
+
+
+def _attrs(geom: Geometry, layout: str, plain: bool) -> dict:
+    (plh, prh), (plw, prw) = geom.padding
+    values = dict(
+        nchw=int(layout == "NCHW"),
+        sh=geom.strides[0],
+        sw=geom.strides[1],
+        plh=plh,
+        plw=plw,
+        prh=prh,
+        prw=prw,
+        dh=geom.dilation[0],
+        dw=geom.dilation[1],
+        groups=geom.groups,
+        plain_weights=int(plain),
+    )
+    return {k: np.int64(v) for k, v in values.items()}
+
+
+def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec, plain=False) -> tuple[int, ...]:
+    """The extension's parameter tuple (see ``native/onednn_conv.cc``: ``Params``) of the
+    primitive the core runs for ``spec``: NHWC whatever the spec's layout (see the module
+    docstring)."""
+    g = spec.geometry
+    (plh, prh), (plw, prw) = g.padding
+    ho, wo = spec.out_size
+    return (
+        op,
+        *(_DTYPES[d] for d in dts),
+        0,  # NHWC
+        spec.batch,
+        spec.in_features,
+        *spec.in_size,
+        spec.out_features,
+        *g.kernel_size,
+        ho,
+        wo,
+        *g.strides,
+        plh,
+        plw,
+        prh,
+        prw,
+        *g.dilation,
+        g.groups,
+        int(plain),
+    )
+
+
+# Below this many output pixels (batch * Ho * Wo) a float32 forward reads the HWIO kernel
+# as it is: reordering it into the blocked format costs more than the conv itself (N1 4x4x512
+# 3x3: 3.0 against 8.1 ms; N1 8x8 256->512 stride 2: 1.6 against 4.0 ms, one thread, on a
+# loaded 2-core Zen 4), while at N32 the blocked kernel wins (4x4x512: 72 against 137 ms).
+# Other primitives get only oneDNN's GEMM-based kernels with plain weights.
+PLAIN_WEIGHTS_MAX_PIXELS = 64
+
+
+def plain_weights(dtype: str, out_pixels: int) -> bool:
+    """Whether the forward of a ``dtype`` conv writing ``out_pixels`` (batch * Ho * Wo)
+    reads the kernel without a reorder."""
+    return dtype == "float32" and out_pixels <= PLAIN_WEIGHTS_MAX_PIXELS
+
+
+def _queries(dtype: str) -> list[tuple[str, int, tuple[str, str, str]]]:
+    """(what, op, (src, weights, dst) dtypes) of every primitive a conv in ``dtype`` may run:
+    the forward to each output dtype, and the two gradients as ``_bwd`` calls them."""
+    outs = dict.fromkeys((dtype, "float32"))
+    return [
+        *((f"forward to {out}", _FWD, (dtype, dtype, out)) for out in outs),
+        *((f"weight gradient to {out}", _BWD_WEIGHTS, (dtype, out, dtype)) for out in outs),
+        ("input gradient", _BWD_DATA, (dtype, dtype, dtype)),
+    ]
+
+
+def supports(spec: ConvSpec) -> str | None:
+    why = dtype_reason(spec.dtype)
+    if why is not None:
+        return why
+    if any(p < 0 for pair in spec.geometry.padding for p in pair):
+        return f"negative padding {spec.geometry.padding} (a cropping conv)"
+    if not available():
+        return f"oneDNN convs unavailable: {unavailable_reason()}"
+    ho, wo = spec.out_size
+    plain = plain_weights(spec.dtype, spec.batch * ho * wo)
+    for what, op, dts in _queries(spec.dtype):
+        info = impl_info(_params(op, dts, spec, plain and op == _FWD))
+        if isinstance(info, str):
+            return f"its {what}: {info}"
+        if "ref" in info[0]:
+            return f"its {what}, which oneDNN would run with its reference kernel {info[0]!r}"
+    return None
+
+
+def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
+    if not available():  # registers the targets on first use
+        raise RuntimeError(f"oneDNN convs unavailable: {unavailable_reason()}")
+    out = jax.ShapeDtypeStruct(shape, dtype)
+    call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
+    pixels = math.prod(shape) // shape[1 if layout == "NCHW" else 3]
+    plain = target == "fwd" and plain_weights(a.dtype.name, pixels)
+    return call(a, b, **_attrs(geom, layout, plain))
+
+
+def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
+    n = x_shape[0]
+    if layout == "NHWC":
+        ho, wo = geom.out_size(tuple(x_shape[1:3]))
+        return (n, ho, wo, w_shape[3])
+    ho, wo = geom.out_size(tuple(x_shape[2:4]))
+    return (n, w_shape[3], ho, wo)
+
+
+def _forward(x, w, geom, preferred, layout):
+    out_dtype = jnp.dtype(preferred) if preferred is not None else x.dtype
+    return _call("fwd", _out_shape(x.shape, w.shape, geom, layout), out_dtype, x, w, geom, layout)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def onednn_conv(x, w, geom: Geometry, preferred, layout: str = "NHWC"):
+    """``layout`` (NHWC or NCHW) x HWIO conv by oneDNN on CPU (no platform switch: see
+    ``onednn_core``); raises where the extension is unavailable."""
+    return _forward(x, w, geom, preferred, layout)
+
+
+def _fwd(x, w, geom, preferred, layout):
+    return _forward(x, w, geom, preferred, layout), (x, w)
+
+
+def _bwd(geom, preferred, layout, res, g):
+    x, w = res
+    acc = jnp.dtype(preferred) if preferred is not None else x.dtype
+    g = g.astype(x.dtype)
+    dx = _call("bwd_data", x.shape, x.dtype, g, w, geom, layout)
+    dw = _call("bwd_weights", w.shape, acc, x, g, geom, layout)
+    return dx, dw.astype(w.dtype)
+
+
+onednn_conv.defvjp(_fwd, _bwd)
+
+
+def _handled(x, w, preferred) -> bool:
+    """Operand and output dtypes the primitives take (the supported specs all pass)."""
+    out = jnp.dtype(preferred) if preferred is not None else x.dtype
+    return (
+        x.dtype == w.dtype
+        and x.dtype.name in _DTYPES
+        and out.name in (x.dtype.name, "float32")
+        and available()
+    )
+
+
+def onednn_core(x, w, geom: Geometry, preferred, layout: str = "NHWC"):
+    """The registry core: oneDNN on CPU, XLA's conv on every other platform (and for an
+    operand pairing the primitives do not take)."""
+
+    def native(a, b):
+        return native_conv(a, b, geom, preferred, (layout, "HWIO", layout))
+
+    if not _handled(x, w, preferred):
+        return native(x, w)
+
+    def cpu(a, b):
+        return onednn_conv(a, b, geom, preferred, layout)
+
+    return lax.platform_dependent(x, w, cpu=cpu, default=native)

@@ -1,0 +1,412 @@
+"""The ``onednn`` conv algorithm (oneDNN primitives through XLA FFI custom calls): forward and
+both gradients against float64 over fuzzed shapes, both layouts, float32 and bfloat16; inside
+``jit``, ``grad`` and remat; bitwise repeatable; and XLA's convs, with the reason, where the
+extension is absent.
+
+Reference: XLA's conv in float64 (``jax.enable_x64``) of the same float32 inputs, and its VJP,
+which is independent of oneDNN. Tolerance: ``conv_tolerance(dtype, K)`` as in
+``tests/test_conv_algos.py``, ``|a - e| <= rtol * (|e| + max|e|)`` with
+``rtol = u(dtype) + u(float32) * sqrt(K)``: one term for rounding the operands to ``dtype``
+(for bfloat16, 1.6e-2: operands, cotangent and the bf16 input gradient each rounded once
+to 8 bits, about 4e-3 each), one for float32 accumulation over the ``K`` products each output
+sums, whose rounding errors add like a random walk.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from layoutlab.bench.tuning.conv_reference import conv_tolerance, spec_inputs
+from layoutlab.compare import compare
+from layoutlab.nn import conv_algos as ca
+from layoutlab.nn.conv_algos import onednn, onednn_load
+
+needs_onednn = pytest.mark.skipif(
+    not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
+)
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # single convs, no ReLU: see test_conv_algos
+
+
+def _fuzzed(count: int, seed: int = 0):
+    """``count`` random conv geometries: kernel 1/3/5, stride 1/2, dilation 1/2, groups 1, 2 or
+    depthwise, explicit (lo, hi) padding in [0, k - 1] each."""
+    rng = np.random.default_rng(seed)
+    cases = {}
+    while len(cases) < count:
+        k = int(rng.choice([1, 3, 5]))
+        s, d = int(rng.choice([1, 2])), int(rng.choice([1, 1, 2]))
+        c = int(rng.choice([4, 8, 12]))
+        g = int(rng.choice([1, 2, c]))
+        o = c if g == c else int(rng.choice([4, 8, 16]))
+        pads = tuple(tuple(int(v) for v in rng.integers(0, k, 2)) for _ in range(2))
+        h, w = (int(v) for v in rng.integers(max(6, (k - 1) * d + 1), 12, 2))
+        cases[f"fuzz{len(cases)}"] = ((2, h, w, c), (k, k, c // g, o), s, pads, d, g)
+    return cases
+
+
+# (x NHWC, kernel HWIO, strides, padding, dilation, groups)
+CASES = {
+    "3x3s1": ((2, 7, 9, 8), (3, 3, 8, 16), 1, "SAME", 1, 1),
+    "3x3s2": ((2, 9, 8, 8), (3, 3, 8, 12), 2, "SAME", 1, 1),
+    "1x1s1": ((2, 5, 6, 8), (1, 1, 8, 16), 1, 0, 1, 1),
+    "1x1s2": ((2, 8, 8, 16), (1, 1, 16, 32), 2, 0, 1, 1),
+    "7x7s2_rgb": ((1, 15, 15, 3), (7, 7, 3, 8), 2, 3, 1, 1),
+    "3x3_dilated": ((1, 9, 9, 8), (3, 3, 8, 8), 1, "SAME", 2, 1),
+    "3x3_groups4": ((2, 8, 8, 16), (3, 3, 4, 16), 1, 1, 1, 4),
+    "dw3x3s1": ((2, 7, 9, 8), (3, 3, 1, 8), 1, "SAME", 1, 8),
+    "dw3x3s2": ((2, 9, 8, 16), (3, 3, 1, 16), 2, 1, 1, 16),
+    "asym_pad": ((1, 6, 7, 4), (3, 3, 4, 8), 1, ((0, 2), (1, 0)), 1, 1),
+    **_fuzzed(6),
+}
+BF16_CASES = ("3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "dw3x3s2", "3x3_groups4", "fuzz0", "fuzz1")
+
+
+def _spec(case, layout, dtype="float32"):
+    xs, ws, s, p, d, g = CASES[case]
+    if layout == "NCHW":
+        xs = (xs[0], xs[3], xs[1], xs[2])
+    return ca.conv_spec(
+        xs, ws, strides=s, padding=p, dilation=d, groups=g, layout=layout,
+        kernel_layout="HWIO", dtype=dtype,
+    )  # fmt: skip
+
+
+def _conv(spec, algorithm, preferred=None):
+    g = spec.geometry
+
+    def f(x, w):
+        return ca.conv2d(
+            x, w, strides=g.strides, padding=g.padding, dilation=g.dilation, groups=g.groups,
+            layout=spec.layout, kernel_layout="HWIO", algorithm=algorithm,
+            preferred_element_type=preferred,
+        )  # fmt: skip
+
+    return f
+
+
+def _train(spec, algorithm, preferred=None):
+    """``(x, w, dy) -> (y, dx, dw)``."""
+    f = _conv(spec, algorithm, preferred)
+
+    def train(x, w, dy):
+        y, vjp = jax.vjp(f, x, w)
+        return (y, *vjp(dy.astype(y.dtype)))
+
+    return train
+
+
+def _inputs(spec, seed):
+    x, w, dy = spec_inputs(spec, seed=seed)
+    if spec.layout == "NCHW":  # spec_inputs gives the layout's kernel order (OIHW)
+        w = np.transpose(w, (2, 3, 1, 0))
+    return x, w, dy
+
+
+def _float64_train(spec):
+    g = spec.geometry
+    dims = (spec.layout, "HWIO", spec.layout)
+
+    def f(a, b):
+        return lax.conv_general_dilated(
+            a, b, g.strides, g.padding, rhs_dilation=g.dilation, dimension_numbers=dims,
+            feature_group_count=g.groups, precision=lax.Precision.HIGHEST,
+        )  # fmt: skip
+
+    def train(x, w, dy):
+        y, vjp = jax.vjp(f, x, w)
+        return dict(zip(("y", "dx", "dw"), (y, *vjp(dy)), strict=True))
+
+    return train
+
+
+def _float64_references(specs: dict) -> dict:
+    """``{key: {"y", "dx", "dw"}}`` in float64 of ``{key: (spec, (x, w, dy))}``, one program."""
+    with jax.enable_x64(True):
+        args = {k: tuple(jnp.asarray(a, jnp.float64) for a in v[1]) for k, v in specs.items()}
+        fns = {k: _float64_train(v[0]) for k, v in specs.items()}
+        run = jax.jit(lambda args: {k: fn(*args[k]) for k, fn in fns.items()})
+        outs = run.lower(args).compile(FAST_COMPILE)(args)
+        return jax.tree.map(np.asarray, outs)
+
+
+def _float64_reference(spec, x, w, dy):
+    return _float64_references({"one": (spec, (x, w, dy))})["one"]
+
+
+def _check(spec, outs, refs, dtype):
+    kh, kw = spec.geometry.kernel_size
+    ho, wo = spec.out_size
+    reductions = {
+        "y": spec.reduction,
+        "dx": kh * kw * spec.out_features // spec.geometry.groups,
+        "dw": spec.batch * ho * wo,
+    }
+    for key, red in reductions.items():
+        tol = conv_tolerance(dtype, red)
+        scale = float(np.max(np.abs(refs[key])))
+        actual = np.asarray(outs[key].astype(jnp.float32), np.float64)
+        report = compare(actual, refs[key], rtol=tol.rtol, atol=tol.rtol * scale, name=key)
+        assert report.passed, str(report)
+
+
+def _together(cases, dtype, preferred):
+    """``{id: (y, dx, dw)}`` of every ``(case, layout)``, compiled as one program."""
+    fns, args = {}, {}
+    for case, layout in cases:
+        spec = _spec(case, layout, jnp.dtype(dtype).name)
+        key = f"{case}-{layout}"
+        fns[key] = _train(spec, "onednn", preferred)
+        args[key] = tuple(jnp.asarray(a, dtype) for a in _inputs(spec, seed=3))
+
+    def run(args):
+        return {key: fn(*args[key]) for key, fn in fns.items()}
+
+    return jax.jit(run).lower(args).compile(FAST_COMPILE)(args)
+
+
+LAYOUTS = ("NHWC", "NCHW")
+F32_PARAMS = [(c, lay) for c in CASES for lay in LAYOUTS]
+BF16_PARAMS = [(c, lay) for c in BF16_CASES for lay in LAYOUTS]
+
+
+@pytest.fixture(scope="module")
+def float32_outputs():
+    return _together(F32_PARAMS, jnp.float32, None)
+
+
+@pytest.fixture(scope="module")
+def bfloat16_outputs():
+    return _together(BF16_PARAMS, jnp.bfloat16, jnp.float32)
+
+
+@pytest.fixture(scope="module")
+def references():
+    """Float64 results of every case's float32 inputs (bfloat16 cases round the same ones)."""
+    specs = {}
+    for case, layout in F32_PARAMS:
+        spec = _spec(case, layout)
+        specs[f"{case}-{layout}"] = (spec, _inputs(spec, seed=3))
+    return _float64_references(specs)
+
+
+@needs_onednn
+@pytest.mark.parametrize(("case", "layout"), F32_PARAMS)
+def test_float32_matches_float64(case, layout, float32_outputs, references):
+    spec = _spec(case, layout)
+    assert ca.select_algorithm(spec, "onednn").reason is None  # oneDNN runs, no fallback
+    outs = dict(zip(("y", "dx", "dw"), float32_outputs[f"{case}-{layout}"], strict=True))
+    _check(spec, outs, references[f"{case}-{layout}"], jnp.float32)
+
+
+@needs_onednn
+@pytest.mark.parametrize(("case", "layout"), BF16_PARAMS)
+def test_bfloat16_operands_accumulate_in_float32(case, layout, bfloat16_outputs, references):
+    spec = _spec(case, layout, "bfloat16")
+    assert ca.select_algorithm(spec, "onednn").reason is None
+    outs = dict(zip(("y", "dx", "dw"), bfloat16_outputs[f"{case}-{layout}"], strict=True))
+    assert outs["y"].dtype == jnp.float32  # preferred_element_type
+    assert outs["dx"].dtype == jnp.bfloat16 and outs["dw"].dtype == jnp.bfloat16
+    _check(spec, outs, references[f"{case}-{layout}"], jnp.bfloat16)
+
+
+@needs_onednn
+def test_bfloat16_output_dtype_and_custom_calls_in_the_program():
+    spec = _spec("3x3s1", "NHWC", "bfloat16")
+    x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(spec, seed=4))
+    train = _train(spec, "onednn")  # no preferred type: bf16 out, f32 accumulation inside
+    hlo = jax.jit(train).lower(x, w, dy).as_text()
+    for target in onednn_load.TARGETS.values():
+        assert target.startswith(onednn.TARGET_PREFIX) and target in hlo
+    y, dx, dw = jax.jit(train)(x, w, dy)
+    assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
+    _check(spec, {"y": y, "dx": dx, "dw": dw}, _float64_reference(spec, x, w, dy), jnp.bfloat16)
+
+
+def _loss(algorithm, spec, remat=False):
+    conv = _conv(spec, algorithm)
+
+    def block(x, w):
+        return jax.nn.relu(conv(x, w))
+
+    block = jax.checkpoint(block) if remat else block
+    return lambda x, w: jnp.sum(jnp.sin(block(block(x, w), w)))
+
+
+@needs_onednn
+def test_grad_under_remat_equals_plain_and_is_bitwise_repeatable():
+    spec = _spec("3x3s1", "NHWC")
+    x = jax.random.normal(jax.random.key(0), (2, 7, 9, 16))
+    w = jax.random.normal(jax.random.key(1), (3, 3, 16, 16)) * 0.1
+    plain = jax.jit(jax.grad(_loss("onednn", spec), argnums=(0, 1)))
+    remat = jax.jit(jax.grad(_loss("onednn", spec, remat=True), argnums=(0, 1)))
+    first = plain(x, w)
+    # Remat recomputes the forward with the same primitive: the same bits, not just close.
+    for a, b in zip(first, remat(x, w), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for _ in range(3):  # same inputs, same bits, call after call
+        for a, b in zip(first, plain(x, w), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # And the gradient is XLA's conv's within float32 rounding (1e-4 relative: two convs of
+    # 144 products each and their gradients, far above float32's 1e-7, far below an error).
+    xla = jax.jit(jax.grad(_loss("xla", spec), argnums=(0, 1)))(x, w)
+    for a, b in zip(first, xla, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_handler_errors_come_back_as_python_errors():
+    x = jnp.ones((1, 4, 4, 6))
+    w = jnp.ones((3, 3, 4, 8))  # 4 in-channels per group with groups=1: wrong for C=6
+    geom = ca.resolve_geometry((4, 4), 3)
+    with pytest.raises(Exception, match="kernel in-channels"):
+        jax.block_until_ready(jax.jit(lambda a, b: onednn.onednn_conv(a, b, geom, None))(x, w))
+
+
+def test_float16_and_cropping_pads_run_xla_with_the_reason():
+    assert "float16" in onednn.dtype_reason("float16")
+    assert ca.unsupported_reason("onednn", jnp.float16) is not None
+    spec = ca.conv_spec((1, 8, 8, 4), (3, 3, 4, 4), padding=((-1, 0), (0, 0)))
+    chosen = ca.select_algorithm(spec, "onednn")
+    assert chosen.name == "xla" and "negative padding" in chosen.reason
+
+
+@pytest.fixture
+def extension_absent(monkeypatch):
+    """The loader as on a machine where the extension did not build."""
+
+    def fail():
+        raise OSError("the layoutlab._onednn extension was not built (simulated)")
+
+    onednn_load.reset_for_tests()
+    monkeypatch.setattr(onednn_load, "_load_extension", fail)
+    yield
+    monkeypatch.undo()
+    onednn_load.reset_for_tests()
+
+
+def test_absent_extension_falls_back_to_xla_with_the_reason(extension_absent):
+    assert not onednn.available()
+    assert "simulated" in onednn.unavailable_reason()
+    assert onednn.status_line() == (
+        "onednn convs: unavailable (the layoutlab._onednn extension was not built "
+        "(simulated)); XLA's convs run"
+    )
+    spec = _spec("3x3s2", "NHWC")
+    chosen = ca.select_algorithm(spec, "onednn")
+    assert chosen.name == "xla" and "simulated" in chosen.reason
+    x, w, dy = (jnp.asarray(a) for a in _inputs(spec, seed=5))
+    hlo = jax.jit(_train(spec, "onednn")).lower(x, w, dy).as_text()
+    assert onednn.TARGET_PREFIX not in hlo
+    got = jax.jit(_train(spec, "onednn"))(x, w, dy)
+    want = jax.jit(_train(spec, "xla"))(x, w, dy)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The core itself, reached without supports (a plan naming it), runs XLA's conv too.
+    geom = spec.geometry
+    y = onednn.onednn_core(x, w, geom, None)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(want[0]))
+
+
+@needs_onednn
+def test_nchw_activations_read_directly_match_the_nhwc_conv():
+    """``onednn_conv`` takes NCHW itself (oneDNN's GEMM-based kernel; the registry core
+    transposes instead, see the module docstring): the same values as NHWC, within float32
+    rounding of the 72-product sums (1e-5 relative to the largest output)."""
+    spec = _spec("3x3s2", "NHWC")
+    x, w, dy = (jnp.asarray(a) for a in _inputs(spec, seed=6))
+    t = (0, 3, 1, 2)
+    ys = []
+    for layout, xi, dyi in (("NHWC", x, dy), ("NCHW", x.transpose(t), dy.transpose(t))):
+        conv = lambda a, b, lay=layout: onednn.onednn_conv(a, b, spec.geometry, None, lay)  # noqa: E731
+        y, vjp = jax.vjp(conv, xi, w)
+        dx, dw = vjp(dyi)
+        if layout == "NCHW":
+            y, dx = y.transpose(0, 2, 3, 1), dx.transpose(0, 2, 3, 1)
+        ys.append((y, dx, dw))
+    for a, b in zip(*ys, strict=True):
+        scale = float(jnp.max(jnp.abs(a)))
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale, rtol=0)
+
+
+def test_off_cpu_the_program_holds_xla_convs_only():
+    """Lowered for a GPU, the algorithm's convs are XLA's (``lax.platform_dependent``): no
+    custom call that the GPU could not run. On CPU, the forward's result is unused by the
+    gradient of a sum, so the program holds the two gradient calls."""
+    spec = _spec("3x3s1", "NHWC")
+    x, w, _ = (jnp.asarray(a) for a in _inputs(spec, seed=7))
+    grad = jax.jit(jax.grad(lambda a, b: jnp.sum(_conv(spec, "onednn")(a, b)), argnums=(0, 1)))
+    gpu = grad.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert onednn.TARGET_PREFIX not in gpu and "convolution" in gpu
+    if onednn.available():
+        cpu = grad.trace(x, w).lower(lowering_platforms=("cpu",)).as_text()
+        assert cpu.count(onednn.TARGET_PREFIX) == 2 and "convolution" not in cpu
+
+
+def _setup_module(monkeypatch):
+    """``setup.py`` as a module, with ``setuptools.setup`` not run."""
+    import importlib.util
+    from pathlib import Path
+
+    import setuptools
+
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    path = Path(__file__).resolve().parents[1] / "setup.py"
+    spec = importlib.util.spec_from_file_location("layoutlab_setup", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_leaves_the_extension_out_rather_than_fail(monkeypatch):
+    """The extension is optional to setuptools (a failed compile still installs the package),
+    and without the oneDNN wheels or XLA's FFI headers it is not attempted at all."""
+    setup = _setup_module(monkeypatch)
+    for ext in setup._extensions():
+        assert ext.name == "layoutlab._onednn" and ext.optional
+    monkeypatch.setattr(setup, "_jaxlib_include", lambda: None)
+    assert setup._extensions() == []
+
+
+WAIT_PROBE = """
+import os
+from layoutlab.nn.conv_algos import onednn_load
+print(onednn_load.available(), onednn_load.wait_policy(), os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    ("given", "runtime", "source"),
+    [(None, "PASSIVE", "set by layoutlab"), ("active", "ACTIVE", "(OMP_WAIT_POLICY)")],
+)
+def test_openmp_wait_policy_is_passive_unless_the_environment_says(env, given, runtime, source):
+    """libgomp reports the policy it read at start-up (``OMP_DISPLAY_ENV``); the process's
+    environment is left as it was."""
+    import subprocess
+    import sys
+
+    run_env = {k: v for k, v in env.items() if k != "OMP_WAIT_POLICY"}
+    run_env["OMP_DISPLAY_ENV"] = "TRUE"
+    if given is not None:
+        run_env["OMP_WAIT_POLICY"] = given
+    proc = subprocess.run(
+        [sys.executable, "-c", WAIT_PROBE], env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"OMP_WAIT_POLICY = '{runtime}'" in proc.stderr
+    loaded, *rest = proc.stdout.split()
+    assert loaded == "True" and source in proc.stdout and rest[-1] == str(given)
+
+
+@needs_onednn
+def test_shapes_onednn_runs_by_reference_kernels_run_xla(monkeypatch):
+    """Where oneDNN has only its reference kernel for one of the three primitives (none of
+    the shapes above on this CPU), or none at all, the conv runs XLA's, saying which."""
+    spec = _spec("3x3s1", "NHWC")
+    assert onednn.supports(spec) is None
+    monkeypatch.setattr(onednn, "impl_info", lambda params: ("ref:any", False, 0))
+    assert "reference kernel 'ref:any'" in ca.select_algorithm(spec, "onednn").reason
+    monkeypatch.setattr(onednn, "impl_info", lambda params: "oneDNN: could not create")
+    assert "could not create" in ca.select_algorithm(spec, "onednn").reason
