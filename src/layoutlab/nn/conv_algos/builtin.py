@@ -104,6 +104,7 @@ BUILTIN = (
         onednn.supports,
         "oneDNN forward, input- and weight-gradient primitives via XLA FFI (CPU; XLA elsewhere)",
         onednn.dtype_reason,
+        custom_calls=True,
     ),
 )
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from layoutlab.nn.conv_algos.batch_sharded import batch_parallel, batch_reduced
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_algos.onednn_load import (
@@ -43,6 +44,7 @@ from layoutlab.nn.conv_algos.onednn_load import (
     TARGETS,
     available,
     impl_info,
+    register_targets,
     status_line,
     unavailable_reason,
 )
@@ -160,13 +162,18 @@ def supports(spec: ConvSpec) -> str | None:
 
 
 def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
-    if not available():  # registers the targets on first use
+    if not available():
         raise RuntimeError(f"oneDNN convs unavailable: {unavailable_reason()}")
+    register_targets()
     out = jax.ShapeDtypeStruct(shape, dtype)
     call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
     pixels = math.prod(shape) // shape[1 if layout == "NCHW" else 3]
     plain = target == "fwd" and plain_weights(a.dtype.name, pixels)
     return call(a, b, **_attrs(geom, layout, plain))
+
+
+def _with_batch(shape, n: int) -> tuple[int, ...]:
+    return (n, *shape[1:])
 
 
 def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
@@ -178,9 +185,19 @@ def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
     return (n, w_shape[3], ho, wo)
 
 
+# Each call goes through ``batch_sharded``: under a data-parallel or FSDP sharding XLA's
+# partitioner cannot see into a custom call and would gather the batch in front of it, so
+# every device convolves its own rows instead (the weight gradient sums over the devices).
+
+
 def _forward(x, w, geom, preferred, layout):
     out_dtype = jnp.dtype(preferred) if preferred is not None else x.dtype
-    return _call("fwd", _out_shape(x.shape, w.shape, geom, layout), out_dtype, x, w, geom, layout)
+
+    def fwd(a, b):
+        return _call("fwd", _out_shape(a.shape, b.shape, geom, layout), out_dtype, a, b, geom,
+                     layout)  # fmt: skip
+
+    return batch_parallel(fwd, 1)(x, w)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
@@ -198,8 +215,16 @@ def _bwd(geom, preferred, layout, res, g):
     x, w = res
     acc = jnp.dtype(preferred) if preferred is not None else x.dtype
     g = g.astype(x.dtype)
-    dx = _call("bwd_data", x.shape, x.dtype, g, w, geom, layout)
-    dw = _call("bwd_weights", w.shape, acc, x, g, geom, layout)
+
+    def bwd_data(dy, b):
+        shape = _with_batch(x.shape, dy.shape[0])
+        return _call("bwd_data", shape, x.dtype, dy, b, geom, layout)
+
+    def bwd_weights(a, dy):
+        return _call("bwd_weights", w.shape, acc, a, dy, geom, layout)
+
+    dx = batch_parallel(bwd_data, 1)(g, w)
+    dw = batch_reduced(bwd_weights)(x, g)
     return dx, dw.astype(w.dtype)
 
 

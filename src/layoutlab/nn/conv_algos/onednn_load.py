@@ -26,6 +26,7 @@ __all__ = [
     "impl_info",
     "load",
     "onednn_version",
+    "register_targets",
     "status_line",
     "unavailable_reason",
     "wait_policy",
@@ -110,11 +111,21 @@ def _load_extension() -> ModuleType:
     except ImportError as err:
         why = f"the layoutlab._onednn extension was not built or does not load ({err})"
         raise OSError(why) from err
-    import jax
-
-    for name, capsule in module.handlers().items():
-        jax.ffi.register_ffi_target(TARGETS[name], capsule, platform="cpu")
     return module
+
+
+def register_targets() -> None:
+    """Register the handlers with XLA (once), where the extension loaded. Apart from ``load``
+    so that a status line (``layoutlab --version``) loads the extension without JAX."""
+    module = load()
+    with _lock:
+        if module is None or _state.get("registered"):
+            return
+        import jax
+
+        for name, capsule in module.handlers().items():
+            jax.ffi.register_ffi_target(TARGETS[name], capsule, platform="cpu")
+        _state["registered"] = True
 
 
 def load() -> ModuleType | None:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 __all__ = ["MODULE", "OnednnStatus", "onednn_status"]
 
-MODULE = "layoutlab.nn.conv_algos.onednn"
+MODULE = "layoutlab.nn.conv_algos.onednn_load"
 
 
 class OnednnStatus(NamedTuple):
