@@ -248,3 +248,70 @@ def test_fingerprint_holds_the_source_and_the_numerics_settings(tmp_path):
     assert "jax_default_matmul_precision: " in line and "bfloat16 on process 1" in line, line
     assert base["devices.local_count"] == str(jax.local_device_count())
     assert base["jax_enable_x64"] == "False"
+
+
+def test_a_killed_process_stops_the_other_at_once_with_one_line(tmp_path, forks):
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Process 1 is killed (-9) while both train: process 0 then waits in the step's
+    # all-reduce, which does not fail. Process 1's link to process 0 closes with it, which
+    # names it at once; the watchdog alone waited out --distributed-timeout, and the
+    # coordination service's C++ logs came with its line.
+    workdir = tmp_path / "run"
+    long = ["--steps", "2000", "--set", "eval_every=2000", "--set", "checkpoint_every=2000"]
+    with ThreadPoolExecutor(1) as pool:
+        launched = pool.submit(_launch, workdir, *FAST, *long, forks=forks)
+        steps = workdir / "steps.jsonl"
+        while not (steps.is_file() and steps.read_text().count("\n") >= 2):
+            assert not launched.done(), launched.result()
+            time.sleep(0.2)
+        (pid,) = tmp_path.glob("run-process1-*/pid")
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+        zero, one = launched.result()
+    assert one[0] == -signal.SIGKILL, one
+    _one_line_error(zero, "process 1 ended without finishing (killed or crashed")
+    # Nothing else on stderr: no C++ log of the coordination service, no trace.
+    assert zero[2].strip().count("\n") == 0, zero[2][-2000:]
+
+
+def test_supervisor_keeps_the_error_line_and_drops_what_follows(capsysbinary):
+    import io
+    import os
+    import signal
+
+    from layoutlab.train.supervise import _Filter, _finish
+
+    def run(data: bytes, code: int):
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        out = io.BytesIO()
+        f = _Filter(out)
+        with os.fdopen(read, "rb") as stream:
+            f.feed(stream)
+        return out.getvalue(), _finish(f, code), capsysbinary.readouterr().err
+
+    trace = (b"F1125 06:46:42.051416   28951 client.h:80] Terminating process. absl::Status: "
+             b"UNAVAILABLE: Failed to send RPC\n*** Check failure stack trace: ***\n"
+             b"    @ 0x7f36b8240634 absl::LogMessage\n")  # fmt: skip
+    # The child's own error line, then an abort at exit: one line, the child's.
+    line = b"error: the processes of this run differ: --num-processes\n"
+    out, code, err = run(b"step 1\r" + line + trace, -signal.SIGABRT)
+    assert (out, code, err) == (b"step 1\r" + line, 2, b"")
+    # The coordination service's logs before the watchdog's line: the line alone.
+    logs = (b"E1206 19:39:29.301218   27327 coordination_service.cc:1549] Use error polling "
+            b"to propagate the following error to all tasks: UNAVAILABLE: The following "
+            b"tasks are unhealthy (stopped sending heartbeats):\n1\nThe tasks have crashed."
+            b"\n\nRPC: /xla.coordination.CoordinationService/PollForError\n")  # fmt: skip
+    stopped = b"error: the distributed run stopped: process 1 ended without finishing\n"
+    out, code, err = run(logs + stopped, 2)
+    assert (out, code, err) == (stopped, 2, b"")
+    # An abort with no error line of the child's: the supervisor's one line.
+    out, code, err = run(b"step 1\n" + trace, -signal.SIGABRT)
+    assert out == b"step 1\n" and code == 2 and err.count(b"\n") == 1, err
+    assert b"UNAVAILABLE: Failed to send RPC" in err
+    # A run that ends well after held logs shows them, late rather than never.
+    out, code, err = run(logs + b"done\n", 0)
+    assert (out, code, err) == (b"", 0, logs + b"done\n")

@@ -87,9 +87,11 @@ def start_forks(env: dict, log_dir: Path) -> BlockServer:
 
 def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Path):
     """``layoutlab <argv>`` as the supervisor's child runs it (``SUPERVISED_ENV`` set, the
-    environment's additions in place before anything reads them), in a child of ``forks``."""
+    environment's additions in place before anything reads them), in a child of ``forks``,
+    which writes its process id to ``pid`` in its working directory (for a test to kill)."""
     code = (
         "import os, sys\n"
+        "open('pid', 'w').write(str(os.getpid()))\n"
         f"os.environ.update({ {SUPERVISED_ENV: '1', **environ}!r})\n"
         "from layoutlab import cli\n"
         f"sys.exit(cli.main({argv!r}))\n"
