@@ -38,6 +38,8 @@ class _Store:
 
 def _watchdog(store, monkeypatch, beat_s=0.01):
     monkeypatch.setattr(liveness, "_BEAT_S", beat_s)
+    # No error printed yet (an in-process command of another test may have printed one).
+    monkeypatch.setattr(liveness, "_printed", threading.Event())
     stop = threading.Event()
     store.values[f"{liveness._ALIVE}1"] = "1"  # the peer is alive
     thread = threading.Thread(target=liveness._watch, args=(store, 0, 2, 60.0, stop), daemon=True)
@@ -85,7 +87,7 @@ def test_a_failed_process_ends_without_jax_shutdown_once_the_others_are_done(mon
     thread, stop = _watchdog(store, monkeypatch)
     ended = []
     monkeypatch.setattr(liveness, "_end", lambda: ended.append(dict(store.values)))
-    monkeypatch.setattr(liveness._printed, "is_set", lambda: True)
+    liveness._printed.set()  # this process printed its error
     threading.Timer(0.2, store.key_value_set, (f"{liveness._ALIVE}1", liveness._DONE)).start()
     liveness._done(store, 0, thread, stop, 2)
     assert len(ended) == 1
