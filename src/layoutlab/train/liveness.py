@@ -42,7 +42,8 @@ _GRACE_S = 3.0
 # How long an exiting process waits for its watchdog's store calls to return.
 _JOIN_S = 10.0
 
-_printed = threading.Event()  # this process printed its error line
+_printed = threading.Event()  # this process printed its error
+_gone: set[int] = set()  # processes whose link to process 0 closed (``_closed``) line
 _lock = threading.Lock()
 
 
@@ -124,7 +125,8 @@ def _wait_for_peers(client, count: int, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            if all(_try_get(client, f"{_ALIVE}{p}") == _DONE for p in range(1, count)):
+            waiting = [p for p in range(1, count) if p not in _gone]
+            if all(_try_get(client, f"{_ALIVE}{p}") == _DONE for p in waiting):
                 return
         except Exception:
             return
@@ -200,6 +202,7 @@ def _done(
 def _closed(client, k: int) -> None:
     """Process ``k``'s link to process 0 closed: its process ended, and unless it marked
     itself done first, it was killed or crashed (``train.peer_links``)."""
+    _gone.add(k)
     try:
         if _try_get(client, f"{_ALIVE}{k}") == _DONE:
             return
