@@ -78,7 +78,8 @@ class _Filter:
             self.fatal = b""
         if self.fatal is not None:
             self.fatal += line
-        if self.held is None and log and (log.group(1) == b"F" or _SERVICE.search(log.group(2))):
+        service = log and log.group(1) in b"WE" and _SERVICE.search(log.group(2))
+        if self.held is None and log and (log.group(1) == b"F" or service):
             self.held = b""
         if line.startswith(_ERROR) and not self.error:
             self.error = True
