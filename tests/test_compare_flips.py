@@ -243,7 +243,13 @@ def test_cli_names_the_cause_of_every_gradient_row_out_of_tolerance(
         assert row["flips"].startswith("flips: ") and row["pinned"]["passed"], row["path"]
         assert "features.0.2" in row["flips"], row["path"]
     assert code == 0 and grads["passed"]
-    assert "differing from the reference: " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "differing from the reference: " in printed
+    # The decisions line tells the same as the flip count under it, and what is left after
+    # pinning is float32's own rounding (PyTorch float32 on the pinned case as the yardstick).
+    assert "decisions: 1 differ from the reference's at 1 site(s)" in printed, printed
+    assert "matched" not in grads["settings"]["decisions"]
+    assert grads["settings"]["float32_check"].startswith("within float32's own"), grads
 
 
 def test_cli_input_of_the_wrong_shape_exits_2(tmp_path, capsys):

@@ -161,6 +161,46 @@ def test_layerwise_and_grads_against_torch():
     assert report.grads.settings["reference_loss"] == pytest.approx(
         report.grads.settings["candidate_loss"], rel=1e-5
     )
+    # No flip here, and what is left is float32's rounding: within a small multiple of
+    # PyTorch float32's own error against float64 on the same (pinned) case.
+    assert report.grads.decision_flips == ()
+    assert report.grads.settings["decisions"].startswith("matched")
+    assert report.grads.settings["float32_check"].startswith("within float32's own"), str(
+        report.grads
+    )
+
+
+@jax.custom_vjp
+def _slip(kernel):
+    return kernel
+
+
+_slip.defvjp(lambda k: (k, None), lambda _, g: (g * (1 + 1e-4),))
+
+
+class _SlippedBackwardConv(nn.Conv):
+    """Forward exact, kernel gradient 1e-4 too large: inside the gradient tolerance (3e-4),
+    but a thousand times float32's own error."""
+
+    def __call__(self, x):
+        kernel = self.kernel[...]
+        self.kernel[...] = _slip(kernel)
+        try:
+            return super().__call__(x)
+        finally:
+            self.kernel[...] = kernel
+
+
+def test_float32_check_names_an_error_beyond_float32s_own():
+    spec = models.spec("small_cnn")
+    model = fast_model("small_cnn")
+    model.features[1][0].__class__ = _SlippedBackwardConv
+    x = np.random.default_rng(2).standard_normal(spec.input_shape(4, "NHWC")).astype(np.float32)
+    report = against_torch(model, x, name="small_cnn", model_kwargs=spec.tiny, train=True,
+                           grads=True)  # fmt: skip
+    check = report.grads.settings["float32_check"]
+    assert check.startswith("BEYOND float32's own") and "worst features.1.0.weight" in check, check
+    assert "float32_check: BEYOND" in str(report)
 
 
 def test_torchvision_names(build):

@@ -177,3 +177,141 @@ def test_supervisor_holds_back_a_fatal_trace_and_names_its_reason():
         out.getvalue() == b"W1125 06:00:00.000001 1 a.cc:1] a warning\nprogress 50%\rprogress 90%\r"
     )
     assert _fatal_message(held) == "UNAVAILABLE: Failed to send RPC"
+
+
+def test_processes_that_do_not_share_the_workdir_stop_before_training(tmp_path, forks):
+    # One relative --workdir, two working directories: the same path string names another
+    # directory on each process, as one absolute path does on hosts without a shared
+    # filesystem. Each process then trained and waited out orbax's 600 s in the first save.
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    results = _launch("run", *FAST, launch_flags=_per_process(([], [])), forks=forks, cwd=zero)
+    for result in results:
+        _one_line_error(
+            result, "do not share one workdir", f"{zero / 'run'} on process 0",
+            "workdir.probe", "(no probe file) on process 1", "filesystem they all share",
+        )  # fmt: skip
+    assert results[0][2] == results[1][2]
+    # Process 0's probe file is gone again, and nothing was trained or written.
+    left = sorted(p.name for p in (zero / "run").iterdir())
+    assert not any(n.startswith(".layoutlab-probe") or n == "config.json" for n in left), left
+
+
+def test_processes_with_other_device_counts_stop_with_one_line(tmp_path, forks):
+    # Process 1 has one CPU device, process 0 two: 3 in all, which a global batch of 12
+    # divides, so only the per-process count can tell (it crashed in a reshape on both).
+    one = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    flags = _per_process(([], ([], one)))
+    results = _launch(tmp_path / "run", *FAST, "--batch-size", "12", launch_flags=flags,
+                      forks=forks)  # fmt: skip
+    for result in results:
+        _one_line_error(result, "different numbers of devices (2 on process 0, 1 on process 1)")
+
+
+def test_probe_tells_a_workdir_that_is_not_shared(tmp_path):
+    from layoutlab.train.agreement import PROBE, WORKDIR, _read_probe, _write_probe, verdict
+
+    shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
+    shared.mkdir(), elsewhere.mkdir()
+    nonce, path = _write_probe(shared)
+    # The same path string on both (one mount point on two hosts), so only the probe can
+    # tell: a process that sees process 0's file reads its nonce, one that does not, none.
+    base = {WORKDIR: "/runs/r", "lr": "0.1"}
+    zero = {**base, PROBE: nonce}
+    assert verdict([zero, {**base, PROBE: _read_probe(shared, nonce)}]) == ""
+    line = verdict([zero, {**base, PROBE: _read_probe(elsewhere, nonce)}])
+    assert line.startswith("the processes of this run do not share one workdir: workdir.probe:")
+    assert "(no probe file) on process 1" in line and "\n" not in line, line
+    path.unlink()
+
+
+def test_fingerprint_holds_the_source_and_the_numerics_settings(tmp_path):
+    import shutil
+
+    import jax
+
+    import layoutlab
+    from layoutlab.train.agreement import source_digest
+
+    base = _fingerprint()
+    root = tmp_path / "layoutlab"
+    shutil.copytree(layoutlab.__path__[0], root, ignore=shutil.ignore_patterns("__pycache__"))
+    assert base["versions.layoutlab_source"] == source_digest() == source_digest(str(root))
+    optim = root / "train" / "optim.py"
+    optim.write_text(optim.read_text() + "\n# patched\n")  # same version, other code
+    patched = {**base, "versions.layoutlab_source": source_digest(str(root))}
+    line = describe_differences([base, patched])
+    assert line.startswith("versions.layoutlab_source: "), line
+    with jax.default_matmul_precision("bfloat16"):
+        bf16 = _fingerprint()
+    line = describe_differences([base, bf16])
+    assert "jax_default_matmul_precision: " in line and "bfloat16 on process 1" in line, line
+    assert base["devices.local_count"] == str(jax.local_device_count())
+    assert base["jax_enable_x64"] == "False"
+
+
+def test_a_killed_process_stops_the_other_at_once_with_one_line(tmp_path, forks):
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Process 1 is killed (-9) while both train: process 0 then waits in the step's
+    # all-reduce, which does not fail. Process 1's link to process 0 closes with it, which
+    # names it at once; the watchdog alone waited out --distributed-timeout, and the
+    # coordination service's C++ logs came with its line.
+    workdir = tmp_path / "run"
+    long = ["--steps", "2000", "--set", "eval_every=2000", "--set", "checkpoint_every=2000"]
+    with ThreadPoolExecutor(1) as pool:
+        launched = pool.submit(_launch, workdir, *FAST, *long, forks=forks)
+        steps = workdir / "steps.jsonl"
+        while not (steps.is_file() and steps.read_text().count("\n") >= 2):
+            assert not launched.done(), launched.result()
+            time.sleep(0.2)
+        (pid,) = tmp_path.glob("run-process1-*/pid")
+        os.kill(int(pid.read_text()), signal.SIGKILL)
+        zero, one = launched.result()
+    assert one[0] == -signal.SIGKILL, one
+    _one_line_error(zero, "process 1 ended without finishing (killed or crashed")
+    # Nothing else on stderr: no C++ log of the coordination service, no trace.
+    assert zero[2].strip().count("\n") == 0, zero[2][-2000:]
+
+
+def test_supervisor_keeps_the_error_line_and_drops_what_follows(capsysbinary):
+    import io
+    import os
+    import signal
+
+    from layoutlab.train.supervise import _Filter, _finish
+
+    def run(data: bytes, code: int):
+        read, write = os.pipe()
+        os.write(write, data)
+        os.close(write)
+        out = io.BytesIO()
+        f = _Filter(out)
+        with os.fdopen(read, "rb") as stream:
+            f.feed(stream)
+        return out.getvalue(), _finish(f, code), capsysbinary.readouterr().err
+
+    trace = (b"F1125 06:46:42.051416   28951 client.h:80] Terminating process. absl::Status: "
+             b"UNAVAILABLE: Failed to send RPC\n*** Check failure stack trace: ***\n"
+             b"    @ 0x7f36b8240634 absl::LogMessage\n")  # fmt: skip
+    # The child's own error line, then an abort at exit: one line, the child's.
+    line = b"error: the processes of this run differ: --num-processes\n"
+    out, code, err = run(b"step 1\r" + line + trace, -signal.SIGABRT)
+    assert (out, code, err) == (b"step 1\r" + line, 2, b"")
+    # The coordination service's logs before the watchdog's line: the line alone.
+    logs = (b"E1206 19:39:29.301218   27327 coordination_service.cc:1549] Use error polling "
+            b"to propagate the following error to all tasks: UNAVAILABLE: The following "
+            b"tasks are unhealthy (stopped sending heartbeats):\n1\nThe tasks have crashed."
+            b"\n\nRPC: /xla.coordination.CoordinationService/PollForError\n")  # fmt: skip
+    stopped = b"error: the distributed run stopped: process 1 ended without finishing\n"
+    out, code, err = run(logs + stopped, 2)
+    assert (out, code, err) == (stopped, 2, b"")
+    # An abort with no error line of the child's: the supervisor's one line.
+    out, code, err = run(b"step 1\n" + trace, -signal.SIGABRT)
+    assert out == b"step 1\n" and code == 2 and err.count(b"\n") == 1, err
+    assert b"UNAVAILABLE: Failed to send RPC" in err
+    # A run that ends well after held logs shows them, late rather than never.
+    out, code, err = run(logs + b"done\n", 0)
+    assert (out, code, err) == (b"", 0, logs + b"done\n")

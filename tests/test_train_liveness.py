@@ -38,6 +38,8 @@ class _Store:
 
 def _watchdog(store, monkeypatch, beat_s=0.01):
     monkeypatch.setattr(liveness, "_BEAT_S", beat_s)
+    # No error printed yet (an in-process command of another test may have printed one).
+    monkeypatch.setattr(liveness, "_printed", threading.Event())
     stop = threading.Event()
     store.values[f"{liveness._ALIVE}1"] = "1"  # the peer is alive
     thread = threading.Thread(target=liveness._watch, args=(store, 0, 2, 60.0, stop), daemon=True)
@@ -75,3 +77,18 @@ def test_exit_waits_at_most_the_join_timeout_for_a_hung_store(monkeypatch):
     hang.set()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_a_failed_process_ends_without_jax_shutdown_once_the_others_are_done(monkeypatch):
+    """A process that printed its error ends at exit (exit code 2), without JAX's shutdown
+    barrier, whose client aborted with a C++ trace once process 0 was gone; process 0, whose
+    store dies with it, first waits until the others marked themselves done."""
+    store = _Store()
+    thread, stop = _watchdog(store, monkeypatch)
+    ended = []
+    monkeypatch.setattr(liveness, "_end", lambda: ended.append(dict(store.values)))
+    liveness._printed.set()  # this process printed its error
+    threading.Timer(0.2, store.key_value_set, (f"{liveness._ALIVE}1", liveness._DONE)).start()
+    liveness._done(store, 0, thread, stop, 2)
+    assert len(ended) == 1
+    assert ended[0][f"{liveness._ALIVE}0"] == ended[0][f"{liveness._ALIVE}1"] == liveness._DONE

@@ -87,9 +87,11 @@ def start_forks(env: dict, log_dir: Path) -> BlockServer:
 
 def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Path):
     """``layoutlab <argv>`` as the supervisor's child runs it (``SUPERVISED_ENV`` set, the
-    environment's additions in place before anything reads them), in a child of ``forks``."""
+    environment's additions in place before anything reads them), in a child of ``forks``,
+    which writes its process id to ``pid`` in its working directory (for a test to kill)."""
     code = (
         "import os, sys\n"
+        "open('pid', 'w').write(str(os.getpid()))\n"
         f"os.environ.update({ {SUPERVISED_ENV: '1', **environ}!r})\n"
         "from layoutlab import cli\n"
         f"sys.exit(cli.main({argv!r}))\n"
@@ -98,12 +100,17 @@ def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Pat
     return forks.run(code, cwd, TIMEOUT_S)
 
 
-def _launch(workdir, *extra, forks, env=None, env_extra=None, launch_flags=None, serve_first=False):
+def _launch(
+    workdir, *extra, forks, env=None, env_extra=None, launch_flags=None, serve_first=False, cwd=None
+):
     """Starts the two trainers of one run; returns ``[(returncode, stdout, stderr)]``.
     ``forks``: the server process 1 is forked from (``start_forks``).
     ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``.
     ``env``: process 0's environment to start from (the default: this process's).
-    ``serve_first``: start process 1 once process 0 serves the coordinator's port."""
+    ``serve_first``: start process 1 once process 0 serves the coordinator's port.
+    ``cwd``: process 0's working directory; process 1 runs in a new one inside it, so a
+    relative ``workdir`` names another directory on each (by default each runs in its own
+    directory beside ``workdir``)."""
     port = _free_port()
     commands = []
     for i in range(2):
@@ -116,12 +123,13 @@ def _launch(workdir, *extra, forks, env=None, env_extra=None, launch_flags=None,
     (command, environ), (forked, forked_environ) = commands
     with ThreadPoolExecutor(1) as pool:
         proc = subprocess.Popen(command, env=_env(2, env, **environ), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+                                stderr=subprocess.PIPE, text=True, cwd=cwd)  # fmt: skip
         try:
             if serve_first:
                 _serving(port)
             # forked[3:]: the command's arguments, after python -m layoutlab.cli
-            other = pool.submit(_run_forked, forks, forked[3:], forked_environ, Path(workdir))
+            where = Path(cwd) / workdir if cwd is not None else Path(workdir)
+            other = pool.submit(_run_forked, forks, forked[3:], forked_environ, where)
             out, err = proc.communicate(timeout=TIMEOUT_S)
         finally:  # process 1 then ends too: its coordinator, or the run, is gone
             if proc.poll() is None:

@@ -13,7 +13,7 @@ from layoutlab.compare.gradients import ProbedGrads, grads_to_layout, probed_par
 from layoutlab.compare.layer_recording import model_layout
 from layoutlab.layout import Layout
 
-__all__ = ["layers_layout", "pinned_rerun"]
+__all__ = ["decisions_note", "layers_layout", "pinned_rerun"]
 
 
 def layers_layout(model: nnx.Module) -> Layout:
@@ -45,10 +45,27 @@ def pinned_rerun(
         return {"decisions": "not matched (the runs' ReLU/max-pool sequences differ)"}
     flips, pins = matched
     if not flips:
-        return {"done": tuple(run.done)}
+        return {"done": tuple(run.done), "decisions": decisions_note(flips)}
     pinned = probed_parameter_grads(
         model, x, labels, train=train, compiler_options=compiler_options, pins=pins
     ).grads
     if layout is not None:
         pinned = grads_to_layout(model, pinned, layout)
-    return {"pinned": pinned, "flips": tuple(flips), "done": tuple(run.done)}
+    return {
+        "pinned": pinned,
+        "flips": tuple(flips),
+        "done": tuple(run.done),
+        "decisions": decisions_note(flips),
+    }
+
+
+def decisions_note(flips) -> str:
+    """The report's ``decisions`` line, told from the flips it counts (``decision_flips``'s
+    sites): "matched" only where none differ."""
+    if not flips:
+        return "matched: every ReLU/max-pool decision is the reference's"
+    count = sum(f.count for f in flips)
+    return (
+        f"{count} differ from the reference's at {len(flips)} site(s); the rows they reach "
+        "are judged on a rerun with the reference's decisions pinned"
+    )

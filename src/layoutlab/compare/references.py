@@ -132,7 +132,8 @@ class GradientPair(NamedTuple):
     ``pinned``: the candidate's gradients rerun on the reference's ReLU/max-pool decisions
     (when any differ), ``flips`` where they differ, ``done`` the candidate's module calls
     in the order they returned (placing each flip among the layers); ``decisions`` says
-    whether the two runs' decisions could be matched at all."""
+    whether the two runs' decisions could be matched and how many differ; ``float32_check``
+    the candidate's error left after pinning against float32's own (PyTorch only)."""
 
     model: nnx.Module
     reference: nnx.State
@@ -144,6 +145,7 @@ class GradientPair(NamedTuple):
     flips: tuple[FlipSite, ...] = ()
     done: tuple[str, ...] = ()
     decisions: str = "matched"
+    float32_check: str = ""
 
 
 def build_report(
@@ -194,6 +196,7 @@ def build_report(
                 "reference_loss": pair.reference_loss,
                 "candidate_loss": pair.candidate_loss,
                 "decisions": pair.decisions,
+                **({"float32_check": pair.float32_check} if pair.float32_check else {}),
             },
         )
     return ReferenceReport(

@@ -90,16 +90,14 @@ def torch_float64_grads(
     model: nn.Module, x: Any, labels: Any, *, train: bool
 ) -> tuple[float, dict[str, np.ndarray]]:
     """``(loss, {name: gradient})`` of the mean cross-entropy of a float64 ``model``
-    (``torch_decisions``'s), gradients cast to float32 for the weight importer."""
+    (``torch_decisions``'s), gradients in float64."""
     model = set_float64_mode(model, train)
     model.zero_grad(set_to_none=True)
     logits = model(torch.from_numpy(np.asarray(x, np.float64)))
     loss = F.cross_entropy(logits, torch.from_numpy(np.asarray(labels, np.int64)))
     loss.backward()
     grads = {
-        name: p.grad.numpy().astype(np.float32)
-        if p.grad is not None
-        else np.zeros(tuple(p.shape), np.float32)
+        name: p.grad.numpy() if p.grad is not None else np.zeros(tuple(p.shape))
         for name, p in model.named_parameters()
     }
     return float(loss.detach()), grads

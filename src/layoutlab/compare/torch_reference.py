@@ -39,6 +39,20 @@ def _num_classes(output: np.ndarray, layout: Layout) -> int:
     return int(output.shape[-1] if output.ndim == 2 else output.shape[layout.channel_axis])
 
 
+def _float32_check(model: nnx.Module, train: bool, grads: nnx.State, exact: dict) -> dict | None:
+    """The candidate's gradients (as run, or pinned where decisions differ) under the float64
+    reference's names and in its layout, for a float32 candidate (None otherwise: float32's
+    own error is no yardstick for a half-precision one)."""
+    from layoutlab.compare.torch_weights import to_torch_state_dict
+
+    if np.dtype(model_policy(model).compute_dtype) != np.float32:
+        return None
+    holder = set_mode(model, train)
+    nnx.update(holder, grads)
+    named = to_torch_state_dict(holder)
+    return {k: named[k] for k in exact}
+
+
 def against_torch(
     model: nnx.Module,
     x: Any,
@@ -62,6 +76,11 @@ def against_torch(
     options of the model's compiles.
     """
     from layoutlab.compare.torch_decisions import torch_decisions, torch_float64_grads
+    from layoutlab.compare.torch_float32_floor import (
+        float32_verdict,
+        pinned_float32_grads,
+        rel_l2_errors,
+    )
     from layoutlab.compare.torch_layerwise import TORCH_PRECISION, torch_layer_outputs
     from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
 
@@ -85,7 +104,8 @@ def against_torch(
         # The reference is the mirror in float64: its gradients and its ReLU/max-pool
         # decisions are the exact ones, against which the candidate's flips are counted.
         ref_decisions, mirror64, _ = torch_decisions(mirror, x_ref, train)
-        ref_loss, named = torch_float64_grads(mirror64, x_ref, labels, train=train)
+        ref_loss, exact = torch_float64_grads(mirror64, x_ref, labels, train=train)
+        named = {k: v.astype(np.float32) for k, v in exact.items()}  # for the importer
         run = probed_parameter_grads(
             model, x, labels, train=train, compiler_options=compiler_options
         )
@@ -97,8 +117,13 @@ def against_torch(
         diagnosis = pinned_rerun(
             model, x, labels, train, compiler_options, ref_decisions, run, ref_layout
         )
-        if "decisions" not in diagnosis:
-            diagnosis["decisions"] = "matched; the reference's gradients and decisions in float64"
+        diagnosis["decisions"] += "; the reference's gradients and decisions in float64"
+        check = _float32_check(model, train, diagnosis.get("pinned", run.grads), exact)
+        own = check and pinned_float32_grads(mirror, x_ref, labels, train, ref_decisions)
+        if own:
+            diagnosis["float32_check"] = float32_verdict(
+                rel_l2_errors(check, exact), rel_l2_errors(own, exact)
+            )["text"]
         return GradientPair(model, ref_grads, run.grads, run.order, ref_loss, run.loss, **diagnosis)
 
     return build_report(

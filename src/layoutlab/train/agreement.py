@@ -4,11 +4,20 @@ JAX checks only that the processes join; a process started with another learning
 set or conv algorithm trains silently wrong or dies in a collective with a C++ trace. So
 before anything compiles each process resolves its run into a fingerprint
 (``run_fingerprint``: the validated config, the data's shape, size and content digest, the
-step schedule, the versions of Python, jax, jaxlib, flax, optax and layoutlab, the backend,
-and the shapes and dtypes of the model's state) and publishes it in the key-value store of
-the coordination service that ``jax.distributed.initialize`` started. Process 0 compares
-every process's with its own and publishes the verdict: every process then stops with the
-same one-line error naming the fields that differ and each process's value, or goes on.
+step schedule, the versions of Python, jax, jaxlib, flax, optax and layoutlab and a digest of
+layoutlab's own source files (a patched copy keeps its version string), the backend, the
+number and kind of each process's devices, the JAX settings that change numerics
+(``jax_enable_x64``, ``jax_default_matmul_precision``), and the shapes and dtypes of the
+model's state) and publishes it in the key-value store of the coordination service that
+``jax.distributed.initialize`` started. Process 0 compares every process's with its own and
+publishes the verdict: every process then stops with the same one-line error naming the
+fields that differ and each process's value, or goes on.
+
+The workdir must be one directory that every process sees: each process writes its part of
+every checkpoint there, and orbax waits (600 s) for parts that went to another disk. So the
+run's agreement also compares the workdir's resolved path, and probes it: process 0 writes
+a file with a fresh nonce into it and publishes the nonce; every other process reads that
+file in its own workdir and reports what it found.
 
 Choices one process makes for all (the conv plan: a tuning measures, the shipped table
 depends on the CPU) are made once, by process 0, and published (``decided_by_process_0``);
@@ -19,19 +28,24 @@ waiting.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import platform
+import secrets
 import threading
 import time
-import zlib
 from collections.abc import Callable
+from pathlib import Path
 
-import numpy as np
-
+from layoutlab.train.fingerprint import run_fingerprint, source_digest
 from layoutlab.train.liveness import FAILED, report_failure
 
-__all__ = ["agree_on_run", "decided_by_process_0", "describe_differences", "run_fingerprint"]
+__all__ = [
+    "agree_on_run",
+    "decided_by_process_0",
+    "describe_differences",
+    "run_fingerprint",
+    "source_digest",
+    "verdict",
+]
 
 _PREFIX = "layoutlab/"
 # How often a waiting process looks for another process's failure, and how often process 0
@@ -41,7 +55,10 @@ _BEAT_S = 2.0
 # Differing fields named in the error line; the rest are counted.
 _SHOWN = 4
 _VALUE_CHARS = 60
-_PACKAGES = ("jax", "jaxlib", "flax", "optax")
+# The fingerprint fields of the workdir's check (``agree_on_run``'s ``workdir``).
+WORKDIR, PROBE = "workdir", "workdir.probe"
+_PROBE_FILE = ".layoutlab-probe-"
+_NO_PROBE = "(no probe file)"
 # Agreements made so far by this process: every process makes them in the same order, so
 # the n-th one of each uses the same keys.
 _rounds = [0]
@@ -117,106 +134,30 @@ def _wait(client, key: str, timeout_s: float, what: str, beat: str | None = None
             )
 
 
-def _versions() -> dict[str, str]:
-    import layoutlab
-
-    out = {"python": platform.python_version(), "layoutlab": layoutlab.__version__}
-    for name in _PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "none"
-    return out
-
-
-def _data_digest(dataset) -> str:
-    """The digest of the files the data was read from (or its spec), which loading it
-    computed (``Dataset.fingerprint``, what a resume compares too), so the data is hashed
-    once. A data set without one (built in Python): a CRC-32 of the images and labels
-    themselves, at about five times blake2b's speed (CIFAR's 737 MB of float32 in about a
-    second)."""
-    known = dataset.fingerprint or {}
-    if "sha256" in known or "spec" in known:
-        return str(known.get("sha256") or known["spec"])
-    crc = 0
-    for array in (*dataset.split("train"), *dataset.split("test")):
-        crc = zlib.crc32(str((array.shape, array.dtype.str)).encode(), crc)
-        data = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-        crc = zlib.crc32(memoryview(data).cast("B"), crc)
-    return f"{crc:08x}"
-
-
-def _key_name(entry) -> str:
-    for attribute in ("key", "idx", "name"):
-        if hasattr(entry, attribute):
-            return str(getattr(entry, attribute))
-    return str(entry)
-
-
-def _state_structure(model) -> dict[str, str]:
-    """``{"features.0.kernel": "(3, 3, 1, 8) float32", ...}`` of an abstract model's state."""
-    import jax
-    from flax import nnx
-
-    leaves, _ = jax.tree_util.tree_flatten_with_path(nnx.state(model))
-    out = {}
-    for path, leaf in leaves:
-        names = [_key_name(k) for k in path]
-        name = ".".join(names[:-1] if names and names[-1] == "value" else names)
-        shape = getattr(leaf, "shape", ())
-        out[name] = f"{tuple(shape)} {getattr(leaf, 'dtype', type(leaf).__name__)}"
-    return out
-
-
-def run_fingerprint(config, dataset, schedule, model) -> dict[str, str]:
-    """What must be the same on every process, resolved (``learning_rate`` 0.1 and 1e-1 are
-    one value; a data set is its contents, wherever its files lie): field -> value text.
-    ``config`` is validated, ``model`` abstract (``nnx.eval_shape``)."""
-    import dataclasses
-
-    import jax
-
-    from layoutlab.layout import parse_layout
-    from layoutlab.train.run_precision import resolve_policy
-
-    fields = {}
-    for name, value in config.to_dict().items():
-        if name == "data":  # the path may differ between hosts: the contents may not
-            continue
-        if name == "precision":
-            value = str(resolve_policy(value))
-        elif name == "layout":
-            value = parse_layout(value).name
-        fields[name] = json.dumps(value, sort_keys=True)
-    summary = dataset.summary()
-    for name in ("name", "train_size", "test_size", "image_shape", "num_classes", "class_names"):
-        fields[f"data.{name}"] = json.dumps(summary[name])
-    fields["data.contents"] = _data_digest(dataset)
-    for name, value in dataclasses.asdict(schedule).items():
-        fields[f"schedule.{name}"] = str(value)
-    for name, value in _versions().items():
-        fields[f"versions.{name}"] = value
-    fields["backend"] = jax.default_backend()
-    for name, value in _state_structure(model).items():
-        fields[f"state.{name}"] = value
-    return fields
-
-
-def _short(value: str | None) -> str:
+def _short(value: str | None, chars: int | None = _VALUE_CHARS) -> str:
     if value is None:
         return "(none)"
-    return value if len(value) <= _VALUE_CHARS else value[: _VALUE_CHARS - 3] + "..."
+    return value if chars is None or len(value) <= chars else value[: chars - 3] + "..."
 
 
-def describe_differences(prints: list[dict[str, str]]) -> str | None:
-    """One line naming each field where a process differs from process 0, with the values
-    (``prints[k]`` is process ``k``'s fingerprint); None when they all agree. The model
-    state's leaves count as one field, shown by its first differing leaf."""
+def _differing(prints: list[dict[str, str]]) -> dict[str, list[int]]:
+    """Field -> the processes whose value differs from process 0's."""
     reference, differing = prints[0], {}
     for k, other in enumerate(prints[1:], start=1):
         for name in [*reference, *(n for n in other if n not in reference)]:
             if reference.get(name) != other.get(name):
                 differing.setdefault(name, []).append(k)
+    return differing
+
+
+def describe_differences(
+    prints: list[dict[str, str]], chars: int | None = _VALUE_CHARS
+) -> str | None:
+    """One line naming each field where a process differs from process 0, with the values
+    (``prints[k]`` is process ``k``'s fingerprint), each cut at ``chars`` (None: whole);
+    None when they all agree. The model state's leaves count as one field, shown by its
+    first differing leaf."""
+    reference, differing = prints[0], _differing(prints)
     if not differing:
         return None
     names = [n for n in differing if not n.startswith("state.")]
@@ -229,8 +170,8 @@ def describe_differences(prints: list[dict[str, str]]) -> str | None:
         if name.startswith("state."):
             first = name.removeprefix("state.")
             label = f"model state ({len(leaves)} entries differ; first {first})"
-        values = [f"{_short(reference.get(name))} on process 0"]
-        values += [f"{_short(prints[k].get(name))} on process {k}" for k in differing[name]]
+        values = [f"{_short(reference.get(name), chars)} on process 0"]
+        values += [f"{_short(prints[k].get(name), chars)} on process {k}" for k in differing[name]]
         parts.append(f"{label}: {', '.join(values)}")
     more = len(names) - _SHOWN
     return "; ".join(parts) + (f"; and {more} more field(s)" if more > 0 else "")
@@ -241,9 +182,53 @@ def _next_round(name: str) -> str:
     return f"{_PREFIX}{name.replace(' ', '_')}/{_rounds[0]}"
 
 
-def agree_on_run(fingerprint: Callable[[], dict[str, str]]) -> None:
+def verdict(prints: list[dict[str, str]]) -> str:
+    """The error line of ``prints`` (process ``k``'s fingerprint at ``k``), the problem and
+    its fix, or "" when they agree. A workdir that differs is the problem named first: a
+    process writing elsewhere breaks every save, whatever else differs."""
+    line = describe_differences(prints)
+    if line is None:
+        return ""
+    differing = _differing(prints)
+    if WORKDIR in differing or PROBE in differing:
+        shared = [{n: p[n] for n in (WORKDIR, PROBE) if n in p} for p in prints]
+        return (
+            "the processes of this run do not share one workdir: "
+            f"{describe_differences(shared, None)} (a {PROBE} other than process 0's: that "
+            "process does not see the file process 0 wrote into its workdir); every process "
+            "writes its part of each checkpoint there, so give every process the same "
+            "--workdir on a filesystem they all share (NFS, a cluster filesystem)."
+        )
+    return (
+        f"the processes of this run differ: {line}; start every process with the same "
+        "settings, data, devices, environment and code (the same layoutlab source)."
+    )
+
+
+def _write_probe(workdir: Path) -> tuple[str, Path]:
+    nonce = secrets.token_hex(8)
+    path = workdir / f"{_PROBE_FILE}{nonce}"
+    path.write_text(nonce)
+    return nonce, path
+
+
+def _read_probe(workdir: Path, nonce: str | None) -> str:
+    """What this process finds of process 0's probe file in its own ``workdir``."""
+    if not nonce:
+        return _NO_PROBE
+    try:
+        return (workdir / f"{_PROBE_FILE}{nonce}").read_text()[:64] or "(an empty probe file)"
+    except OSError:
+        return _NO_PROBE
+
+
+def agree_on_run(
+    fingerprint: Callable[[], dict[str, str]], workdir: str | Path | None = None
+) -> None:
     """Raises ``DistributedError`` (one line, the same on every process) unless every
-    process's ``fingerprint()`` equals process 0's; nothing to do in a single process."""
+    process's ``fingerprint()`` equals process 0's; nothing to do in a single process.
+    ``workdir`` (created on every process): checked to be one directory that all of them
+    see, by its resolved path and a probe file (see the module doc)."""
     import jax
 
     from layoutlab.train.distributed import DistributedError
@@ -253,26 +238,35 @@ def agree_on_run(fingerprint: Callable[[], dict[str, str]]) -> None:
     client, timeout = _client(), _timeout_s()
     me, count = jax.process_index(), jax.process_count()
     base = _next_round("run")
+    probe = None
     try:
         mine = fingerprint()
+        if workdir is not None:
+            workdir = Path(workdir)
+            mine[WORKDIR] = str(workdir.resolve())
+            if me == 0:
+                mine[PROBE], probe = _write_probe(workdir)
+            else:  # process 0 publishes its fingerprint only once the probe file is written
+                first = json.loads(_wait(client, f"{base}/0", timeout, "process 0's settings"))
+                mine[PROBE] = _read_probe(workdir, first.get(PROBE))
         client.key_value_set(f"{base}/{me}", json.dumps(mine))
         if me == 0:
             prints = [
                 json.loads(_wait(client, f"{base}/{k}", timeout, f"process {k}'s run settings"))
                 for k in range(1, count)
             ]
-            differences = describe_differences([mine, *prints])
-            client.key_value_set(f"{base}/verdict", differences or "")
+            line = verdict([mine, *prints])
+            client.key_value_set(f"{base}/verdict", line)
         else:
-            differences = _wait(client, f"{base}/verdict", 2 * timeout, "process 0's check")
+            line = _wait(client, f"{base}/verdict", 2 * timeout, "process 0's check")
     except Exception as e:
         report_failure(str(e))
         raise
-    if differences:
-        raise DistributedError(
-            f"the processes of this run differ: {differences}; start every process with "
-            "the same settings, data and versions."
-        )
+    finally:
+        if probe is not None:
+            probe.unlink(missing_ok=True)
+    if line:
+        raise DistributedError(line)
 
 
 def decided_by_process_0(name: str, decide: Callable[[], object]):

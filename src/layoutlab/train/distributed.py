@@ -7,7 +7,8 @@ plain launch. JAX's coordination client aborts the process when it times out, wi
 stack trace, so a watchdog thread turns "nobody answered within ``timeout_s``" into one
 ``error:`` line and exit code 2 first. After joining, every process checks that it joined
 the run it asked for (a ``--num-processes`` that differs between processes is not an error
-to JAX: the coordinator's count wins).
+to JAX: the coordinator's count wins) and that every process has as many devices as it
+has.
 
 Once joined, ``train.liveness``'s watchdog turns a lost process into one line on every
 process before JAX's heartbeat timeout (set past it) ends them with a C++ stack trace. A
@@ -178,22 +179,47 @@ def initialize_distributed(
 
     start_watchdog(timeout_s)
     index, count = jax.process_index(), jax.process_count()
-    if num_processes is not None:
-        _check_count(num_processes, count)
+    _check_joined(num_processes, index, count)
     return index, count
 
 
-def _check_count(requested: int, count: int) -> None:
-    """Every process learns whether any process asked for another process count."""
-    import numpy as np
-    from jax.experimental import multihost_utils
+def _check_joined(requested: int | None, me: int, count: int) -> None:
+    """Every process learns every process's ``--num-processes`` and device count, through the
+    coordination service's key-value store: a collective needs the same device count on every
+    process (with another it crashed in a reshape, with a 40-line traceback)."""
+    import json
 
-    asked = multihost_utils.process_allgather(np.int32(requested))
-    if np.any(asked != count):
+    import jax
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    mine = {"num_processes": requested, "devices": jax.local_device_count()}
+    try:
+        client.key_value_set(f"layoutlab/join/{me}", json.dumps(mine))
+        timeout_ms = int(join_timeout() * 1000)
+        joined = [
+            json.loads(client.blocking_key_value_get(f"layoutlab/join/{k}", timeout_ms))
+            for k in range(count)
+        ]
+    except Exception as e:  # a process gone after joining: the watchdog names it too
+        raise DistributedError(
+            f"the processes did not all report their device counts within {join_timeout():g} "
+            f"s ({' '.join(str(e).split())[:200]}); check that every process runs."
+        ) from None
+    asked = sorted({j["num_processes"] for j in joined if j["num_processes"] is not None})
+    if any(a != count for a in asked):
         raise DistributedError(
             f"the run has {count} processes but the processes were started with "
-            f"--num-processes {sorted(set(int(a) for a in np.ravel(asked)))}; start every "
-            f"process with --num-processes {count}."
+            f"--num-processes {asked}; start every process with --num-processes {count}."
+        )
+    devices = [j["devices"] for j in joined]
+    if len(set(devices)) > 1:
+        each = ", ".join(f"{d} on process {k}" for k, d in enumerate(devices))
+        raise DistributedError(
+            f"the processes have different numbers of devices ({each}), but every process "
+            "holds the same share of each batch; give every process the same devices (e.g. "
+            "the same CUDA_VISIBLE_DEVICES count, or XLA_FLAGS="
+            "--xla_force_host_platform_device_count=N on CPU)."
         )
 
 

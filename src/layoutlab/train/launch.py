@@ -71,8 +71,9 @@ def join_run(args: argparse.Namespace) -> int | None:
     try:
         initialize_distributed(*launch, timeout_s=args.distributed_timeout)
     except DistributedError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        from layoutlab.train.liveness import stop_with
+
+        return stop_with(str(e))  # once joined, the process then ends without an abort
     return None
 
 

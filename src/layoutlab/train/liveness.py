@@ -8,8 +8,15 @@ watches: process 0 watches every process, the others process 0 (whose process se
 store) and the run's failure record. A process silent for the join timeout, a failure
 another process recorded (``report_failure``), or a store that stops answering ends the
 process with one ``error:`` line and exit code 2, before JAX's heartbeat timeout, which
-``initialize_distributed`` sets past the watchdog's. A process that printed its own error
+``initialize_distributed`` sets past the watchdog's; a killed process is noticed sooner,
+when its link to process 0 closes (``train.peer_links``). A process that printed its own error
 (``stop_with``) exits quietly when the watchdog fires.
+
+A process that stopped with its error line ends there: JAX's exit handler would wait at the
+shutdown barrier for processes that are stopping too, and its client aborts the process with
+a C++ stack trace once process 0, which serves the store, is gone. So at exit a failed
+process marks itself done, process 0 first waits (a few seconds at most) until the others
+did, and the process ends with exit code 2 without JAX's shutdown.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import os
 import sys
 import threading
 import time
+
+from layoutlab.train.peer_links import link_peers
 
 __all__ = ["report_failure", "start_watchdog", "stop_with"]
 
@@ -33,7 +42,8 @@ _GRACE_S = 3.0
 # How long an exiting process waits for its watchdog's store calls to return.
 _JOIN_S = 10.0
 
-_printed = threading.Event()  # this process printed its error line
+_printed = threading.Event()  # this process printed its error
+_gone: set[int] = set()  # processes whose link to process 0 closed (``_closed``) line
 _lock = threading.Lock()
 
 
@@ -61,13 +71,23 @@ def _print_once(message: str, *, again: bool = False) -> bool:
 def report_failure(message: str) -> None:
     """Records in the run's store that this process stopped, and why (the first record
     wins), for the other processes; nothing in a single process or without a store."""
-    import jax
-
     try:
-        if jax.process_count() == 1 or (client := _client()) is None:
+        if (client := _client()) is None:  # not joined (no JAX backend started for this)
             return
-        client.key_value_set(FAILED, f"process {jax.process_index()} stopped: {_one_line(message)}")
-    except Exception:  # another process recorded first, or the store is gone
+        import jax
+
+        if jax.process_count() == 1:
+            return
+        _record(client, f"process {jax.process_index()} stopped: {_one_line(message)}")
+    except Exception:  # the store is gone
+        pass
+
+
+def _record(client, text: str) -> None:
+    """The run's failure record, unless another process recorded first (the first wins)."""
+    try:
+        client.key_value_set(FAILED, text)
+    except Exception:
         pass
 
 
@@ -79,9 +99,38 @@ def stop_with(message: str) -> int:
     return 2
 
 
-def _exit(message: str) -> None:
+def _exit(message: str, client=None, me: int | None = None) -> None:
     _print_once(message)  # quiet when this process printed its error already
+    if client is not None:
+        _mark_done(client, me)
+    _end()
+
+
+def _end() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(2)
+
+
+def _mark_done(client, me: int) -> None:
+    try:
+        client.key_value_set(f"{_ALIVE}{me}", _DONE, allow_overwrite=True)
+    except Exception:
+        pass
+
+
+def _wait_for_peers(client, count: int, wait_s: float) -> None:
+    """Process 0, failing: until every other process marked itself done (it learns of the
+    failure within a few beats), for at most ``wait_s``; its store dies with this process."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            waiting = [p for p in range(1, count) if p not in _gone]
+            if all(_try_get(client, f"{_ALIVE}{p}") == _DONE for p in waiting):
+                return
+        except Exception:
+            return
+        time.sleep(0.1)
 
 
 def _try_get(client, key: str) -> str | None:
@@ -110,9 +159,10 @@ def _watch(client, me: int, count: int, timeout_s: float, stop: threading.Event)
                 if beat != value:
                     seen[p] = (beat, now)
                 elif beat != _DONE and now - since > timeout_s:
-                    report_failure(
+                    _record(
+                        client,
                         f"process {p} stopped answering for {timeout_s:g} s (killed, crashed "
-                        "or hung; its own output names the cause)"
+                        "or hung; its own output names the cause)",
                     )
                     failed = failed or _try_get(client, FAILED)
             store_ok = now
@@ -128,22 +178,41 @@ def _watch(client, me: int, count: int, timeout_s: float, stop: threading.Event)
         elif failing_since is None:
             failing_since = now
         elif now - failing_since > _GRACE_S:
-            _exit(f"the distributed run stopped: {failed}")
+            _exit(f"the distributed run stopped: {failed}", client, me)
 
 
-def _done(client, me: int, watchdog: threading.Thread, stop: threading.Event) -> None:
+def _done(
+    client, me: int, watchdog: threading.Thread, stop: threading.Event, count: int = 1
+) -> None:
     """At exit: stop the watchdog, then tell the others this process finished, so that they
     do not mistake it for a dead one (a beat after that would undo it). The thread must
     be out of the client's calls before the interpreter finalizes: a daemon thread that
     comes back from C++ then is unwound by force, which the client's bindings catch
     without rethrowing, and the process aborts ("FATAL: exception not rethrown") instead
-    of exiting with its status."""
+    of exiting with its status. A process that printed its error then ends (module doc)."""
     stop.set()
     watchdog.join(timeout=_JOIN_S)
+    _mark_done(client, me)
+    if _printed.is_set():
+        if me == 0:
+            _wait_for_peers(client, count, _JOIN_S)
+        _end()
+
+
+def _closed(client, k: int) -> None:
+    """Process ``k``'s link to process 0 closed: its process ended, and unless it marked
+    itself done first, it was killed or crashed (``train.peer_links``)."""
+    _gone.add(k)
     try:
-        client.key_value_set(f"{_ALIVE}{me}", _DONE, allow_overwrite=True)
+        if _try_get(client, f"{_ALIVE}{k}") == _DONE:
+            return
     except Exception:
-        pass
+        return
+    _record(
+        client,
+        f"process {k} ended without finishing (killed or crashed; its own output, if any, "
+        "names the cause)",
+    )
 
 
 def start_watchdog(timeout_s: float) -> None:
@@ -155,7 +224,8 @@ def start_watchdog(timeout_s: float) -> None:
         return
     me, stop = jax.process_index(), threading.Event()
     args = (client, me, jax.process_count(), timeout_s, stop)
+    link_peers(client, me, jax.process_count(), lambda k: _closed(client, k))
     watchdog = threading.Thread(target=_watch, args=args, daemon=True, name="layoutlab-liveness")
     watchdog.start()
     # Runs before JAX's own exit handler, which was registered first.
-    atexit.register(_done, client, me, watchdog, stop)
+    atexit.register(_done, client, me, watchdog, stop, jax.process_count())

@@ -204,7 +204,7 @@ def train_and_evaluate(
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
-            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, model))
+            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, model), workdir)
             ckpt = _open_checkpoints(workdir, config, resume)
             try:
                 return _run(

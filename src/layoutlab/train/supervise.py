@@ -6,10 +6,14 @@ the coordination service fails it: process 0 (which serves it) died, another pro
 registered with this one's ``--process-id``, the service reported a lost process. Its
 callback cannot be replaced from Python, and nothing in the process runs after the abort.
 So the command re-runs itself as a child (``SUPERVISED_ENV`` set) with stdout inherited and
-stderr passed through this parent, which imports no JAX. From a fatal log line on, stderr is
-held back; a child that then dies of SIGABRT becomes one ``error:`` line and exit code 2.
-Any other end passes through: the child's exit code, or its signal, which the parent then
-dies of too (a kill -9 stays a kill -9). The child dies with the parent (Linux
+stderr passed through this parent, which imports no JAX. From a fatal log line on, from a
+log line of JAX's coordination service (it logs only when a process is lost, before the
+watchdog's line or the abort), and after the child's own ``error:`` line, stderr is held
+back; the child's first ``error:`` line still passes. A child that then dies of SIGABRT
+becomes one ``error:`` line and exit code 2 (none more where it printed its own), and a
+child that printed its error and exits with code 2 leaves the rest unsaid. Any other end
+passes through, with what was held: the child's exit code, or its signal, which the parent
+then dies of too (a kill -9 stays a kill -9). The child dies with the parent (Linux
 ``PR_SET_PDEATHSIG``), so killing the command kills the trainer.
 """
 
@@ -24,8 +28,12 @@ import sys
 __all__ = ["SUPERVISED_ENV", "supervise", "supervised"]
 
 SUPERVISED_ENV = "LAYOUTLAB_SUPERVISED_CHILD"
-# glog's fatal line: "F1125 06:46:42.051416   28951 client.h:80] message"
-_FATAL = re.compile(rb"(?:^|[\n\r])(F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\n]+\] )")
+# glog's log line: "F1125 06:46:42.051416   28951 client.h:80] message" (F: fatal)
+_LOG = re.compile(rb"([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ([^\]\n:]+)(?::\d+)?\] ")
+# The coordination service's and its client's source files.
+_SERVICE = re.compile(rb"coordination|^client\.(?:h|cc)$|distributed")
+_ERROR = b"error: "
+_WAIT_CHARS = 4096
 _PR_SET_PDEATHSIG = 1
 _SHOWN_CHARS = 300
 
@@ -52,32 +60,62 @@ def _fatal_message(held: bytes) -> str:
     return reason if len(reason) <= _SHOWN_CHARS else reason[: _SHOWN_CHARS - 3] + "..."
 
 
+class _Filter:
+    """Copies the child's stderr line by line (a progress bar's ``\\r`` ends one too) until
+    it holds back (module doc)."""
+
+    def __init__(self, out):
+        # held: from the first line held back on; fatal: from the fatal line on
+        self.out, self.held, self.fatal, self.error = out, None, None, False
+
+    def _write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+
+    def line(self, line: bytes) -> None:
+        log = _LOG.match(line)
+        if log and log.group(1) == b"F" and self.fatal is None:
+            self.fatal = b""
+        if self.fatal is not None:
+            self.fatal += line
+        service = log and log.group(1) in b"WE" and _SERVICE.search(log.group(2))
+        if self.held is None and log and (log.group(1) == b"F" or service):
+            self.held = b""
+        if line.startswith(_ERROR) and not self.error:
+            self.error = True
+            self._write(line)
+            self.held = b"" if self.held is None else self.held
+        elif self.held is not None:
+            self.held += line
+        else:
+            self._write(line)
+
+    def feed(self, stream) -> None:
+        pending = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            pending += chunk
+            while (cut := _line_end(pending)) > 0:
+                self.line(pending[:cut])
+                pending = pending[cut:]
+            # A line without its end yet waits, unless it is too long to be one to hold.
+            if len(pending) > _WAIT_CHARS and self.held is None:
+                self._write(pending)
+                pending = b""
+        if pending:
+            self.line(pending)
+
+
+def _line_end(data: bytes) -> int:
+    ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+    return min(ends) + 1 if ends else 0
+
+
 def _pass_through(stream, out) -> bytes | None:
-    """Copies ``stream`` to ``out`` as it comes until a fatal log line; returns what came
-    from that line on (None without one). A line that may be the start of a fatal line
-    (an "F" with no newline yet) waits for its next bytes."""
-    pending, held = b"", None
-    while chunk := os.read(stream.fileno(), 65536):
-        if held is not None:
-            held += chunk
-            continue
-        pending += chunk
-        if match := _FATAL.search(pending):
-            start = match.start(1)
-            out.write(pending[:start])
-            out.flush()
-            held, pending = pending[start:], b""
-            continue
-        cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1  # a progress bar ends in \r
-        tail = pending[cut:]
-        keep = tail.startswith(b"F") and len(tail) < 80
-        out.write(pending[:cut] if keep else pending)
-        out.flush()
-        pending = tail if keep else b""
-    if pending:
-        out.write(pending)
-        out.flush()
-    return held
+    """Copies ``stream`` to ``out`` until a fatal log line; returns what came from that line
+    on (None without one)."""
+    f = _Filter(out)
+    f.feed(stream)
+    return f.fatal
 
 
 def supervise(argv: list[str]) -> int:
@@ -91,10 +129,18 @@ def supervise(argv: list[str]) -> int:
     # Ctrl-C reaches the child from the terminal; a TERM sent to this process is passed on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    held = _pass_through(child.stderr, sys.stderr.buffer)
-    code = child.wait()
-    if held is not None and code == -signal.SIGABRT:
-        reason = _fatal_message(held)
+    f = _Filter(sys.stderr.buffer)
+    f.feed(child.stderr)
+    return _finish(f, child.wait())
+
+
+def _finish(f: _Filter, code: int) -> int:
+    """The command's exit status once the child ended with ``code`` (see the module doc)."""
+    held = f.held
+    if f.error and code in (2, -signal.SIGABRT):  # its own line said why
+        return 2
+    if f.fatal is not None and code == -signal.SIGABRT:
+        reason = _fatal_message(f.fatal)
         hint = "the first error of the other processes names the cause"
         if "incarnation" in reason:  # the service took a newer registration of this task
             hint = "another process was started with this --process-id: give each its own"
