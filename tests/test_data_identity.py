@@ -18,8 +18,8 @@ from layoutlab.data import digits, get_dataset
 from layoutlab.data.errors import DataError
 from layoutlab.data.folder import load_folder
 from layoutlab.infer.predict import load_images
-from layoutlab.train.fingerprint import run_fingerprint
 from layoutlab.train.config import TrainConfig
+from layoutlab.train.fingerprint import run_fingerprint
 from layoutlab.train.run_data import data_change
 
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
