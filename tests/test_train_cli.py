@@ -8,6 +8,7 @@ process's own run reads them from the same cache.
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.command import build_config, register
+from layoutlab.train.interrupt import Terminated, sigterm_interrupts
 from layoutlab.train.launch import gpu_platform
 from layoutlab.train.loop import train_and_evaluate
 
@@ -185,3 +187,47 @@ def test_backend_gpu_trains_on_the_gpu(tmp_path, env):
     done = _train(env, *ARGS, "--backend", "gpu", "--workdir", str(tmp_path / "gpu"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "gpu" / "config.json").read_text())["num_steps"] == 12
+
+
+# DRIVER whose stall ends when the test says so (FLAG.go exists): an interrupted run closes
+# its prefetch thread, which would wait out a stall of fixed length.
+RESUMABLE_STALL = DRIVER.replace(
+    "time.sleep(600)", "while not flag.with_suffix('.go').exists(): time.sleep(0.05)"
+)
+
+
+def test_sigterm_says_what_ctrl_c_says(full_run, env, tmp_path):
+    """SIGTERM (what a job scheduler sends first) stops the run as Ctrl-C does: one line
+    saying how to continue, a non-zero exit, and the workdir's lock released. The run is
+    ``full_run``'s (its programs come from the cache), stalled mid-epoch."""
+    assert RESUMABLE_STALL != DRIVER
+    workdir, flag = tmp_path / "run", tmp_path / "stalled"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RESUMABLE_STALL, str(flag), "7", *ARGS, "--workdir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    _wait_for([flag], proc)
+    proc.send_signal(signal.SIGTERM)
+    flag.with_suffix(".go").touch()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines() == ["interrupted; continue with --resume"], err
+    assert json.loads((workdir / "layoutlab.lock").read_text())["released"]
+
+
+def test_a_sigterm_dropped_by_a_finalizer_is_raised_again():
+    """Python drops an exception raised in a finalizer or garbage-collector callback (JAX
+    runs one), where the SIGTERM handler may happen to run: the run must stop all the same."""
+
+    class Finalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside the finalizer
+                pass
+
+    with pytest.raises(Terminated), sigterm_interrupts():
+        Finalizer()
+        time.sleep(60)  # the work, interrupted when the signal comes again

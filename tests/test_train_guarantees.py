@@ -266,7 +266,8 @@ def test_stale_lock_of_a_dead_process_is_taken_over(resumed_over_a_stale_lock):
     copy, code, err, pid = resumed_over_a_stale_lock  # a resume to step 6
     assert code == 0, err
     assert f"was left by pid {pid}, which is no longer running" in err
-    assert (copy / LOCK_FILE).read_text() == ""  # released at exit
+    record = json.loads((copy / LOCK_FILE).read_text())
+    assert record["pid"] == os.getpid() and record["released"]  # released at exit
 
 
 @pytest.mark.parametrize(

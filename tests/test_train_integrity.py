@@ -238,6 +238,39 @@ def test_evaluate_on_a_read_only_run(run_dir, tmp_path, capsys):
     assert out.splitlines()[0].endswith("step 4 on digits (359 test images)")
 
 
+def test_readers_write_nothing_into_the_runs_checkpoints(copy, tmp_path, capsys):
+    """An output path inside ``checkpoints/`` (directly, through a link or through ``..``),
+    or one of the run's own files, is refused before any work, with the run unchanged."""
+    manifest = copy / "checkpoints" / "4" / MANIFEST
+    (tmp_path / "link").symlink_to(copy / "checkpoints")
+    dotdot = copy / "tensorboard" / ".." / "checkpoints" / "r.json"
+    before = _digests(copy, "config.json", "checkpoints/4/" + MANIFEST)
+    files = _files(copy)
+    for argv, inside in [
+        (["evaluate", "--json-file", manifest], "inside the run's checkpoints/"),
+        (["evaluate", "--json-file", tmp_path / "link" / "4" / "r.json"], "checkpoints/"),
+        (["evaluate", "--json-file", dotdot], "inside the run's checkpoints/"),
+        (["evaluate", "--out", copy / "checkpoints" / "4"], "inside the run's checkpoints/"),
+        (["evaluate", "--json-file", copy / "config.json"], "the run's own config.json"),
+        (["export", "--out", copy / "checkpoints" / "m.jax"], "inside the run's checkpoints/"),
+        (["export", "--out", tmp_path / "link"], "inside the run's checkpoints/"),
+    ]:
+        code, out, err = _cli(capsys, argv[0], "--workdir", str(copy), *map(str, argv[1:]))
+        assert code == 2 and out == "", (argv, out)
+        _one_line_error(err, inside, "write nothing into the run")
+    assert _digests(copy, "config.json", "checkpoints/4/" + MANIFEST) == before
+    assert _files(copy) == files
+
+
+def test_evaluate_of_a_file_says_it_is_a_file(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a run")
+    for command in (["evaluate"], ["predict", str(tmp_path)]):
+        code, _, err = _cli(capsys, command[0], "--workdir", str(notes), *command[1:])
+        assert code == 2
+        _one_line_error(err, f"Workdir {notes} is a file, not a run's directory", "config.json")
+
+
 # -- item 6: a reader during a keep=1 run -------------------------------------------------
 
 LIVE = """

@@ -109,7 +109,10 @@ def register(subparsers) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from layoutlab.infer.evaluate import evaluate_workdir, format_report, plot_confusion
+    from layoutlab.infer.outputs import check_outputs
 
+    json_file = None if args.json in (None, STDOUT) else args.json
+    check_outputs(args.workdir, {"--json-file": json_file, "--out": args.out})
     result = evaluate_workdir(args.workdir, args.checkpoint, data=args.data)
     to_stdout = args.json == STDOUT
     print(json.dumps(result, indent=1) if to_stdout else format_report(result))
@@ -147,9 +150,12 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from layoutlab.infer.export import export_run, parse_batch, parse_platforms
+    from layoutlab.infer.export import export_run, parse_batch, parse_platforms, sidecar_path
     from layoutlab.infer.load import open_run
+    from layoutlab.infer.outputs import check_outputs
 
+    outputs = {"--out": args.out, "--out's sidecar": sidecar_path(args.out)}
+    check_outputs(args.workdir, {**outputs, "--torch-state-dict": args.torch_state_dict})
     platforms, batch = parse_platforms(args.platforms), parse_batch(args.batch)
     run = open_run(args.workdir, args.checkpoint)
     out, sidecar = export_run(run, args.out, platforms=platforms, batch=batch)

@@ -146,6 +146,11 @@ def class_names(dataset: Dataset) -> list[str]:
 
 
 def read_config(workdir: Path) -> TrainConfig:
+    if workdir.exists() and not workdir.is_dir():
+        raise NoRunError(
+            f"Workdir {workdir} is a file, not a run's directory; pass the --workdir of a "
+            "`layoutlab train` run (the directory that holds its config.json)."
+        )
     if not workdir.is_dir():
         raise NoRunError(
             f"Workdir {workdir} does not exist; pass the --workdir of a `layoutlab train` run."

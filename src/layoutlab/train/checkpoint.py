@@ -36,10 +36,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from layoutlab.train.checkpoint_io import (
-    READERS_LOCK,
     certify,
     check_identity,
     check_stored,
+    make_readers_lock,
     open_manager,
     read_leaves,
     read_meta,
@@ -164,7 +164,7 @@ class Checkpointer:
         self._manager = open_manager(self.directory, writing=True)
         if self._main:  # what a kill during deletion left
             shutil.rmtree(self.directory / TRASH, ignore_errors=True)
-            (self.directory / READERS_LOCK).touch()
+            make_readers_lock(self.directory)
         barrier("layoutlab-open-checkpoints")
 
     def steps(self) -> list[int]:

@@ -29,6 +29,7 @@ __all__ = [
     "READERS_LOCK",
     "certify",
     "check_identity",
+    "make_readers_lock",
     "check_stored",
     "open_manager",
     "read_leaves",
@@ -38,6 +39,17 @@ __all__ = [
 ]
 
 READERS_LOCK = "readers.lock"  # shared by readers, exclusive while steps are moved away
+# A link planted at the lock's path is not followed to a file outside the run (that file
+# would be created or touched), and a named pipe there must not block the open.
+_NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def make_readers_lock(directory: Path) -> None:
+    """Creates ``directory``'s readers' lock file unless something is at its path already."""
+    try:
+        os.close(os.open(directory / READERS_LOCK, os.O_RDONLY | os.O_CREAT | _NO_LINK, 0o644))
+    except OSError:
+        pass  # a link or worse there: steps_pinned then pins nothing, as without the file
 
 
 def stored_dtype(name: str):
@@ -82,8 +94,9 @@ def steps_pinned(directory: Path, exclusive: bool):
     """Readers pin the steps (shared); the writer moves steps away only exclusively. A
     directory without the lock file (a run saved before it existed, or none writing it) or
     where it cannot be opened pins nothing: nothing can move steps there then."""
+    flags = os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY
     try:
-        fd = os.open(directory / READERS_LOCK, os.O_RDWR | os.O_CREAT if exclusive else os.O_RDONLY)
+        fd = os.open(directory / READERS_LOCK, flags | _NO_LINK)
     except OSError:
         yield
         return

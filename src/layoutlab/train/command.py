@@ -20,9 +20,11 @@ from layoutlab.nn.conv_names import (
     BUILTIN_ALGORITHMS,
     KERNEL_STORAGES,
 )
+from layoutlab.train import interrupt
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
-from layoutlab.train.liveness import stop_with
+from layoutlab.train.interrupt import sigterm_interrupts
+from layoutlab.train.liveness import leave, report_failure, stop_with
 
 __all__ = ["register", "run", "main"]
 
@@ -310,9 +312,14 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    with sigterm_interrupts():
+        return _run(args, start)
+
+
+def _run(args: argparse.Namespace, start: float) -> int:
     from layoutlab.train.loop import PLOT_FILE, train_and_evaluate
 
-    start = time.perf_counter()
     try:
         config, workdir = build_config(args)
         from layoutlab.train.distributed import main_process
@@ -335,9 +342,12 @@ def run(args: argparse.Namespace) -> int:
             f"{' '.join(str(e).split())[:300]}); the first error of the other processes "
             "names the cause."
         )
-    except KeyboardInterrupt:
-        print("interrupted; continue with --resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (train.interrupt)
+        print(interrupt.MESSAGE, file=sys.stderr, flush=True)
+        if not args.distributed:
+            return interrupt.exit_code(e)
+        report_failure(interrupt.MESSAGE)  # the other processes stop too, saying why
+        return leave(interrupt.exit_code(e))
     if not main:
         return 0
     print(

@@ -29,7 +29,7 @@ import time
 
 from layoutlab.train.peer_links import link_peers
 
-__all__ = ["report_failure", "start_watchdog", "stop_with"]
+__all__ = ["leave", "report_failure", "start_watchdog", "stop_with"]
 
 _PREFIX = "layoutlab/"
 FAILED = _PREFIX + "failed"
@@ -41,9 +41,12 @@ _BEAT_S = 1.0
 _GRACE_S = 3.0
 # How long an exiting process waits for its watchdog's store calls to return.
 _JOIN_S = 10.0
+# How often a process stopped by the user looks whether the others have stopped (leave).
+_LEAVE_POLL_S = 0.1
 
 _printed = threading.Event()  # this process printed its error
 _gone: set[int] = set()  # processes whose link to process 0 closed (``_closed``) line
+_watchdogs: list[tuple] = []  # start_watchdog's, and its timeout, for leave
 _lock = threading.Lock()
 
 
@@ -103,6 +106,10 @@ def _exit(message: str, client=None, me: int | None = None) -> None:
     _print_once(message)  # quiet when this process printed its error already
     if client is not None:
         _mark_done(client, me)
+        if me == 0:  # its end takes the service away: let a leaving process go first
+            sys.stderr.flush()  # its one line is out; what fails meanwhile stays unsaid
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+            time.sleep(_LEAVE_POLL_S * 5)
     _end()
 
 
@@ -131,6 +138,38 @@ def _wait_for_peers(client, count: int, wait_s: float) -> None:
         except Exception:
             return
         time.sleep(0.1)
+
+
+def leave(code: int) -> int:
+    """A distributed run's process stopped by the user (Ctrl-C, SIGTERM), after
+    ``report_failure``: ends with ``code`` without JAX's shutdown barrier, which the other
+    processes, stopping on that record, never join (process 0 would wait in it for the
+    heartbeat timeout and then abort). It waits, for at most the join timeout, until the
+    others have stopped on the record (each marks itself done; process 0, whose end takes
+    the service away and would make JAX abort the rest, lingers after that long enough for
+    a waiting process to see it). Returns ``code`` in a single process."""
+    import jax
+
+    if jax.process_count() == 1 or (client := _client()) is None:
+        return code
+    # This process's own watchdog would end it on its own failure record.
+    for watch_client, me, watchdog, stop, _ in _watchdogs:
+        stop.set()
+        watchdog.join(timeout=_JOIN_S)
+        _mark_done(watch_client, me)
+    others = [p for p in range(jax.process_count()) if p != jax.process_index()]
+    deadline = time.monotonic() + max((w[4] for w in _watchdogs), default=_JOIN_S)
+    while others and time.monotonic() < deadline:
+        try:
+            others = [
+                p for p in others if p not in _gone and _try_get(client, f"{_ALIVE}{p}") != _DONE
+            ]
+        except Exception:
+            break
+        time.sleep(_LEAVE_POLL_S)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _try_get(client, key: str) -> str | None:
@@ -229,3 +268,4 @@ def start_watchdog(timeout_s: float) -> None:
     watchdog.start()
     # Runs before JAX's own exit handler, which was registered first.
     atexit.register(_done, client, me, watchdog, stop, jax.process_count())
+    _watchdogs.append((client, me, watchdog, stop, timeout_s))
