@@ -264,7 +264,7 @@ def _check_float(
     if not ok:
         where = f"{'>' if low_open else '>='} {low:g}"
         where += "" if high is None else f" and < {high:g}"
-        where += " in float32" if as_f32 != value else ""
+        where += " in float32" if math.isfinite(value) and as_f32 != value else ""
         raise ValueError(
             f"{name} must be a finite number {where}, got {value!r}; e.g. {name}={default:g}."
         )
