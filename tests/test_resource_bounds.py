@@ -85,6 +85,18 @@ def test_a_run_larger_than_its_device_memory_is_refused_before_it_starts(
     _one_line_error(err, "has 46341 classes, more than the 46340 the evaluation counts")
 
 
+def test_a_gpu_is_compared_with_its_own_memory(monkeypatch):
+    class Device:
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 8_000_000_000}
+
+    monkeypatch.setattr(run_memory.jax, "local_devices", lambda: [Device()])
+    monkeypatch.setattr(run_memory, "available_bytes", lambda: 1)  # the host's: not asked
+    assert run_memory._device_bytes() == (8_000_000_000, "the GPU holds")
+
+
 def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch):
     from layoutlab.bench import sweep
     from layoutlab.bench.tuning import registry_model
@@ -115,6 +127,11 @@ def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch)
     )
     assert code == 2
     _one_line_error(err, "its directory", "does not exist")
+    code, _, err = _cli(
+        capsys, "export", "--workdir", tmp_path / "no-run", "--out", tmp_path / "no" / "m.bin"
+    )
+    assert code == 2
+    _one_line_error(err, "--out", "its directory", "does not exist")
 
 
 def test_a_distributed_timeout_that_is_no_number_of_seconds_is_one_line(tmp_path):

@@ -78,6 +78,9 @@ def test_a_run_that_skips_every_step_stops_before_its_next_checkpoint(
 ):
     # 5 instead of 50 keeps the run short; the loop sees every fetch the same way.
     monkeypatch.setattr(divergence, "MAX_SKIPPED_IN_A_ROW", 5)
+    # It is handed the metrics the loop fetched already (host values): no sync of its own.
+    handed, add = [], Divergence.add
+    monkeypatch.setattr(Divergence, "add", lambda self, f, m: handed.extend(f) or add(self, f, m))
     workdir = tmp_path / "run"
     code, _, err = _cli(
         capsys, "train", "--workdir", workdir, *TINY, "--steps", "40", "--set", "weight_decay=1e30",
@@ -96,6 +99,7 @@ def test_a_run_that_skips_every_step_stops_before_its_next_checkpoint(
     )
     assert count == 10 - first + 1 and 5 <= count < 9 and "train loss nan" in line
     assert _steps(workdir) == [5] and _records(workdir) == []
+    assert len(handed) == 10 and all(type(m["loss"]) is np.ndarray for m in handed)
 
 
 def _metrics(*finite):
