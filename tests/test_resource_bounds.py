@@ -94,7 +94,7 @@ def test_a_gpu_is_compared_with_its_own_memory(monkeypatch):
 
     monkeypatch.setattr(run_memory.jax, "local_devices", lambda: [Device()])
     monkeypatch.setattr(run_memory, "available_bytes", lambda: 1)  # the host's: not asked
-    assert run_memory._device_bytes() == (8_000_000_000, "the GPU holds")
+    assert run_memory._device_bytes() == (8_000_000_000, "the GPU holds", True)
 
 
 def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch):

@@ -10,12 +10,14 @@ buffers are compared with the memory of the device they go on:
 - the eval step's confusion matrix, ``classes**2`` int32 cells, which it also indexes in
   int32, so a data set of more than 46340 classes cannot be evaluated at all.
 
-A device that reports its memory (a GPU's ``bytes_limit``) is compared with that, a CPU
-with the host's available memory (``MemAvailable``; the data set is already loaded then).
+A device that reports its memory (a GPU's ``bytes_limit``) is compared with that, at its share
+of a data-parallel batch; a CPU with the host's available memory (``MemAvailable``; the data
+set is already loaded then), which its devices share, at the whole batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -65,15 +67,17 @@ def run_bytes(config: TrainConfig, model: nnx.Module, probe: int, classes: int) 
     }
 
 
-def _device_bytes() -> tuple[int | None, str]:
+def _device_bytes() -> tuple[int | None, str, bool]:
+    """``(bytes, what they are, whether the device has memory of its own)``: a GPU's limit,
+    else the host's available memory, which every CPU device shares."""
     device = jax.local_devices()[0]
     try:
         stats = device.memory_stats() or {}
     except Exception:  # backends without memory statistics
         stats = {}
     if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"the {device.platform.upper()} holds"
-    return available_bytes(), "the machine has available (MemAvailable)"
+        return int(stats["bytes_limit"]), f"the {device.platform.upper()} holds", True
+    return available_bytes(), "the machine has available (MemAvailable)", False
 
 
 def _gb(n: int) -> str:
@@ -89,9 +93,11 @@ def check_run_fits(config: TrainConfig, model: nnx.Module, probe: int, classes: 
             "evaluation counts (its confusion matrix has classes**2 cells, indexed in int32); "
             "use fewer classes."
         )
+    have, where, own_memory = _device_bytes()
+    if own_memory and config.data_parallel:  # each device holds its share of the batch
+        config = dataclasses.replace(config, batch_size=-(-config.batch_size // jax.device_count()))
     parts = run_bytes(config, model, probe, classes)
     need = sum(parts.values())
-    have, where = _device_bytes()
     if have is None or need <= have:
         return
     detail = ", ".join(f"{name} {_gb(n)}" for name, n in parts.items())
