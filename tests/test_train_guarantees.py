@@ -217,6 +217,15 @@ def test_resume_with_nothing_to_resume_is_an_error(tmp_path, capsys, kind):
         (["--set", "weight_decay=-inf"], "weight_decay must be a finite number >= 0"),
         (["--set", "momentum=nan"], "momentum must be a finite number >= 0 and < 1"),
         (["--set", "momentum=1"], "momentum must be a finite number >= 0 and < 1"),
+        # Checked as the float32 values they train as: inf, 0 or 1 there are refused too.
+        (["--lr", "1e300"], "learning_rate=1e+300 overflows float32"),
+        (["--lr", "1e-40"], "learning_rate=1e-40 underflows float32"),
+        (["--set", "weight_decay=1e39"], "weight_decay=1e+39 overflows float32"),
+        (["--set", "momentum=0.999999999"], "momentum must be a finite number >= 0 and < 1 in"),
+        # Counts beyond the int32 step counters, refused before anything is written.
+        (["--steps", "100000000000000000000"], "num_steps=100000000000000000000 is more than"),
+        (["--steps", "1000000000", "--accum-steps", "4"], "(4000000000 batches) are more than"),
+        (["--set", "warmup_steps=10000000000"], "warmup_steps=10000000000 is more than"),
         (["--steps", "0"], "num_steps must be a positive integer"),
         (["--set", "keep_checkpoints=0"], "keep_checkpoints must be a positive integer"),
         (["--set", "warmup_steps=-1"], "warmup_steps must be >= 0"),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+from pathlib import Path
 
 __all__ = [
     "CONV_TUNE_CHOICES",
@@ -26,6 +28,8 @@ __all__ = [
     "add_json",
     "add_model_options",
     "deprecated",
+    "output_dir",
+    "output_file",
     "parse_assignments",
     "parse_comma_list",
     "parse_image_size",
@@ -294,3 +298,33 @@ def add_deprecated_flag(
     parser.add_argument(
         old, dest=dest, action=_DeprecatedFlag, new=new, append=append, help=argparse.SUPPRESS
     )
+
+
+def output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """The directory ``path`` of a command's ``flag``, created if need be and checked to be
+    writable: call it before the work, so that a bad output path fails in a moment instead
+    of losing a long run's results at the end. ``ValueError`` names the path and the fix."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is a file, not a directory; choose a directory.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"Cannot create {flag} {out}: {e.strerror or e}.") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"Cannot write into {flag} {out}: permission denied.")
+    return out
+
+
+def output_file(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """The file ``path`` of a command's ``flag``, checked before the work: not a directory,
+    in an existing directory that can be written. ``ValueError`` names the path and the fix."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a directory; give a file name.")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {out}: its directory {parent} does not exist; create it first.")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"Cannot write {flag} {out}: permission denied.")
+    return out

@@ -11,6 +11,7 @@ from layoutlab.arguments import (
     add_conv_tune,
     add_image_size,
     add_model_options,
+    output_dir,
     parse_comma_list,
     print_error,
     print_progress,
@@ -101,6 +102,7 @@ def run_bench(args: argparse.Namespace) -> int:
             baseline_plain=args.baseline_plain,
             optimizer=args.optimizer,
         )
+        output_dir(args.out)  # before the sweep, whose results would be lost at the end
         parts = host_memory_parts(args)
         if parts is None:
             results = run_sweep(config, log=print_progress)

@@ -23,6 +23,7 @@ import numpy as np
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
 from layoutlab.data.errors import DataError
 from layoutlab.data.fingerprint import files_fingerprint
+from layoutlab.data.memory import check_fits, peak_bytes
 from layoutlab.data.pixels import DEEP_MAX, GRAY_MODES, SIXTEEN_BIT_MODES, check_mode, read_pixels
 
 __all__ = ["load_folder", "IMAGE_SUFFIXES"]
@@ -136,6 +137,15 @@ def load_folder(
     size = size or _common_size(all_paths, headers)
     gray = all(mode in GRAY_MODES for _, mode in headers)
     deep = any(mode in SIXTEEN_BIT_MODES for _, mode in headers)
+    shape = (*size, 1 if gray else 3)
+    check_fits(
+        f"folder:{root}",
+        f"{len(all_paths)} images of {'x'.join(map(str, shape))}",
+        peak_bytes(len(all_paths), shape),
+        "choose a smaller --image-size (TrainConfig image_size)"
+        if image_size is not None
+        else "use fewer or smaller images (resize them with --image-size H,W)",
+    )
     train = _read_split(train_files, classes, gray, size, deep)
     if pre_split:
         test = _read_split(test_files, classes, gray, size, deep)

@@ -13,6 +13,7 @@ import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
 from layoutlab.data.fingerprint import spec_fingerprint
+from layoutlab.data.memory import check_fits, peak_bytes
 
 __all__ = ["make_synthetic"]
 
@@ -42,6 +43,14 @@ def make_synthetic(
             f"synthetic needs positive H, W, C, classes >= 1 and >= 2 examples; got shape "
             f"{image_shape}, {num_classes} classes, {num_examples} examples."
         )
+    # A float32 prototype per class, and the images.
+    need = peak_bytes(num_examples, (h, w, c)) + peak_bytes(num_classes, (h, w, c)) // 2
+    check_fits(
+        f"synthetic:{h}x{w}x{c}:{num_classes}:{num_examples}",
+        f"{num_examples} images and {num_classes} class prototypes of {h}x{w}x{c}",
+        need,
+        "use fewer classes or examples (synthetic:HxWxC:CLASSES:N) or smaller images",
+    )
     rng = np.random.default_rng(seed)
     protos = _prototypes(rng, num_classes, h, w, c)
     labels = rng.integers(0, num_classes, num_examples).astype(np.int32)

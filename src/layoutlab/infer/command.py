@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from layoutlab.arguments import STDOUT, add_deprecated_flag, add_json
+from layoutlab.arguments import STDOUT, add_deprecated_flag, add_json, output_file
 
 __all__ = ["register"]
 
@@ -157,6 +157,9 @@ def run_export(args: argparse.Namespace) -> int:
     outputs = {"--out": args.out, "--out's sidecar": sidecar_path(args.out)}
     check_outputs(args.workdir, {**outputs, "--torch-state-dict": args.torch_state_dict})
     platforms, batch = parse_platforms(args.platforms), parse_batch(args.batch)
+    output_file(args.out)
+    if args.torch_state_dict:
+        output_file(args.torch_state_dict, "--torch-state-dict")
     run = open_run(args.workdir, args.checkpoint)
     out, sidecar = export_run(run, args.out, platforms=platforms, batch=batch)
     print(

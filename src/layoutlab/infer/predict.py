@@ -79,6 +79,19 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return classes, np.take_along_axis(probs, classes, axis=-1)
 
 
+def _check_finite(logits: np.ndarray, run: Run, files: list[Path]) -> None:
+    """NaN probabilities are no answer: a model whose outputs are not finite (a diverged
+    run's checkpoint) is an error naming the checkpoint."""
+    bad = ~np.isfinite(logits).all(axis=tuple(range(1, logits.ndim)))
+    if bad.any():
+        raise ValueError(
+            f"the model of {run.workdir} at step {run.step} gives non-finite outputs (NaN or "
+            f"inf logits) for {int(bad.sum())} of {len(files)} images, the first "
+            f"{files[bad.argmax()]}: the run diverged; train it again with a lower --lr, or "
+            "try an earlier --checkpoint."
+        )
+
+
 def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     """Top-``k`` predictions for each image file (or folder of images) in ``paths``."""
     if k < 1:
@@ -104,6 +117,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
             )
         ]
     )[: len(files)]
+    _check_finite(logits, run, files)
     classes, probs = top_k(logits, k)
     return [
         {

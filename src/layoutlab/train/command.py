@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, start: float) -> int:
-    from layoutlab.train.loop import PLOT_FILE, train_and_evaluate
+    from layoutlab.train.loop import train_and_evaluate
 
     try:
         config, workdir = build_config(args)
@@ -354,12 +354,21 @@ def _run(args: argparse.Namespace, start: float) -> int:
         f"step {record['step']}: test_accuracy {record['test_accuracy']:.4f} "
         f"test_loss {record['test_loss']:.4f} ({time.perf_counter() - start:.1f}s)"
     )
-    print(
-        f"outputs in {workdir}: config.json, metrics.jsonl, steps.jsonl, {PLOT_FILE}, "
-        "tensorboard/, checkpoints/ "
-        f"(resume with --workdir {workdir} --resume)"
-    )
+    print(f"outputs in {workdir}: {_outputs(workdir)} (resume with --workdir {workdir} --resume)")
     return 0
+
+
+def _outputs(workdir: Path) -> str:
+    """The run's outputs that are in ``workdir``: ``steps.jsonl`` only with ``log_every``,
+    ``tensorboard/`` only with TensorBoard on (or from an earlier part of the run)."""
+    from layoutlab.train.loop import CHECKPOINT_DIR, PLOT_FILE
+    from layoutlab.train.metrics import CONFIG_FILE, METRICS_FILE
+    from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
+
+    files = [CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE]
+    dirs = [TENSORBOARD_DIR, CHECKPOINT_DIR]
+    found = [f for f in files if (workdir / f).is_file()]
+    return ", ".join(found + [f"{d}/" for d in dirs if (workdir / d).is_dir()])
 
 
 def main(argv: list[str] | None = None) -> int:

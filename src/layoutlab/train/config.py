@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import struct
 import types
 import typing
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
+INT32_MAX = 2**31 - 1
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
 # them was written when these were the defaults, so with_legacy_defaults fills these in.
@@ -220,20 +222,55 @@ def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) 
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        _check_int32(name, value)
+
+
+def _check_int32(name: str, value: int) -> None:
+    # Steps, batches and their counters are int32 on the device (the train state's step,
+    # optax's count, the schedule's arguments): a larger value overflows inside JAX.
+    if value > INT32_MAX:
+        raise ValueError(
+            f"{name}={value} is more than {INT32_MAX} (2**31 - 1), the largest count a run "
+            f"keeps (its step counters are int32); use a smaller {name}."
+        )
+
+
+# float32's largest finite value and smallest normal one: hyper-parameters train as float32,
+# where a larger value is inf, and a smaller nonzero one is subnormal (flushed to 0 by XLA).
+_F32_MAX = 3.4028234663852886e38
+_F32_TINY = 1.1754943508222875e-38
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to float32 (``struct`` does it without importing NumPy)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def _check_float(
     config: TrainConfig, name: str, low: float, high: float | None = None, *, low_open: bool = False
 ) -> None:
     """``getattr(config, name)`` must be finite and in ``[low, high)`` (``(low, ...`` when
-    ``low_open``); NaN and infinities fail every comparison that lets a value through."""
+    ``low_open``) as the float32 it trains as; NaN and infinities fail every comparison that
+    lets a value through."""
     value = getattr(config, name)
-    ok = math.isfinite(value) and (value > low if low_open else value >= low)
-    ok = ok and (high is None or value < high)
+    default = getattr(TrainConfig(), name)
+    as_f32 = _float32(value) if math.isfinite(value) else value
+    if math.isfinite(value) and (not math.isfinite(as_f32) or 0 < abs(value) < _F32_TINY):
+        what = "overflows float32" if abs(value) > 1 else "underflows float32 (XLA flushes it to 0)"
+        zero = "0 or " if low == 0 and not low_open else ""
+        raise ValueError(
+            f"{name}={value!r} {what}, which the run trains in; use {zero}a value "
+            f"between {_F32_TINY:.3g} and {_F32_MAX:.3g}, e.g. {name}={default:g}."
+        )
+    ok = math.isfinite(as_f32) and (as_f32 > low if low_open else as_f32 >= low)
+    ok = ok and (high is None or as_f32 < high)
     if not ok:
         where = f"{'>' if low_open else '>='} {low:g}"
         where += "" if high is None else f" and < {high:g}"
-        default = getattr(TrainConfig(), name)
+        where += " in float32" if math.isfinite(value) and as_f32 != value else ""
         raise ValueError(
             f"{name} must be a finite number {where}, got {value!r}; e.g. {name}={default:g}."
         )
@@ -248,8 +285,11 @@ def _check_numbers(config: TrainConfig) -> None:
         raise ValueError(
             f"log_every must be an integer >= 0 (0: no per-step log), got {config.log_every!r}."
         )
-    if config.warmup_steps is not None and config.warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
+    _check_int32("log_every", config.log_every)
+    if config.warmup_steps is not None:
+        if config.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
+        _check_int32("warmup_steps", config.warmup_steps)
     _check_float(config, "learning_rate", 0.0, low_open=True)
     _check_float(config, "weight_decay", 0.0)
     _check_float(config, "momentum", 0.0, 1.0)

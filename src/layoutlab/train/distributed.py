@@ -37,6 +37,7 @@ __all__ = [
 
 # JAX's own timeout is set past the watchdog's, so the one-line error comes first.
 _JAX_TIMEOUT_MARGIN_S = 30
+_MAX_TIMEOUT_S = 2**31 - 1 - _JAX_TIMEOUT_MARGIN_S
 # The join timeout of this process's run: how long the checks across processes wait.
 _join_timeout_s = [120.0]
 
@@ -141,8 +142,13 @@ def initialize_distributed(
                 f"--process-id must lie in [0, {num_processes}) for --num-processes "
                 f"{num_processes}, got {process_id}."
             )
-    if timeout_s <= 0:
-        raise DistributedError(f"The distributed timeout must be > 0 s, got {timeout_s}.")
+    # NaN fails every comparison, so only a test that lets good values through catches it;
+    # JAX takes the timeouts as whole seconds in an int32.
+    if not 0 < timeout_s <= _MAX_TIMEOUT_S:
+        raise DistributedError(
+            f"--distributed-timeout must be a number of seconds > 0 and <= {_MAX_TIMEOUT_S}, "
+            f"got {timeout_s}; e.g. --distributed-timeout 120."
+        )
     if coordinator is not None and process_id == 0:
         _check_port_free(coordinator)
     _join_timeout_s[0] = float(timeout_s)

@@ -37,6 +37,7 @@ from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fi
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.divergence import Divergence
 from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
 from layoutlab.train.metrics import (
     CONFIG_FILE,
@@ -51,6 +52,7 @@ from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
 from layoutlab.train.run_identity import new_run_id, numerics_environment
+from layoutlab.train.run_memory import PROBE_BATCH, check_run_fits, forward_bytes
 from layoutlab.train.run_plan import (
     abstract_model,
     planned,
@@ -101,8 +103,8 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
     # run's batch (what the run reuses), called on two images (all the check needs).
     try:
         model = abstract_model(config, InputSpec.of(dataset, config.batch_size))
-        images, _ = InputSpec.of(dataset, 2).batch(resolve_spec(config).layout)
-        nnx.eval_shape(lambda m, x: m(x), model, images)
+        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(resolve_spec(config).layout)
+        probe = forward_bytes(model, images)  # what a batch's forward keeps for backward
     except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
         raise ValueError(f"conv_plan: {e}") from None
     except Exception as e:
@@ -111,6 +113,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
             f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
             f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
         ) from None
+    check_run_fits(config, model, probe, dataset.num_classes)
     if config.eval_conv_plan is not None:
         try:
             with_conv_plan(model, config.eval_conv_plan)
@@ -236,6 +239,7 @@ class _Run:
     progress: Progress
     main: bool  # process 0 writes the workdir files
     step_log: StepLog
+    divergence: Divergence
 
 
 def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
@@ -294,8 +298,12 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
         f"outputs in {workdir}"
     )
     step_log = StepLog.for_run(workdir, config, schedule, start, enabled=main)
+    scaled = config.loss_scale not in (None, "none")
+    divergence = Divergence(
+        schedule.accum_steps, lambda: max(ckpt.steps(), default=None), loss_scaled=scaled
+    )
     run = _Run(config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
-               main, step_log)  # fmt: skip
+               main, step_log, divergence)  # fmt: skip
     try:
         state, record = _loop(run, state, start, meter)
     finally:
@@ -350,6 +358,7 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
         fetched = jax.device_get(pending)
         pending.clear()
         run.step_log.add(fetched, micro)
+        run.divergence.add(fetched, micro)  # before any record or checkpoint of these steps
         for m in fetched:
             meter.add({"loss": m["loss"], "accuracy": m["accuracy"]})
         return fetched[-1] if fetched else None
@@ -383,6 +392,7 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
                     "images_per_sec": interval_images / elapsed if elapsed > 0 else math.nan,
                     "elapsed": time.perf_counter() - run_start,
                 }
+                run.divergence.check_eval(record)
                 if run.main:
                     append_record(run.workdir / METRICS_FILE, record)
                     run.step_log.add_eval(record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from layoutlab.data import Dataset, steps_per_epoch
-from layoutlab.train.config import TrainConfig
+from layoutlab.train.config import INT32_MAX, TrainConfig
 
 __all__ = ["StepSchedule", "make_step_schedule"]
 
@@ -43,6 +43,13 @@ def make_step_schedule(config: TrainConfig, dataset: Dataset) -> StepSchedule:
                 f"epochs={config.epochs} of {spe} batches give no optimizer step with "
                 f"accum_steps={config.accum_steps}; raise epochs or lower accum_steps."
             )
+    if total * config.accum_steps > INT32_MAX:  # the train state counts batches in int32
+        batches = total * config.accum_steps
+        each = f" of {config.accum_steps} batches ({batches} batches)" if batches > total else ""
+        raise ValueError(
+            f"{total} optimizer steps{each} are more than the {INT32_MAX} (2**31 - 1) batches "
+            "a run counts (its step counter is int32); use fewer --steps or --epochs."
+        )
     eval_every = config.eval_every or max(1, per_epoch)
     return StepSchedule(
         steps_per_epoch=spe,

@@ -21,6 +21,7 @@ from layoutlab.arguments import (
     add_json,
     add_model_options,
     deprecated,
+    output_file,
     parse_comma_list,
     parse_mode,
     print_error,
@@ -122,6 +123,8 @@ def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.models import model_compile_options
 
     try:
+        if args.out:  # before the tuning, whose plan would be lost at the end
+            output_file(args.out)
         shape = _input_shape(args)
         fast = {}
         if args.cpu_fast:  # the deprecated --input-shape text gives no size to read
