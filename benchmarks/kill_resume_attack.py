@@ -14,7 +14,7 @@ Each kill is SIGKILL to the process group of one or both processes, at a moment 
 - *save*: once the watched ``checkpoints/`` shows the save of step N starting, after a
   delay of up to one save's duration (as measured in the uninterrupted run);
 - *train*: once the save before step N ended, after up to the time between two saves;
-- *resume*: a ``--resume`` killed once process 0 used 0.55-1 times the CPU time a launch
+- *resume*: a ``--resume`` killed once process 0 used 0.5-0.95 times the CPU time a launch
   took to its first logged step.
 
 Where it landed is read from the workdir: *during save* when the kill left the directory
@@ -226,7 +226,7 @@ class Attack:
         return results, "not equal" if diff or any(r.problems for r in results) else "equal"
 
     def _attack(self, launch: Launch, watch: Watch, kill: Kill, timing: Timing, result, resume):
-        cpu = timing.first_cpu * (0.55 + 0.45 * kill.u)
+        cpu = timing.first_cpu * (0.5 + 0.45 * kill.u)
         while len(launch.alive()) == len(launch.processes):
             watch.poll()
             if self._fired(kill, watch, launch, cpu):
@@ -326,6 +326,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds per launch (300)")
     p.add_argument("--out", type=Path, help="write the results as markdown here")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     names = args.configs.split(",") if args.configs else [
         n for n in SETUPS if not (args.quick and SETUPS[n][0] > 1)
