@@ -45,6 +45,8 @@ from pathlib import Path
 from kill_resume_report import SETUP_NAMES, write_report
 from kill_resume_runs import POLL_S, Launch, Watch, records, save_evidence, state_difference
 
+__all__ = ["SETUPS", "main", "plan"]
+
 # A chain's kills: beyond four, the resumes would start past the last step.
 CHAIN = 4
 AIMS, WEIGHTS = ("save", "train", "resume"), (0.4, 0.3, 0.3)
