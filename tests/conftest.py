@@ -72,6 +72,7 @@ LONGEST_FIRST = (
     "test_train_loop.py",
     "05_numerics.ipynb",
     "test_host_memory.py",
+    "test_kill_resume_attack.py",
 )
 
 
