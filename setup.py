@@ -48,7 +48,8 @@ def _extensions() -> list[Extension]:
     return [
         Extension(
             "layoutlab._onednn",
-            sources=["native/onednn_conv.cc"],
+            sources=["native/onednn_conv.cc", "native/onednn_ffi.cc"],
+            depends=["native/onednn_conv.h"],
             include_dirs=[ffi_inc, dnnl_inc],
             library_dirs=[lib_dir],
             # The wheel ships libdnnl.so.3 (and a copy named libdnnl.so): link by the SONAME's

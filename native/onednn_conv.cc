@@ -1,56 +1,43 @@
-// oneDNN 2D convolutions as XLA FFI handlers: forward, backward data (input gradient) and
-// backward weights (weight gradient), built as the CPython extension `layoutlab._onednn`.
+// oneDNN 2D convolution primitives on XLA's buffers: forward, backward data (input gradient)
+// and backward weights (weight gradient).
 //
-// Activations are NHWC or NCHW (attribute `nchw`) and kernels HWIO, exactly as XLA holds them:
-// src/dst wrap XLA's buffers, so only the kernel may be reordered, into the blocked format the
-// primitive picked (weights are declared `format_tag::any`, or HWIO itself with the
-// `plain_weights` attribute, which layoutlab sets where the reorder would cost more than the
-// conv: float32 forwards of few output pixels). Primitives are created once per
-// shape (a mutex-guarded cache keyed by every parameter); scratchpads are user-managed and
-// live in per-thread buffers that only grow, so a steady-state call allocates nothing but
-// oneDNN's small memory handles. Errors come back as ffi::Error, never an abort.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+// Activations are NHWC or NCHW (`nchw`) and kernels HWIO, exactly as XLA holds them. The
+// kernel is declared `format_tag::any` and reordered into (or, for the weight gradient, out
+// of) the blocked format the primitive picked, or read and written as HWIO itself with
+// `plain_weights`, which layoutlab sets where that reorder would cost more than the conv
+// (few output pixels; oneDNN then runs its GEMM-based kernels). With `f32_compute` a
+// bfloat16 weight gradient converts its activations to float32 first: oneDNN 3.2's bfloat16
+// weight-gradient kernel without AMX is several times slower than the float32 one at small
+// batches (docs/performance/onednn_kernels.md). Primitives are created once per shape (a
+// mutex-guarded cache keyed by every parameter); scratchpads, reordered kernels and
+// converted activations live in per-thread buffers that only grow, so a steady-state call
+// allocates nothing but oneDNN's small memory handles.
+#include "onednn_conv.h"
 
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
-#include <string>
 #include <unordered_map>
-#include <vector>
+#include <utility>
 
 #include "oneapi/dnnl/dnnl.hpp"
-#include "xla/ffi/api/ffi.h"
 
-namespace ffi = xla::ffi;
-using dnnl::memory;
-
+namespace layoutlab {
 namespace {
 
-enum Op : int64_t { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
-enum Dt : int64_t { kF32 = 0, kBF16 = 1 };
-
-// Everything that decides a primitive. src/wei/dst are the conv's roles: for the backward
-// ops they are the gradients' dtypes (diff_src, diff_weights, diff_dst).
-struct Params {
-  int64_t op, src_dt, wei_dt, dst_dt, nchw;
-  int64_t n, c, h, w, o, kh, kw, oh, ow;
-  int64_t sh, sw, plh, plw, prh, prw, dh, dw, groups;
-  int64_t plain_weights;  // 1: the primitive reads and writes HWIO itself (no reorder)
-};
-constexpr int kNumParams = sizeof(Params) / sizeof(int64_t);
+using dnnl::memory;
 
 struct Entry {
   dnnl::primitive prim;
-  memory::desc src_md, wei_md, dst_md;  // what the primitive reads and writes
-  memory::desc user_wei_md;             // HWIO, as XLA holds it
-  bool reorder_wei = false;
+  memory::desc src_md, wei_md, dst_md;     // what the primitive reads and writes
+  memory::desc user_src_md, user_dst_md;   // the activations as XLA holds them
+  memory::desc user_wei_md;                // HWIO, as XLA holds it
+  bool reorder_wei = false, convert_acts = false;
   dnnl::reorder wei_reorder;  // user -> primitive (forward, backward data), else back
-  size_t scratch_bytes = 0;
-  std::string impl;
+  dnnl::reorder src_convert, dst_convert;  // user -> primitive (f32_compute)
+  PrimitiveInfo info;
 };
 
 dnnl::engine& Engine() {
@@ -77,74 +64,82 @@ memory::dims WeiDims(const Params& p) {
 
 // The kernel as XLA holds it: HWIO with I = C / groups and O = all output channels, group
 // major, so within a group the output channel is the fastest axis.
-memory::desc UserWeiDesc(const Params& p) {
+memory::desc UserWeiDesc(const Params& p, int64_t dt) {
   const int64_t g = p.groups, ig = p.c / g, o = p.o;
   const int64_t s_kw = ig * o, s_kh = p.kw * s_kw;
-  if (g == 1) return memory::desc(WeiDims(p), ToDnnl(p.wei_dt), {1, o, s_kh, s_kw});
-  return memory::desc(WeiDims(p), ToDnnl(p.wei_dt), {o / g, 1, o, s_kh, s_kw});
+  if (g == 1) return memory::desc(WeiDims(p), ToDnnl(dt), {1, o, s_kh, s_kw});
+  return memory::desc(WeiDims(p), ToDnnl(dt), {o / g, 1, o, s_kh, s_kw});
 }
 
-std::string Key(const Params& p) {
-  return std::string(reinterpret_cast<const char*>(&p), sizeof(Params));
+void Take(Entry& e, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
+          const memory::desc& wei_md) {
+  e.prim = std::move(prim);
+  e.wei_md = wei_md;
+  e.info.scratch_bytes = pd.scratchpad_desc().get_size();
+  e.info.impl = pd.impl_info_str();
 }
 
 std::unique_ptr<Entry> Create(const Params& p) {
   if (p.groups < 1 || p.c % p.groups || p.o % p.groups)
     throw std::invalid_argument("channels not divisible by groups");
+  if (p.f32_compute && (p.op != kBackwardWeights || p.src_dt != kBF16 || p.dst_dt != kBF16))
+    throw std::invalid_argument("f32_compute is for bfloat16 weight gradients only");
   auto& eng = Engine();
   const memory::dims strides = {p.sh, p.sw};
   const memory::dims dil = {p.dh - 1, p.dw - 1};  // oneDNN counts dilation from 0
   const memory::dims pad_l = {p.plh, p.plw}, pad_r = {p.prh, p.prw};
-  memory::desc src = ActDesc(p, p.src_dt, p.c, p.h, p.w);
-  memory::desc dst = ActDesc(p, p.dst_dt, p.o, p.oh, p.ow);
-  memory::desc wei_any(WeiDims(p), ToDnnl(p.wei_dt), memory::format_tag::any);
-  if (p.plain_weights) wei_any = UserWeiDesc(p);
+  auto entry = std::make_unique<Entry>();
+  entry->user_src_md = ActDesc(p, p.src_dt, p.c, p.h, p.w);
+  entry->user_dst_md = ActDesc(p, p.dst_dt, p.o, p.oh, p.ow);
+  entry->user_wei_md = UserWeiDesc(p, p.wei_dt);
+  // f32_compute: a bfloat16 weight gradient comes out of the float32 primitive in float32
+  // and is converted by the reorder back to HWIO.
+  const int64_t src_dt = p.f32_compute ? kF32 : p.src_dt;
+  const int64_t dst_dt = p.f32_compute ? kF32 : p.dst_dt;
+  const int64_t wei_dt = p.f32_compute ? kF32 : p.wei_dt;
+  memory::desc src = ActDesc(p, src_dt, p.c, p.h, p.w);
+  memory::desc dst = ActDesc(p, dst_dt, p.o, p.oh, p.ow);
+  memory::desc wei_any(WeiDims(p), ToDnnl(wei_dt), memory::format_tag::any);
+  if (p.plain_weights) wei_any = UserWeiDesc(p, wei_dt);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 
-  auto entry = std::make_unique<Entry>();
-  entry->user_wei_md = UserWeiDesc(p);
   const auto algo = dnnl::algorithm::convolution_direct;
+  const auto training = dnnl::prop_kind::forward_training;
   if (p.op == kForward) {
-    dnnl::convolution_forward::primitive_desc pd(eng, dnnl::prop_kind::forward_training, algo,
-                                                 src, wei_any, dst, strides, dil, pad_l,
-                                                 pad_r, attr);
-    entry->prim = dnnl::convolution_forward(pd);
-    entry->wei_md = pd.weights_desc();
-    entry->scratch_bytes = pd.scratchpad_desc().get_size();
-    entry->impl = pd.impl_info_str();
+    dnnl::convolution_forward::primitive_desc pd(eng, training, algo, src, wei_any, dst,
+                                                 strides, dil, pad_l, pad_r, attr);
+    Take(*entry, dnnl::convolution_forward(pd), pd, pd.weights_desc());
   } else {
     // The backward primitives take a forward descriptor as a hint. It holds every tensor in
     // the cotangent's dtype: a forward of bf16 src and weights into bf16 dst exists where a
     // bf16 weight gradient does, while one with the f32 weights of an f32 weight gradient
     // does not.
-    const auto hint_dt = ToDnnl(p.dst_dt);
+    const auto hint_dt = ToDnnl(dst_dt);
     dnnl::convolution_forward::primitive_desc hint(
-        eng, dnnl::prop_kind::forward_training, algo,
-        memory::desc(src.get_dims(), hint_dt, src.get_strides()),
+        eng, training, algo, memory::desc(src.get_dims(), hint_dt, src.get_strides()),
         memory::desc(WeiDims(p), hint_dt, memory::format_tag::any), dst, strides, dil, pad_l,
         pad_r);
     if (p.op == kBackwardData) {
       dnnl::convolution_backward_data::primitive_desc pd(eng, algo, src, wei_any, dst, strides,
                                                          dil, pad_l, pad_r, hint, attr);
-      entry->prim = dnnl::convolution_backward_data(pd);
-      entry->wei_md = pd.weights_desc();
-      entry->scratch_bytes = pd.scratchpad_desc().get_size();
-      entry->impl = pd.impl_info_str();
+      Take(*entry, dnnl::convolution_backward_data(pd), pd, pd.weights_desc());
     } else if (p.op == kBackwardWeights) {
-      dnnl::convolution_backward_weights::primitive_desc pd(eng, algo, src, wei_any, dst,
-                                                            strides, dil, pad_l, pad_r, hint,
-                                                            attr);
-      entry->prim = dnnl::convolution_backward_weights(pd);
-      entry->wei_md = pd.diff_weights_desc();
-      entry->scratch_bytes = pd.scratchpad_desc().get_size();
-      entry->impl = pd.impl_info_str();
+      dnnl::convolution_backward_weights::primitive_desc pd(
+          eng, algo, src, wei_any, dst, strides, dil, pad_l, pad_r, hint, attr);
+      Take(*entry, dnnl::convolution_backward_weights(pd), pd, pd.diff_weights_desc());
     } else {
       throw std::invalid_argument("unknown op " + std::to_string(p.op));
     }
   }
   entry->src_md = src;
   entry->dst_md = dst;
+  entry->convert_acts = p.f32_compute != 0;
+  if (entry->convert_acts) {
+    using rpd = dnnl::reorder::primitive_desc;
+    entry->src_convert = dnnl::reorder(rpd(eng, entry->user_src_md, eng, src));
+    entry->dst_convert = dnnl::reorder(rpd(eng, entry->user_dst_md, eng, dst));
+  }
   entry->reorder_wei = entry->wei_md != entry->user_wei_md;
   if (entry->reorder_wei) {
     entry->wei_reorder = p.op == kBackwardWeights
@@ -153,6 +148,7 @@ std::unique_ptr<Entry> Create(const Params& p) {
                              : dnnl::reorder(dnnl::reorder::primitive_desc(
                                    eng, entry->user_wei_md, eng, entry->wei_md));
   }
+  entry->info.reorder_wei = entry->reorder_wei;
   return entry;
 }
 
@@ -160,7 +156,7 @@ std::unique_ptr<Entry> Create(const Params& p) {
 const Entry& Lookup(const Params& p) {
   static std::mutex mu;
   static std::unordered_map<std::string, std::unique_ptr<Entry>> cache;
-  const std::string key = Key(p);
+  const std::string key(reinterpret_cast<const char*>(&p), sizeof(Params));
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
@@ -169,7 +165,7 @@ const Entry& Lookup(const Params& p) {
 }
 
 // A per-thread buffer that only grows: XLA may run custom calls from several threads at once,
-// and each one's scratchpad and reordered kernel must be its own.
+// and each one's scratchpad, reordered kernel and converted activations must be its own.
 struct Buffer {
   void* data = nullptr;
   size_t size = 0;
@@ -187,20 +183,25 @@ struct Buffer {
   }
 };
 
+}  // namespace
+
+PrimitiveInfo Describe(const Params& p) { return Lookup(p).info; }
+
 void Run(const Params& p, void* src, void* wei, void* dst) {
   const Entry& e = Lookup(p);
   auto& eng = Engine();
   thread_local dnnl::stream stream(eng);
-  thread_local Buffer scratch, wei_buf;
-  memory src_m(e.src_md, eng, src), dst_m(e.dst_md, eng, dst);
+  thread_local Buffer scratch, wei_buf, src_buf, dst_buf;
+  memory src_m(e.user_src_md, eng, src), dst_m(e.user_dst_md, eng, dst);
   memory user_wei(e.user_wei_md, eng, wei);
   memory wei_m = e.reorder_wei ? memory(e.wei_md, eng, wei_buf.Get(e.wei_md.get_size()))
                                : user_wei;
   std::unordered_map<int, memory> args;
-  if (e.scratch_bytes) {
-    memory::desc scratch_md({static_cast<int64_t>(e.scratch_bytes)}, memory::data_type::u8,
+  if (e.info.scratch_bytes) {
+    const size_t bytes = e.info.scratch_bytes;
+    memory::desc scratch_md({static_cast<int64_t>(bytes)}, memory::data_type::u8,
                             memory::format_tag::x);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, eng, scratch.Get(e.scratch_bytes)));
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, eng, scratch.Get(bytes)));
   }
   if (p.op == kForward) {
     if (e.reorder_wei) e.wei_reorder.execute(stream, user_wei, wei_m);
@@ -212,6 +213,14 @@ void Run(const Params& p, void* src, void* wei, void* dst) {
         {{DNNL_ARG_DIFF_DST, dst_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DIFF_SRC, src_m}});
     e.prim.execute(stream, args);
   } else {
+    if (e.convert_acts) {  // both are inputs here, so converting them in is all it takes
+      memory src_f(e.src_md, eng, src_buf.Get(e.src_md.get_size()));
+      memory dst_f(e.dst_md, eng, dst_buf.Get(e.dst_md.get_size()));
+      e.src_convert.execute(stream, src_m, src_f);
+      e.dst_convert.execute(stream, dst_m, dst_f);
+      src_m = src_f;
+      dst_m = dst_f;
+    }
     args.insert(
         {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_DIFF_DST, dst_m}, {DNNL_ARG_DIFF_WEIGHTS, wei_m}});
     e.prim.execute(stream, args);
@@ -220,194 +229,4 @@ void Run(const Params& p, void* src, void* wei, void* dst) {
   stream.wait();
 }
 
-int64_t DtCode(ffi::DataType t) {
-  if (t == ffi::DataType::F32) return kF32;
-  if (t == ffi::DataType::BF16) return kBF16;
-  throw std::invalid_argument("only float32 and bfloat16 buffers are supported");
-}
-
-// Fills the shapes from the activation (x or dx), kernel (HWIO) and output (y or dy) dims.
-Params MakeParams(int64_t op, ffi::AnyBuffer::Dimensions act, ffi::AnyBuffer::Dimensions wei,
-                  ffi::AnyBuffer::Dimensions out, int64_t src_dt, int64_t wei_dt, int64_t dst_dt,
-                  int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw, int64_t prh,
-                  int64_t prw, int64_t dh, int64_t dw, int64_t groups, int64_t plain_weights) {
-  if (act.size() != 4 || wei.size() != 4 || out.size() != 4)
-    throw std::invalid_argument("conv operands must have rank 4");
-  Params p{};
-  p.op = op;
-  p.src_dt = src_dt;
-  p.wei_dt = wei_dt;
-  p.dst_dt = dst_dt;
-  p.nchw = nchw;
-  p.n = act[0];
-  p.c = nchw ? act[1] : act[3];
-  p.h = nchw ? act[2] : act[1];
-  p.w = nchw ? act[3] : act[2];
-  p.kh = wei[0];
-  p.kw = wei[1];
-  p.o = wei[3];
-  p.oh = nchw ? out[2] : out[1];
-  p.ow = nchw ? out[3] : out[2];
-  p.sh = sh;
-  p.sw = sw;
-  p.plh = plh;
-  p.plw = plw;
-  p.prh = prh;
-  p.prw = prw;
-  p.dh = dh;
-  p.dw = dw;
-  p.groups = groups;
-  p.plain_weights = plain_weights;
-  if (wei[2] * groups != p.c) throw std::invalid_argument("kernel in-channels * groups != C");
-  return p;
-}
-
-template <typename F>
-ffi::Error Guard(F&& f) {
-  try {
-    f();
-    return ffi::Error::Success();
-  } catch (const dnnl::error& e) {
-    return ffi::Error::Internal(std::string("oneDNN: ") + e.what() +
-                                " (status " + std::to_string(static_cast<int>(e.status)) + ")");
-  } catch (const std::exception& e) {
-    return ffi::Error::InvalidArgument(std::string("layoutlab onednn conv: ") + e.what());
-  }
-}
-
-#define CONV_ATTRS(X)                                                                   \
-  X(int64_t, nchw) X(int64_t, sh) X(int64_t, sw) X(int64_t, plh) X(int64_t, plw)      \
-      X(int64_t, prh) X(int64_t, prw) X(int64_t, dh) X(int64_t, dw) X(int64_t, groups) \
-          X(int64_t, plain_weights)
-#define GEOM nchw, sh, sw, plh, plw, prh, prw, dh, dw, groups, plain_weights
-
-ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y,
-                   int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw, int64_t prh,
-                   int64_t prw, int64_t dh, int64_t dw, int64_t groups,
-                   int64_t plain_weights) {
-  return Guard([&] {
-    Params p = MakeParams(kForward, x.dimensions(), w.dimensions(), y->dimensions(),
-                          DtCode(x.element_type()), DtCode(w.element_type()),
-                          DtCode(y->element_type()), GEOM);
-    Run(p, x.untyped_data(), w.untyped_data(), y->untyped_data());
-  });
-}
-
-ffi::Error BackwardData(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> dx,
-                        int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
-                        int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
-                   int64_t plain_weights) {
-  return Guard([&] {
-    Params p = MakeParams(kBackwardData, dx->dimensions(), w.dimensions(), dy.dimensions(),
-                          DtCode(dx->element_type()), DtCode(w.element_type()),
-                          DtCode(dy.element_type()), GEOM);
-    Run(p, dx->untyped_data(), w.untyped_data(), dy.untyped_data());
-  });
-}
-
-ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi::AnyBuffer> dw_out,
-                           int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
-                           int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
-                   int64_t plain_weights) {
-  return Guard([&] {
-    Params p = MakeParams(kBackwardWeights, x.dimensions(), dw_out->dimensions(), dy.dimensions(),
-                          DtCode(x.element_type()), DtCode(dw_out->element_type()),
-                          DtCode(dy.element_type()), GEOM);
-    Run(p, x.untyped_data(), dw_out->untyped_data(), dy.untyped_data());
-  });
-}
-
-#define BIND_ATTR(type, name) .Attr<type>(#name)
-
-}  // namespace
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvFwd, Forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() CONV_ATTRS(BIND_ATTR));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvBwdData, BackwardData,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() CONV_ATTRS(BIND_ATTR));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvBwdWeights, BackwardWeights,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>() CONV_ATTRS(BIND_ATTR));
-
-// ---- the Python module: the handlers as capsules, oneDNN's version, and a trace-time query
-// of the implementation a shape gets (so `supports` can refuse oneDNN's reference kernels).
-
-namespace {
-
-PyObject* ImplInfo(PyObject*, PyObject* args) {
-  PyObject* seq = nullptr;
-  if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
-  PyObject* fast = PySequence_Fast(seq, "impl_info takes a sequence of ints");
-  if (fast == nullptr) return nullptr;
-  if (PySequence_Fast_GET_SIZE(fast) != kNumParams) {
-    Py_DECREF(fast);
-    PyErr_Format(PyExc_ValueError, "impl_info takes %d ints", kNumParams);
-    return nullptr;
-  }
-  int64_t values[kNumParams];
-  for (int i = 0; i < kNumParams; ++i) {
-    values[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-  }
-  Py_DECREF(fast);
-  if (PyErr_Occurred()) return nullptr;
-  Params p;
-  std::memcpy(&p, values, sizeof(Params));
-  try {
-    const Entry& e = Lookup(p);
-    return Py_BuildValue("(sNn)", e.impl.c_str(), PyBool_FromLong(e.reorder_wei),
-                         static_cast<Py_ssize_t>(e.scratch_bytes));
-  } catch (const dnnl::error& e) {
-    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
-                 static_cast<int>(e.status));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
-}
-
-PyObject* Version(PyObject*, PyObject*) {
-  const dnnl_version_t* v = dnnl_version();
-  return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
-}
-
-PyObject* Capsule(void* fn) { return PyCapsule_New(fn, nullptr, nullptr); }
-
-PyObject* Handlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsNsN}", "fwd",
-                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvFwd)), "bwd_data",
-                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdData)),
-                       "bwd_weights",
-                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdWeights)));
-}
-
-PyMethodDef kMethods[] = {
-    {"handlers", Handlers, METH_NOARGS, "The FFI handlers as PyCapsules, by name."},
-    {"version", Version, METH_NOARGS, "oneDNN's (major, minor, patch, commit hash)."},
-    {"impl_info", ImplInfo, METH_VARARGS,
-     "(impl_info_str, weights reordered, scratchpad bytes) of the primitive for a parameter "
-     "tuple (op, src_dt, wei_dt, dst_dt, nchw, n, c, h, w, o, kh, kw, oh, ow, sh, sw, plh, plw, "
-     "prh, prw, dh, dw, groups, plain_weights)."},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_onednn",
-                       "oneDNN convolutions as XLA FFI handlers (layoutlab).", -1, kMethods};
-
-}  // namespace
-
-PyMODINIT_FUNC PyInit__onednn(void) {
-  PyObject* m = PyModule_Create(&kModule);
-  if (m == nullptr) return nullptr;
-  if (PyModule_AddIntConstant(m, "NUM_PARAMS", kNumParams) < 0) {
-    Py_DECREF(m);
-    return nullptr;
-  }
-  return m;
-}
+}  // namespace layoutlab

@@ -12,6 +12,8 @@ to 8 bits, about 4e-3 each), one for float32 accumulation over the ``K`` product
 sums, whose rounding errors add like a random walk.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,9 +60,13 @@ CASES = {
     "dw3x3s1": ((2, 7, 9, 8), (3, 3, 1, 8), 1, "SAME", 1, 8),
     "dw3x3s2": ((2, 9, 8, 16), (3, 3, 1, 16), 2, 1, 1, 16),
     "asym_pad": ((1, 6, 7, 4), (3, 3, 4, 8), 1, ((0, 2), (1, 0)), 1, 1),
+    "3x3_many_pixels": ((4, 17, 17, 8), (3, 3, 8, 8), 1, "SAME", 1, 1),
     **_fuzzed(6),
 }
-BF16_CASES = ("3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "dw3x3s2", "3x3_groups4", "fuzz0", "fuzz1")
+BF16_CASES = (
+    "3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "dw3x3s2", "3x3_groups4", "3x3_many_pixels",
+    "fuzz0", "fuzz1",
+)  # fmt: skip
 
 
 def _spec(case, layout, dtype="float32"):
@@ -209,6 +215,18 @@ def test_bfloat16_operands_accumulate_in_float32(case, layout, bfloat16_outputs,
     assert outs["y"].dtype == jnp.float32  # preferred_element_type
     assert outs["dx"].dtype == jnp.bfloat16 and outs["dw"].dtype == jnp.bfloat16
     _check(spec, outs, references[f"{case}-{layout}"], jnp.bfloat16)
+
+
+def test_bfloat16_cases_cover_every_weight_gradient_primitive():
+    """The weight gradient runs one of three primitives by its shape (``onednn.choice``):
+    HWIO weights, float32 on converted activations, or oneDNN's bfloat16 kernel; the bfloat16
+    cases above check each against float64."""
+    seen = set()
+    for case in BF16_CASES:
+        spec = _spec(case, "NHWC", "bfloat16")
+        pixels = spec.batch * math.prod(spec.out_size)
+        seen.add(onednn.choice(onednn._BWD_WEIGHTS, "bfloat16", spec.batch, pixels))
+    assert seen == {(True, False), (False, True), (False, False)}
 
 
 @needs_onednn

@@ -1,5 +1,5 @@
 """The ``onednn`` conv algorithm: forward, input gradient and weight gradient as oneDNN
-primitives called through XLA FFI custom calls (``native/onednn_conv.cc``), with a custom VJP.
+primitives called through XLA FFI custom calls (``native/``), with a custom VJP.
 
 Activations are NHWC, kernels HWIO, XLA's buffers as they are. ``onednn_conv`` also takes NCHW
 activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, which
@@ -10,7 +10,9 @@ transposes with their neighbours (an NCHW model on CPU computes channels-last in
 Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
 ``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands'
 dtype. The backward casts the cotangent to the operands' dtype, as autocast does, writes the
-input gradient in that dtype and the weight gradient in the accumulation dtype.
+input gradient in that dtype and the weight gradient in the accumulation dtype. Which
+primitive variant a call runs (the kernel read or written as HWIO, or a bfloat16 weight
+gradient computed by the float32 primitive) follows ``choice``, by the call's shape.
 
 ``supports`` refuses a conv (so XLA's conv runs, with the reason) when the extension is not
 available, for dtypes other than float32 and bfloat16, for negative padding, and where oneDNN
@@ -70,7 +72,7 @@ def dtype_reason(dtype: str) -> str | None:
     return f"compute dtype {dtype} (oneDNN convs take float32 and bfloat16)"
 
 
-def _attrs(geom: Geometry, layout: str, plain: bool) -> dict:
+def _attrs(geom: Geometry, layout: str, choice: tuple[bool, bool]) -> dict:
     (plh, prh), (plw, prw) = geom.padding
     values = dict(
         nchw=int(layout == "NCHW"),
@@ -83,13 +85,16 @@ def _attrs(geom: Geometry, layout: str, plain: bool) -> dict:
         dh=geom.dilation[0],
         dw=geom.dilation[1],
         groups=geom.groups,
-        plain_weights=int(plain),
+        plain_weights=int(choice[0]),
+        f32_compute=int(choice[1]),
     )
     return {k: np.int64(v) for k, v in values.items()}
 
 
-def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec, plain=False) -> tuple[int, ...]:
-    """The extension's parameter tuple (see ``native/onednn_conv.cc``: ``Params``) of the
+def _params(
+    op: int, dts: tuple[str, str, str], spec: ConvSpec, choice=(False, False)
+) -> tuple[int, ...]:
+    """The extension's parameter tuple (see ``native/onednn_conv.h``: ``Params``) of the
     primitive the core runs for ``spec``: NHWC whatever the spec's layout (see the module
     docstring)."""
     g = spec.geometry
@@ -113,22 +118,45 @@ def _params(op: int, dts: tuple[str, str, str], spec: ConvSpec, plain=False) -> 
         prw,
         *g.dilation,
         g.groups,
-        int(plain),
+        *(int(c) for c in choice),
     )
 
 
-# Below this many output pixels (batch * Ho * Wo) a float32 forward reads the HWIO kernel
-# as it is: reordering it into the blocked format costs more than the conv itself (N1 4x4x512
-# 3x3: 3.0 against 8.1 ms; N1 8x8 256->512 stride 2: 1.6 against 4.0 ms, one thread, on a
-# loaded 2-core Zen 4), while at N32 the blocked kernel wins (4x4x512: 72 against 137 ms).
-# Other primitives get only oneDNN's GEMM-based kernels with plain weights.
+# Up to this many output pixels (batch * Ho * Wo) a float32 forward reads the HWIO kernel as
+# it is (oneDNN then runs its GEMM-based kernel): reordering it into the blocked format costs
+# more than the conv itself. The bfloat16 forward's blocked kernel stayed faster.
 PLAIN_WEIGHTS_MAX_PIXELS = 64
+# The same for the weight gradient, which writes HWIO itself instead of reordering the blocked
+# gradient back, by the activations' dtype.
+PLAIN_WEIGHT_GRADIENT_MAX_PIXELS = {"float32": 32, "bfloat16": 64}
+# A bfloat16 weight gradient with more output pixels runs the float32 primitive on converted
+# activations up to this many output pixels, or per image: oneDNN 3.2's bfloat16
+# weight-gradient kernel (without AMX) is several times slower there, and faster beyond.
+F32_WEIGHT_GRADIENT_MAX_PIXELS = 1024
+F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS = 64
+# The measurements behind all four: docs/performance/onednn_kernels.md.
 
 
 def plain_weights(dtype: str, out_pixels: int) -> bool:
     """Whether the forward of a ``dtype`` conv writing ``out_pixels`` (batch * Ho * Wo)
     reads the kernel without a reorder."""
     return dtype == "float32" and out_pixels <= PLAIN_WEIGHTS_MAX_PIXELS
+
+
+def choice(op: int, dtype: str, batch: int, out_pixels: int) -> tuple[bool, bool]:
+    """``(plain_weights, f32_compute)`` of primitive ``op`` for a conv of ``dtype``
+    activations with ``out_pixels`` output pixels (batch * Ho * Wo)."""
+    if op == _FWD:
+        return plain_weights(dtype, out_pixels), False
+    if op != _BWD_WEIGHTS:
+        return False, False
+    if out_pixels <= PLAIN_WEIGHT_GRADIENT_MAX_PIXELS.get(dtype, 0):
+        return True, False
+    f32 = dtype == "bfloat16" and (
+        out_pixels <= F32_WEIGHT_GRADIENT_MAX_PIXELS
+        or out_pixels <= F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS * batch
+    )
+    return False, f32
 
 
 def _queries(dtype: str) -> list[tuple[str, int, tuple[str, str, str]]]:
@@ -151,14 +179,17 @@ def supports(spec: ConvSpec) -> str | None:
     if not available():
         return f"oneDNN convs unavailable: {unavailable_reason()}"
     ho, wo = spec.out_size
-    plain = plain_weights(spec.dtype, spec.batch * ho * wo)
+    pixels = spec.batch * ho * wo
     for what, op, dts in _queries(spec.dtype):
-        info = impl_info(_params(op, dts, spec, plain and op == _FWD))
+        info = impl_info(_params(op, dts, spec, choice(op, spec.dtype, spec.batch, pixels)))
         if isinstance(info, str):
             return f"its {what}: {info}"
         if "ref" in info[0]:
             return f"its {what}, which oneDNN would run with its reference kernel {info[0]!r}"
     return None
+
+
+_OPS = {"fwd": _FWD, "bwd_data": _BWD_DATA, "bwd_weights": _BWD_WEIGHTS}
 
 
 def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
@@ -167,9 +198,10 @@ def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
     register_targets()
     out = jax.ShapeDtypeStruct(shape, dtype)
     call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
-    pixels = math.prod(shape) // shape[1 if layout == "NCHW" else 3]
-    plain = target == "fwd" and plain_weights(a.dtype.name, pixels)
-    return call(a, b, **_attrs(geom, layout, plain))
+    y = {"fwd": shape, "bwd_data": a.shape, "bwd_weights": b.shape}[target]  # y or dy
+    pixels = math.prod(y) // y[1 if layout == "NCHW" else 3]
+    how = choice(_OPS[target], a.dtype.name, y[0], pixels)
+    return call(a, b, **_attrs(geom, layout, how))
 
 
 def _with_batch(shape, n: int) -> tuple[int, ...]:
