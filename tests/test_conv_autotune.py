@@ -238,18 +238,20 @@ def test_default_cache_path_follows_the_environment(tmp_path, monkeypatch):
 
 
 def test_convs_only_xla_takes_are_planned_without_measuring(tmp_path):
-    """A grouped conv that is not depthwise has no other candidate: tuning a model with one
-    gives it ``xla`` and says why, instead of failing the whole run."""
+    """A grouped conv that is not depthwise has no other candidate among these (``onednn``,
+    where it loads, takes grouped convs): tuning a model with one gives it ``xla`` and says
+    why, instead of failing the whole run."""
     grouped = ca.conv_spec((2, 6, 6, 4), (3, 3, 2, 4), groups=2, **TINY)
+    algorithms = ["xla", "im2col", "depthwise"]
     results = cat.autotune_convs(
-        [grouped, _tiny_spec()], algorithms=["xla", "im2col", "depthwise"],
+        [grouped, _tiny_spec()], algorithms=algorithms,
         cache=tmp_path / "c.json", repeats=1, warmup=0,
     )  # fmt: skip
     alone = results[0]
     assert (alone.choice, alone.candidates, alone.rounds_ms) == ("xla", [], {})
     assert alone.verdict.startswith("only xla takes this conv: ") and "groups=2" in alone.verdict
     assert results[1].candidates and results[1].spec_key == _tiny_spec().key()
-    again = cat.autotune_convs([grouped], cache=tmp_path / "c.json")
+    again = cat.autotune_convs([grouped], algorithms=algorithms, cache=tmp_path / "c.json")
     assert again[0].from_cache and again[0].choice == "xla"
 
 

@@ -24,7 +24,7 @@ from layoutlab.train import interrupt
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 from layoutlab.train.interrupt import sigterm_interrupts
-from layoutlab.train.liveness import leave, report_failure, stop_with
+from layoutlab.train.liveness import leave, recorded_failure, report_failure, stop_with
 
 __all__ = ["register", "run", "main"]
 
@@ -311,6 +311,10 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     return config, Path(args.workdir)
 
 
+# How long a process whose collective failed waits for another process's named failure.
+_CAUSE_WAIT_S = 3.0
+
+
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with sigterm_interrupts():
@@ -337,6 +341,10 @@ def _run(args: argparse.Namespace, start: float) -> int:
 
         if jax.process_count() == 1:
             raise
+        # A process that died breaks the collective at once, its closed link names it a
+        # moment later: the named cause is the one line worth printing.
+        if (cause := recorded_failure(_CAUSE_WAIT_S)) is not None:
+            return stop_with(f"the distributed run stopped: {cause}")
         return stop_with(
             f"a computation across the processes failed ({type(e).__name__}: "
             f"{' '.join(str(e).split())[:300]}); the first error of the other processes "

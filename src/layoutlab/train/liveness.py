@@ -29,7 +29,7 @@ import time
 
 from layoutlab.train.peer_links import link_peers
 
-__all__ = ["leave", "report_failure", "start_watchdog", "stop_with"]
+__all__ = ["leave", "recorded_failure", "report_failure", "start_watchdog", "stop_with"]
 
 _PREFIX = "layoutlab/"
 FAILED = _PREFIX + "failed"
@@ -92,6 +92,25 @@ def _record(client, text: str) -> None:
         client.key_value_set(FAILED, text)
     except Exception:
         pass
+
+
+def recorded_failure(wait_s: float) -> str | None:
+    """The run's failure record, waiting up to ``wait_s`` for one; None in a single process,
+    without a store, or when none came. A collective that failed because a process died can
+    fail before that process's link closes and names it (``_closed``), so a caller that saw
+    such a failure asks here for the cause first."""
+    try:
+        if (client := _client()) is None:
+            return None
+        deadline = time.monotonic() + wait_s
+        while True:
+            if (found := _try_get(client, FAILED)) is not None:
+                return found
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(_LEAVE_POLL_S)
+    except Exception:  # the store is gone
+        return None
 
 
 def stop_with(message: str) -> int:
