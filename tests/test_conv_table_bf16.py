@@ -1,9 +1,9 @@
-"""The conv table's CPU kinds and its bfloat16 rules: an AVX-512 CPU with bfloat16 units
+"""The conv table's CPU kinds and its oneDNN rules: an AVX-512 CPU with bfloat16 units
 (``avx512_bf16`` or AMX) is the kind ``avx512_bf16``, whose bfloat16 convs run oneDNN's
 (``mixed_bf16`` computes them in bfloat16 instead of XLA's float32-widened convs); plain
 AVX-512 and AVX2 keep XLA's; float32 rules are the AVX-512 ones on both AVX-512 kinds; and
-where the extension is unavailable the same convs fall back to ``xla``. The CPU flags are
-monkeypatched, so this holds on any machine."""
+where the extension is unavailable the same convs fall back to their old choice. The CPU
+flags are monkeypatched, so this holds on any machine."""
 
 import pytest
 
@@ -66,12 +66,8 @@ def test_only_bfloat16_convs_key_the_table_by_the_bf16_kind():
 # (objective, batch) -> the algorithm every ResNet-18 CIFAR conv gets in bfloat16 on a CPU
 # with bf16 units (benchmarks/results/onednn_table_rules_zen4_cpu.md).
 BF16_CHOICES = {
-    ("inference", 1): "onednn",
-    ("inference", 8): "onednn",
-    ("inference", 32): "onednn",
-    ("train", 1): "onednn_xla_dw",
-    ("train", 8): "onednn_xla_dw",
-    ("train", 32): "onednn",
+    **{("inference", n): "onednn" for n in (1, 8, 32, 128)},
+    **{("train", n): "onednn_xla_dw" for n in (1, 8, 32, 128)},
 }
 
 
@@ -83,13 +79,15 @@ def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batc
         assert got[0] == BF16_CHOICES[objective, batch], (spec, got)
         for kind in ("avx512", "avx2", "other", None):
             assert default_algorithm(spec, objective, kind)[0] == "xla", (kind, spec)
+        # Past the batches measured, XLA's.
+        assert default_algorithm(spec._replace(batch=129), objective, "avx512_bf16")[0] == "xla"
     # A float32 conv on the bf16 kind gets the AVX-512 float32 rules.
     for spec in _resnet18_cifar(batch, "float32"):
         want = default_algorithm(spec, objective, "avx512")[0]
         assert default_algorithm(spec, objective, "avx512_bf16")[0] == want
 
 
-def test_without_the_extension_bfloat16_convs_keep_xla(monkeypatch):
+def test_without_the_extension_the_same_convs_keep_their_old_choice(monkeypatch):
     monkeypatch.setattr(onednn, "available", lambda: False)
     monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
     for objective, batch in BF16_CHOICES:
