@@ -1,9 +1,8 @@
 """``onednn_xla_dw``: oneDNN's forward and input gradient with XLA's own weight gradient.
 
-oneDNN's weight-gradient primitive is its weak pass at small batch and small spatial sizes
-(ResNet-18 CIFAR's 16x16x128 conv at batch 1 in bfloat16 and its 4x4x512 conv at batch 1
-ran it 2-6x slower than XLA's, while the forward and input gradient were 1.1-8.6x faster;
-``benchmarks/results/onednn_table_rules_zen4_cpu.md``), so this keeps the two passes that
+oneDNN 3.2's weight-gradient primitive is its weak pass at small batch and spatial sizes,
+and in bfloat16 it lost whole training steps that its forward and input gradient won
+(``benchmarks/results/onednn_table_rules_zen4_cpu.md``), so this keeps the two passes that
 win and takes the third from XLA, as ``winograd4_xla_dw`` does for Winograd.
 
 Both oneDNN passes come through ``onednn.onednn_core``: the forward as it is, the input
