@@ -16,7 +16,7 @@ import pytest
 
 from layoutlab import cli, models
 from layoutlab.models.catalog import BUILTIN_MODELS
-from layoutlab.nn.conv_algos import algorithm_names
+from layoutlab.nn.conv_algos import algorithm_names, builtin
 from layoutlab.nn.conv_names import BUILTIN_ALGORITHMS
 
 HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "torch", "matplotlib", "tensorboardX")
@@ -90,6 +90,7 @@ def test_version_is_the_installed_distributions(capsys):
 
 def test_the_static_tables_match_the_registries():
     assert BUILTIN_ALGORITHMS == algorithm_names()[: len(BUILTIN_ALGORITHMS)]
+    assert BUILTIN_ALGORITHMS == tuple(a.name for a in builtin.BUILTIN)  # every one, in order
     listed = {e.name: e for e in BUILTIN_MODELS}
     assert sorted(listed) == models.names()
     for name in models.names():

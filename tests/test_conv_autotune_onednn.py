@@ -1,7 +1,8 @@
-"""``onednn`` is an autotuner candidate on CPU where its extension loaded, for float32 and
-bfloat16 compute alike, and is skipped, not failed, where it did not (availability is
-monkeypatched; the algorithm is a stand-in running XLA's conv, registered for the test and
-put back after, so this holds whether or not this machine has the real one)."""
+"""``onednn`` and ``onednn_xla_dw`` are autotuner candidates on CPU where the extension
+loaded, for float32 and bfloat16 compute alike, and are skipped, not failed, where it did not
+(availability is monkeypatched; the algorithms are stand-ins running XLA's conv, registered
+for the test and put back after, so this holds whether or not this machine has the real
+ones)."""
 
 import types
 
@@ -12,6 +13,8 @@ from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn_status, registry
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 
+ONEDNN_NAMES = ("onednn", "onednn_xla_dw")
+
 
 def _spec(dtype):
     return ca.conv_spec((2, 6, 6, 3), (3, 3, 3, 4), strides=1, padding=1, dtype=dtype)
@@ -19,10 +22,12 @@ def _spec(dtype):
 
 @pytest.fixture
 def onednn(monkeypatch):
-    """A stand-in ``onednn``; ``set(available)`` says whether its extension loaded."""
-    before = registry._registry().get("onednn")
-    stand_in = registry.Algorithm("onednn", native_conv, supports_all, "stand-in")
-    registry.register_algorithm(stand_in, replace=True)
+    """Stand-ins for ``onednn`` and ``onednn_xla_dw``; ``set(available)`` says whether their
+    extension loaded."""
+    before = {name: registry._registry().get(name) for name in ONEDNN_NAMES}
+    for name in ONEDNN_NAMES:
+        stand_in = registry.Algorithm(name, native_conv, supports_all, "stand-in")
+        registry.register_algorithm(stand_in, replace=True)
 
     def set_available(available: bool):
         module = types.SimpleNamespace(
@@ -33,10 +38,11 @@ def onednn(monkeypatch):
         monkeypatch.setattr(onednn_status, "_load", lambda: module)
 
     yield set_available
-    if before is None:
-        registry.unregister_algorithm("onednn")
-    else:
-        registry.register_algorithm(before, replace=True)
+    for name, algorithm in before.items():
+        if algorithm is None:
+            registry.unregister_algorithm(name)
+        else:
+            registry.register_algorithm(algorithm, replace=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -44,10 +50,11 @@ def onednn(monkeypatch):
 def test_onednn_is_a_cpu_candidate_only_where_available(onednn, dtype, objective):
     spec = _spec(dtype)
     onednn(True)
-    assert "onednn" in cat.candidates_for(spec, objective=objective, platform="cpu")
-    assert "onednn" not in cat.candidates_for(spec, objective=objective, platform="gpu")
+    on_cpu = cat.candidates_for(spec, objective=objective, platform="cpu")
+    on_gpu = cat.candidates_for(spec, objective=objective, platform="gpu")
+    assert set(ONEDNN_NAMES) <= set(on_cpu) and not set(ONEDNN_NAMES) & set(on_gpu)
     onednn(False)
-    names = cat.candidates_for(spec, ["xla", "onednn"], objective, platform="cpu")
+    names = cat.candidates_for(spec, ["xla", *ONEDNN_NAMES], objective, platform="cpu")
     assert names == ["xla"]
 
 

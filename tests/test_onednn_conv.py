@@ -18,158 +18,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import lax
+from onednn_helpers import (
+    BF16_CASES,
+    CASES,
+    case_inputs,
+    case_spec,
+    check_against_float64,
+    conv_fn,
+    float64_reference,
+    float64_references,
+    train_fn,
+    train_together,
+)
 
-from layoutlab.bench.tuning.conv_reference import conv_tolerance, spec_inputs
-from layoutlab.compare import compare
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn, onednn_load
 
 needs_onednn = pytest.mark.skipif(
     not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
 )
-FAST_COMPILE = {"xla_backend_optimization_level": 0}  # single convs, no ReLU: see test_conv_algos
-
-
-def _fuzzed(count: int, seed: int = 0):
-    """``count`` random conv geometries: kernel 1/3/5, stride 1/2, dilation 1/2, groups 1, 2 or
-    depthwise, explicit (lo, hi) padding in [0, k - 1] each."""
-    rng = np.random.default_rng(seed)
-    cases = {}
-    while len(cases) < count:
-        k = int(rng.choice([1, 3, 5]))
-        s, d = int(rng.choice([1, 2])), int(rng.choice([1, 1, 2]))
-        c = int(rng.choice([4, 8, 12]))
-        g = int(rng.choice([1, 2, c]))
-        o = c if g == c else int(rng.choice([4, 8, 16]))
-        pads = tuple(tuple(int(v) for v in rng.integers(0, k, 2)) for _ in range(2))
-        h, w = (int(v) for v in rng.integers(max(6, (k - 1) * d + 1), 12, 2))
-        cases[f"fuzz{len(cases)}"] = ((2, h, w, c), (k, k, c // g, o), s, pads, d, g)
-    return cases
-
-
-# (x NHWC, kernel HWIO, strides, padding, dilation, groups)
-CASES = {
-    "3x3s1": ((2, 7, 9, 8), (3, 3, 8, 16), 1, "SAME", 1, 1),
-    "3x3s2": ((2, 9, 8, 8), (3, 3, 8, 12), 2, "SAME", 1, 1),
-    "1x1s1": ((2, 5, 6, 8), (1, 1, 8, 16), 1, 0, 1, 1),
-    "1x1s2": ((2, 8, 8, 16), (1, 1, 16, 32), 2, 0, 1, 1),
-    "7x7s2_rgb": ((1, 15, 15, 3), (7, 7, 3, 8), 2, 3, 1, 1),
-    "3x3_dilated": ((1, 9, 9, 8), (3, 3, 8, 8), 1, "SAME", 2, 1),
-    "3x3_groups4": ((2, 8, 8, 16), (3, 3, 4, 16), 1, 1, 1, 4),
-    "dw3x3s1": ((2, 7, 9, 8), (3, 3, 1, 8), 1, "SAME", 1, 8),
-    "dw3x3s2": ((2, 9, 8, 16), (3, 3, 1, 16), 2, 1, 1, 16),
-    "asym_pad": ((1, 6, 7, 4), (3, 3, 4, 8), 1, ((0, 2), (1, 0)), 1, 1),
-    "3x3_many_pixels": ((4, 17, 17, 8), (3, 3, 8, 8), 1, "SAME", 1, 1),
-    **_fuzzed(6),
-}
-BF16_CASES = (
-    "3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "dw3x3s2", "3x3_groups4", "3x3_many_pixels",
-    "fuzz0", "fuzz1",
-)  # fmt: skip
-
-
-def _spec(case, layout, dtype="float32"):
-    xs, ws, s, p, d, g = CASES[case]
-    if layout == "NCHW":
-        xs = (xs[0], xs[3], xs[1], xs[2])
-    return ca.conv_spec(
-        xs, ws, strides=s, padding=p, dilation=d, groups=g, layout=layout,
-        kernel_layout="HWIO", dtype=dtype,
-    )  # fmt: skip
-
-
-def _conv(spec, algorithm, preferred=None):
-    g = spec.geometry
-
-    def f(x, w):
-        return ca.conv2d(
-            x, w, strides=g.strides, padding=g.padding, dilation=g.dilation, groups=g.groups,
-            layout=spec.layout, kernel_layout="HWIO", algorithm=algorithm,
-            preferred_element_type=preferred,
-        )  # fmt: skip
-
-    return f
-
-
-def _train(spec, algorithm, preferred=None):
-    """``(x, w, dy) -> (y, dx, dw)``."""
-    f = _conv(spec, algorithm, preferred)
-
-    def train(x, w, dy):
-        y, vjp = jax.vjp(f, x, w)
-        return (y, *vjp(dy.astype(y.dtype)))
-
-    return train
-
-
-def _inputs(spec, seed):
-    x, w, dy = spec_inputs(spec, seed=seed)
-    if spec.layout == "NCHW":  # spec_inputs gives the layout's kernel order (OIHW)
-        w = np.transpose(w, (2, 3, 1, 0))
-    return x, w, dy
-
-
-def _float64_train(spec):
-    g = spec.geometry
-    dims = (spec.layout, "HWIO", spec.layout)
-
-    def f(a, b):
-        return lax.conv_general_dilated(
-            a, b, g.strides, g.padding, rhs_dilation=g.dilation, dimension_numbers=dims,
-            feature_group_count=g.groups, precision=lax.Precision.HIGHEST,
-        )  # fmt: skip
-
-    def train(x, w, dy):
-        y, vjp = jax.vjp(f, x, w)
-        return dict(zip(("y", "dx", "dw"), (y, *vjp(dy)), strict=True))
-
-    return train
-
-
-def _float64_references(specs: dict) -> dict:
-    """``{key: {"y", "dx", "dw"}}`` in float64 of ``{key: (spec, (x, w, dy))}``, one program."""
-    with jax.enable_x64(True):
-        args = {k: tuple(jnp.asarray(a, jnp.float64) for a in v[1]) for k, v in specs.items()}
-        fns = {k: _float64_train(v[0]) for k, v in specs.items()}
-        run = jax.jit(lambda args: {k: fn(*args[k]) for k, fn in fns.items()})
-        outs = run.lower(args).compile(FAST_COMPILE)(args)
-        return jax.tree.map(np.asarray, outs)
-
-
-def _float64_reference(spec, x, w, dy):
-    return _float64_references({"one": (spec, (x, w, dy))})["one"]
-
-
-def _check(spec, outs, refs, dtype):
-    kh, kw = spec.geometry.kernel_size
-    ho, wo = spec.out_size
-    reductions = {
-        "y": spec.reduction,
-        "dx": kh * kw * spec.out_features // spec.geometry.groups,
-        "dw": spec.batch * ho * wo,
-    }
-    for key, red in reductions.items():
-        tol = conv_tolerance(dtype, red)
-        scale = float(np.max(np.abs(refs[key])))
-        actual = np.asarray(outs[key].astype(jnp.float32), np.float64)
-        report = compare(actual, refs[key], rtol=tol.rtol, atol=tol.rtol * scale, name=key)
-        assert report.passed, str(report)
-
-
-def _together(cases, dtype, preferred):
-    """``{id: (y, dx, dw)}`` of every ``(case, layout)``, compiled as one program."""
-    fns, args = {}, {}
-    for case, layout in cases:
-        spec = _spec(case, layout, jnp.dtype(dtype).name)
-        key = f"{case}-{layout}"
-        fns[key] = _train(spec, "onednn", preferred)
-        args[key] = tuple(jnp.asarray(a, dtype) for a in _inputs(spec, seed=3))
-
-    def run(args):
-        return {key: fn(*args[key]) for key, fn in fns.items()}
-
-    return jax.jit(run).lower(args).compile(FAST_COMPILE)(args)
 
 
 LAYOUTS = ("NHWC", "NCHW")
@@ -179,12 +46,12 @@ BF16_PARAMS = [(c, lay) for c in BF16_CASES for lay in LAYOUTS]
 
 @pytest.fixture(scope="module")
 def float32_outputs():
-    return _together(F32_PARAMS, jnp.float32, None)
+    return train_together(F32_PARAMS, jnp.float32, None)
 
 
 @pytest.fixture(scope="module")
 def bfloat16_outputs():
-    return _together(BF16_PARAMS, jnp.bfloat16, jnp.float32)
+    return train_together(BF16_PARAMS, jnp.bfloat16, jnp.float32)
 
 
 @pytest.fixture(scope="module")
@@ -192,29 +59,29 @@ def references():
     """Float64 results of every case's float32 inputs (bfloat16 cases round the same ones)."""
     specs = {}
     for case, layout in F32_PARAMS:
-        spec = _spec(case, layout)
-        specs[f"{case}-{layout}"] = (spec, _inputs(spec, seed=3))
-    return _float64_references(specs)
+        spec = case_spec(case, layout)
+        specs[f"{case}-{layout}"] = (spec, case_inputs(spec, seed=3))
+    return float64_references(specs)
 
 
 @needs_onednn
 @pytest.mark.parametrize(("case", "layout"), F32_PARAMS)
 def test_float32_matches_float64(case, layout, float32_outputs, references):
-    spec = _spec(case, layout)
+    spec = case_spec(case, layout)
     assert ca.select_algorithm(spec, "onednn").reason is None  # oneDNN runs, no fallback
     outs = dict(zip(("y", "dx", "dw"), float32_outputs[f"{case}-{layout}"], strict=True))
-    _check(spec, outs, references[f"{case}-{layout}"], jnp.float32)
+    check_against_float64(spec, outs, references[f"{case}-{layout}"], jnp.float32)
 
 
 @needs_onednn
 @pytest.mark.parametrize(("case", "layout"), BF16_PARAMS)
 def test_bfloat16_operands_accumulate_in_float32(case, layout, bfloat16_outputs, references):
-    spec = _spec(case, layout, "bfloat16")
+    spec = case_spec(case, layout, "bfloat16")
     assert ca.select_algorithm(spec, "onednn").reason is None
     outs = dict(zip(("y", "dx", "dw"), bfloat16_outputs[f"{case}-{layout}"], strict=True))
     assert outs["y"].dtype == jnp.float32  # preferred_element_type
     assert outs["dx"].dtype == jnp.bfloat16 and outs["dw"].dtype == jnp.bfloat16
-    _check(spec, outs, references[f"{case}-{layout}"], jnp.bfloat16)
+    check_against_float64(spec, outs, references[f"{case}-{layout}"], jnp.bfloat16)
 
 
 def test_bfloat16_cases_cover_every_weight_gradient_primitive():
@@ -223,7 +90,7 @@ def test_bfloat16_cases_cover_every_weight_gradient_primitive():
     cases above check each against float64."""
     seen = set()
     for case in BF16_CASES:
-        spec = _spec(case, "NHWC", "bfloat16")
+        spec = case_spec(case, "NHWC", "bfloat16")
         pixels = spec.batch * math.prod(spec.out_size)
         seen.add(onednn.choice(onednn._BWD_WEIGHTS, "bfloat16", spec.batch, pixels))
     assert seen == {(True, False), (False, True), (False, False)}
@@ -231,19 +98,21 @@ def test_bfloat16_cases_cover_every_weight_gradient_primitive():
 
 @needs_onednn
 def test_bfloat16_output_dtype_and_custom_calls_in_the_program():
-    spec = _spec("3x3s1", "NHWC", "bfloat16")
-    x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(spec, seed=4))
-    train = _train(spec, "onednn")  # no preferred type: bf16 out, f32 accumulation inside
+    spec = case_spec("3x3s1", "NHWC", "bfloat16")
+    x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in case_inputs(spec, seed=4))
+    train = train_fn(spec, "onednn")  # no preferred type: bf16 out, f32 accumulation inside
     hlo = jax.jit(train).lower(x, w, dy).as_text()
     for target in onednn_load.TARGETS.values():
         assert target.startswith(onednn.TARGET_PREFIX) and target in hlo
     y, dx, dw = jax.jit(train)(x, w, dy)
     assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
-    _check(spec, {"y": y, "dx": dx, "dw": dw}, _float64_reference(spec, x, w, dy), jnp.bfloat16)
+    check_against_float64(
+        spec, {"y": y, "dx": dx, "dw": dw}, float64_reference(spec, x, w, dy), jnp.bfloat16
+    )
 
 
 def _loss(algorithm, spec, remat=False):
-    conv = _conv(spec, algorithm)
+    conv = conv_fn(spec, algorithm)
 
     def block(x, w):
         return jax.nn.relu(conv(x, w))
@@ -254,7 +123,7 @@ def _loss(algorithm, spec, remat=False):
 
 @needs_onednn
 def test_grad_under_remat_equals_plain_and_is_bitwise_repeatable():
-    spec = _spec("3x3s1", "NHWC")
+    spec = case_spec("3x3s1", "NHWC")
     x = jax.random.normal(jax.random.key(0), (2, 7, 9, 16))
     w = jax.random.normal(jax.random.key(1), (3, 3, 16, 16)) * 0.1
     plain = jax.jit(jax.grad(_loss("onednn", spec), argnums=(0, 1)))
@@ -311,14 +180,14 @@ def test_absent_extension_falls_back_to_xla_with_the_reason(extension_absent):
         "onednn convs: unavailable (the layoutlab._onednn extension was not built "
         "(simulated)); XLA's convs run"
     )
-    spec = _spec("3x3s2", "NHWC")
+    spec = case_spec("3x3s2", "NHWC")
     chosen = ca.select_algorithm(spec, "onednn")
     assert chosen.name == "xla" and "simulated" in chosen.reason
-    x, w, dy = (jnp.asarray(a) for a in _inputs(spec, seed=5))
-    hlo = jax.jit(_train(spec, "onednn")).lower(x, w, dy).as_text()
+    x, w, dy = (jnp.asarray(a) for a in case_inputs(spec, seed=5))
+    hlo = jax.jit(train_fn(spec, "onednn")).lower(x, w, dy).as_text()
     assert onednn.TARGET_PREFIX not in hlo
-    got = jax.jit(_train(spec, "onednn"))(x, w, dy)
-    want = jax.jit(_train(spec, "xla"))(x, w, dy)
+    got = jax.jit(train_fn(spec, "onednn"))(x, w, dy)
+    want = jax.jit(train_fn(spec, "xla"))(x, w, dy)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # The core itself, reached without supports (a plan naming it), runs XLA's conv too.
@@ -332,8 +201,8 @@ def test_nchw_activations_read_directly_match_the_nhwc_conv():
     """``onednn_conv`` takes NCHW itself (oneDNN's GEMM-based kernel; the registry core
     transposes instead, see the module docstring): the same values as NHWC, within float32
     rounding of the 72-product sums (1e-5 relative to the largest output)."""
-    spec = _spec("3x3s2", "NHWC")
-    x, w, dy = (jnp.asarray(a) for a in _inputs(spec, seed=6))
+    spec = case_spec("3x3s2", "NHWC")
+    x, w, dy = (jnp.asarray(a) for a in case_inputs(spec, seed=6))
     t = (0, 3, 1, 2)
     ys = []
     for layout, xi, dyi in (("NHWC", x, dy), ("NCHW", x.transpose(t), dy.transpose(t))):
@@ -352,9 +221,9 @@ def test_off_cpu_the_program_holds_xla_convs_only():
     """Lowered for a GPU, the algorithm's convs are XLA's (``lax.platform_dependent``): no
     custom call that the GPU could not run. On CPU, the forward's result is unused by the
     gradient of a sum, so the program holds the two gradient calls."""
-    spec = _spec("3x3s1", "NHWC")
-    x, w, _ = (jnp.asarray(a) for a in _inputs(spec, seed=7))
-    grad = jax.jit(jax.grad(lambda a, b: jnp.sum(_conv(spec, "onednn")(a, b)), argnums=(0, 1)))
+    spec = case_spec("3x3s1", "NHWC")
+    x, w, _ = (jnp.asarray(a) for a in case_inputs(spec, seed=7))
+    grad = jax.jit(jax.grad(lambda a, b: jnp.sum(conv_fn(spec, "onednn")(a, b)), argnums=(0, 1)))
     gpu = grad.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
     assert onednn.TARGET_PREFIX not in gpu and "convolution" in gpu
     if onednn.available():
@@ -422,7 +291,7 @@ def test_openmp_wait_policy_is_passive_unless_the_environment_says(env, given, r
 def test_shapes_onednn_runs_by_reference_kernels_run_xla(monkeypatch):
     """Where oneDNN has only its reference kernel for one of the three primitives (none of
     the shapes above on this CPU), or none at all, the conv runs XLA's, saying which."""
-    spec = _spec("3x3s1", "NHWC")
+    spec = case_spec("3x3s1", "NHWC")
     assert onednn.supports(spec) is None
     monkeypatch.setattr(onednn, "impl_info", lambda params: ("ref:any", False, 0))
     assert "reference kernel 'ref:any'" in ca.select_algorithm(spec, "onednn").reason

@@ -15,7 +15,7 @@ On XLA:CPU a step gets
   channels-first program would otherwise read channels-first, with copies between the two.
 
 GPU runs get neither. The conv plan of the default ``"auto"`` convs comes from
-``layoutlab.nn.conv_algos.default_plan``, keyed by ``cpu_kind()``. Everything here is read
+``layoutlab.nn.conv_algos.default_plan``, keyed by ``table_cpu_kind()``. Everything here is read
 when a run is configured, never while a step is traced.
 """
 
@@ -25,11 +25,14 @@ import functools
 import sys
 
 __all__ = [
+    "BF16_FLAGS",
+    "BF16_SUFFIX",
     "CPU_FAST_OPTIONS",
     "ELTWISE_MIN_ACTIVATION",
     "accepted_cpu_options",
     "cpu_fast_options",
     "compile_options_from_flags",
+    "cpu_has_bf16",
     "cpu_kind",
     "default_activation_storage",
     "default_backend",
@@ -193,26 +196,51 @@ def resolve_activation_storage(storage: str, backend: str | None = None) -> str:
 
 
 @functools.cache
+def _cpu_flags() -> list[str] | None:
+    """The first ``flags`` line of ``/proc/cpuinfo`` (None where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return None
+
+
 def cpu_kind() -> str:
     """``"avx512"``, ``"avx2"`` or ``"other"``: the x86 vector extension the CPU has (from
     ``/proc/cpuinfo``). The conv defaults differ between the first two: YNNPACK's dots use
     AVX-512 where XLA:CPU's Eigen convs do not."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
+    flags = _cpu_flags()
+    if flags is None:
         return "other"
     if "avx512f" in flags:
         return "avx512"
     return "avx2" if "avx2" in flags else "other"
 
 
+# Flags of bfloat16 multiply units: AVX-512's dot-product instructions (Cooper Lake, Zen 4
+# and later) or AMX's tile multiplies (Sapphire Rapids and later).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+BF16_SUFFIX = "_bf16"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (any of ``BF16_FLAGS``): where it
+    does not, oneDNN widens bfloat16 convs to float32 as XLA does, and they gain nothing."""
+    return any(flag in BF16_FLAGS for flag in _cpu_flags() or ())
+
+
 def table_cpu_kind(platform: str) -> str | None:
-    """The ``cpu_kind()`` that keys the shipped conv table on ``platform``; None off CPU,
-    where the table has no rules."""
-    return cpu_kind() if platform == "cpu" else None
+    """The CPU kind that keys the shipped conv table on ``platform``: ``cpu_kind()``, with
+    ``BF16_SUFFIX`` on an AVX-512 CPU with bfloat16 units (``cpu_has_bf16``), e.g.
+    ``"avx512_bf16"``; None off CPU, where the table has no rules. The table keys its
+    bfloat16 rules by the whole kind and every other dtype's by ``cpu_kind()``'s part
+    (``default_plan.table_key``), so such a CPU runs the AVX-512 float32 rules."""
+    if platform != "cpu":
+        return None
+    kind = cpu_kind()
+    return kind + BF16_SUFFIX if kind == "avx512" and cpu_has_bf16() else kind
 
 
 def compile_options_from_flags(args, mode: str | None = None) -> dict:

@@ -112,6 +112,7 @@ def _torch_threads() -> int | None:
 
 def machine_info(backend=None, *, note: str | None = None) -> dict:
     """A JSON-ready description of this machine and the backend the run used."""
+    from layoutlab.fast_defaults import table_cpu_kind
     from layoutlab.nn.conv_algos.onednn_status import onednn_status
     from layoutlab.xla import host_memory_state, huge_pages_state, resolve_backend
 
@@ -121,6 +122,8 @@ def machine_info(backend=None, *, note: str | None = None) -> dict:
         "cpu_model": cpu_model(),
         "cpu_id": cpu_id(),
         "cpu_flags": _cpu_flags(),
+        # The kind that keys the shipped conv table (avx2, avx512, avx512_bf16 or other).
+        "cpu_kind": table_cpu_kind("cpu"),
         "fingerprint": machine_fingerprint(),
         "cpu_count": os.cpu_count(),
         "usable_cores": _usable_cores(),

@@ -26,4 +26,5 @@ BUILTIN_ALGORITHMS = (
     "s2d",
     "depthwise",
     "onednn",
+    "onednn_xla_dw",
 )

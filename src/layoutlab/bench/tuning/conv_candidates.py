@@ -34,11 +34,12 @@ Options = tuple[tuple[str, object], ...]
 def unusable_reason(name: str, platform: str) -> str | None:
     """Why the registered algorithm ``name`` cannot be a candidate on ``platform``, or None.
 
-    ``onednn`` runs oneDNN's CPU primitives, so it is a candidate on CPU only, and only where
-    its extension loaded (``nn.conv_algos.onednn_status``); elsewhere its convs would run
-    XLA's, and timing that twin of ``xla`` could only pick it by noise.
+    ``onednn`` and ``onednn_xla_dw`` run oneDNN's CPU primitives, so they are candidates on
+    CPU only, and only where its extension loaded (``nn.conv_algos.onednn_status``);
+    elsewhere their convs would run XLA's, and timing that twin of ``xla`` could only pick
+    it by noise.
     """
-    if name != "onednn":
+    if name not in ("onednn", "onednn_xla_dw"):
         return None
     if platform != "cpu":
         return f"oneDNN's convs run on CPU, not {platform}"

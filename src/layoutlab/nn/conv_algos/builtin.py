@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import functools
 
-from layoutlab.nn.conv_algos import depthwise, onednn, pointwise, space_to_depth, winograd
+from layoutlab.nn.conv_algos import (
+    depthwise,
+    onednn,
+    onednn_hybrid,
+    pointwise,
+    space_to_depth,
+    winograd,
+)
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
@@ -103,6 +110,17 @@ BUILTIN = (
         onednn.onednn_core,
         onednn.supports,
         "oneDNN forward, input- and weight-gradient primitives via XLA FFI (CPU; XLA elsewhere)",
+        onednn.dtype_reason,
+        custom_calls=True,
+    ),
+    # oneDNN's forward and input gradient with XLA's weight gradient: oneDNN's weight
+    # gradient loses at small batch and spatial sizes where its other two passes win
+    # (benchmarks/results/onednn_table_rules_zen4_cpu.md).
+    Algorithm(
+        "onednn_xla_dw",
+        onednn_hybrid.onednn_xla_dw_core,
+        onednn.supports,
+        "oneDNN forward and input gradient via XLA FFI, XLA's weight gradient (CPU; XLA elsewhere)",
         onednn.dtype_reason,
         custom_calls=True,
     ),

@@ -108,16 +108,23 @@ with ``cpu_fast_options``:
 - Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
 
 Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
-only the im2col rules apply; they were measured in float32 only, so those dtypes get none.
+only the im2col rules apply; they were measured in float32 only, so those dtypes get none,
+but for bfloat16 on an AVX-512 CPU with bfloat16 units (the kind ``avx512_bf16``:
+``fast_defaults.table_cpu_kind``): there oneDNN multiplies bfloat16 in hardware where XLA:CPU
+widens the conv to float32, and ``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's
+convs (``benchmarks/results/onednn_table_rules_zen4_cpu.md``, the ``_ONEDNN`` rules). Other
+kinds keep XLA's bfloat16 convs: without those units oneDNN widens them too. ``table_key``
+keys every other dtype by the kind without its ``_bf16`` suffix.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from layoutlab.fast_defaults import BF16_SUFFIX
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 
-__all__ = ["Rule", "DEFAULT_RULES", "default_algorithm"]
+__all__ = ["Rule", "DEFAULT_RULES", "default_algorithm", "table_key"]
 
 
 class Rule(NamedTuple):
@@ -197,6 +204,15 @@ _DEPTHWISE = (
     Rule("depthwise", (3, 3), (1, 1), depthwise=True),
     Rule("depthwise", (3, 3), (2, 2), depthwise=True),
 )
+# The ungrouped, undilated kernel/stride pairs of ResNet-18 CIFAR, where the oneDNN rules
+# were measured: the stem and stage 3x3 convs, the 3x3 stride-2 ones and the 1x1 shortcuts.
+_ONEDNN_SHAPES = (((3, 3), (1, 1)), ((3, 3), (2, 2)), ((1, 1), (2, 2)), ((1, 1), (1, 1)))
+
+
+def _onednn(algorithm: str, **bounds) -> tuple[Rule, ...]:
+    return tuple(Rule(algorithm, k, s, **bounds) for k, s in _ONEDNN_SHAPES)
+
+
 # (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
 # benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256) and
 # train_table_small_batch_avx2_cpu.md (1, 8, 32), AVX-512 from
@@ -280,7 +296,28 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=128),
         Rule("im2col", **_IM2COL_STEM),
     ),
+    # bfloat16 on AVX-512 with bf16 units, where XLA widens bf16 convs to float32: oneDNN's
+    # forward and input gradient with XLA's weight gradient. ResNet-18 CIFAR's mixed_bf16
+    # training step 1.30x faster at batch 1, 1.55x and 2.28x at 32 (two runs), 1.37x at 128,
+    # 1.54x at 8 (interval to 0.94, between two clear wins); with oneDNN's weight gradient
+    # too it ran 0.58-0.84x (loaded machine, paired ratios: onednn_table_rules_zen4_cpu.md).
+    ("avx512_bf16", "train", "bfloat16"): _onednn("onednn_xla_dw", max_batch=128),
+    # Its inference step 1.26x faster at batch 1, 2.59x at 8, 2.47-2.89x at 32, 2.43x at 128.
+    # (Float32: onednn gained ResNet-18's inference step 1.26x at batch 1 and 1.23x at 8, and
+    # was even at 32 and in training; no float32 rule yet: its class would also take
+    # ResNet-50's unmeasured convs. Same file.)
+    ("avx512_bf16", "inference", "bfloat16"): _onednn("onednn", max_batch=128),
 }
+
+
+def table_key(cpu_kind: str | None, objective: str, dtype: str) -> tuple[str, str, str]:
+    """The ``DEFAULT_RULES`` key of a ``dtype`` conv on ``cpu_kind`` (``table_cpu_kind``):
+    bfloat16 rules are keyed by the whole kind (``"avx512_bf16"`` only where the CPU has
+    bfloat16 units), every other dtype's by the kind without ``BF16_SUFFIX``."""
+    kind = cpu_kind or ""
+    if dtype != "bfloat16":
+        kind = kind.removesuffix(BF16_SUFFIX)
+    return kind, objective, dtype
 
 
 def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> tuple[str, str]:
@@ -288,7 +325,7 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     ``xla`` when no rule matches or the matching algorithm does not take the shape."""
     from layoutlab.nn.conv_algos.registry import XLA, get_algorithm
 
-    rules = DEFAULT_RULES.get((cpu_kind or "", objective, spec.dtype), ())
+    rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
             return rule.algorithm, f"default table ({cpu_kind}, {objective}, {spec.dtype})"

@@ -1,0 +1,117 @@
+"""The conv table's CPU kinds and its oneDNN rules: an AVX-512 CPU with bfloat16 units
+(``avx512_bf16`` or AMX) is the kind ``avx512_bf16``, whose bfloat16 convs run oneDNN's
+(``mixed_bf16`` computes them in bfloat16 instead of XLA's float32-widened convs); plain
+AVX-512 and AVX2 keep XLA's; float32 rules are the AVX-512 ones on both AVX-512 kinds; and
+where the extension is unavailable the same convs fall back to their old choice. The CPU
+flags are monkeypatched, so this holds on any machine."""
+
+import pytest
+
+from layoutlab import fast_defaults
+from layoutlab.bench import machine
+from layoutlab.nn.conv_algos import onednn
+from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm, table_key
+from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
+
+needs_onednn = pytest.mark.skipif(
+    not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
+)
+
+
+def _spec(n, size, cin, cout, k=3, stride=1, dtype="bfloat16"):
+    geom = resolve_geometry((size, size), k, stride, "SAME")
+    return make_spec((n, size, size, cin), cout, geom, dtype=dtype, layout="NHWC")
+
+
+# ResNet-18 CIFAR's distinct convs at batch n: the stem, the stage convs, the stride-2 ones
+# and the 1x1 stride-2 shortcuts.
+def _resnet18_cifar(n, dtype="bfloat16"):
+    return [
+        _spec(n, 32, 3, 64, dtype=dtype),
+        *(_spec(n, s, c, c, dtype=dtype) for s, c in ((32, 64), (16, 128), (8, 256), (4, 512))),
+        *(_spec(n, s, c, 2 * c, stride=2, dtype=dtype) for s, c in ((32, 64), (16, 128), (8, 256))),
+        *(_spec(n, s, c, 2 * c, 1, 2, dtype) for s, c in ((32, 64), (16, 128), (8, 256))),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind"),
+    [
+        (None, "other"),
+        (["sse2"], "other"),
+        (["avx2", "fma"], "avx2"),
+        (["avx2", "avx512f"], "avx512"),
+        (["avx2", "avx512f", "avx512_bf16"], "avx512_bf16"),
+        (["avx2", "avx512f", "amx_bf16", "amx_tile"], "avx512_bf16"),
+    ],
+)
+def test_the_table_kind_names_bf16_units_and_machine_json_records_it(monkeypatch, flags, kind):
+    monkeypatch.setattr(fast_defaults, "_cpu_flags", lambda: flags)
+    assert fast_defaults.table_cpu_kind("cpu") == kind
+    assert fast_defaults.table_cpu_kind("gpu") is None
+    assert fast_defaults.cpu_kind() == kind.removesuffix("_bf16")
+    assert machine.machine_info()["cpu_kind"] == kind
+
+
+def test_only_bfloat16_convs_key_the_table_by_the_bf16_kind():
+    assert table_key("avx512_bf16", "train", "float32") == ("avx512", "train", "float32")
+    assert table_key("avx512_bf16", "train", "bfloat16") == ("avx512_bf16", "train", "bfloat16")
+    assert table_key("avx512", "inference", "bfloat16") == ("avx512", "inference", "bfloat16")
+    assert table_key(None, "train", "float32") == ("", "train", "float32")
+    # bfloat16 rules exist for the bf16 kind only; float32 rules for the plain kinds only.
+    for kind, objective, dtype in DEFAULT_RULES:
+        assert (dtype == "bfloat16") == kind.endswith("_bf16"), (kind, objective, dtype)
+
+
+# (objective, batch) -> the algorithm every ResNet-18 CIFAR conv gets in bfloat16 on a CPU
+# with bf16 units (benchmarks/results/onednn_table_rules_zen4_cpu.md).
+BF16_CHOICES = {
+    **{("inference", n): "onednn" for n in (1, 8, 32, 128)},
+    **{("train", n): "onednn_xla_dw" for n in (1, 8, 32, 128)},
+}
+
+
+@needs_onednn
+@pytest.mark.parametrize(("objective", "batch"), list(BF16_CHOICES))
+def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batch):
+    for spec in _resnet18_cifar(batch):
+        got = default_algorithm(spec, objective, "avx512_bf16")
+        assert got[0] == BF16_CHOICES[objective, batch], (spec, got)
+        for kind in ("avx512", "avx2", "other", None):
+            assert default_algorithm(spec, objective, kind)[0] == "xla", (kind, spec)
+        # Past the batches measured, XLA's.
+        assert default_algorithm(spec._replace(batch=129), objective, "avx512_bf16")[0] == "xla"
+    # A float32 conv on the bf16 kind gets the AVX-512 float32 rules.
+    for spec in _resnet18_cifar(batch, "float32"):
+        want = default_algorithm(spec, objective, "avx512")[0]
+        assert default_algorithm(spec, objective, "avx512_bf16")[0] == want
+
+
+def test_without_the_extension_the_same_convs_keep_their_old_choice(monkeypatch):
+    monkeypatch.setattr(onednn, "available", lambda: False)
+    monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+    for objective, batch in BF16_CHOICES:
+        for spec in _resnet18_cifar(batch):
+            assert default_algorithm(spec, objective, "avx512_bf16")[0] == "xla", spec
+
+
+@needs_onednn
+def test_a_mixed_bf16_model_plans_onednn_on_the_bf16_kind_only():
+    """``mixed_bf16`` computes its convs in bfloat16, so its plan reads the bfloat16 rules."""
+    import jax
+    from flax import nnx
+
+    from layoutlab import nn
+    from layoutlab.nn.conv_config import default_conv_plan
+
+    class One(nnx.Module):
+        def __init__(self):
+            self.conv = nn.Conv(64, 64, 3, algorithm="auto", policy="mixed_bf16", rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.conv(x)
+
+    x = jax.ShapeDtypeStruct((32, 16, 16, 64), "float32")
+    plans = {kind: default_conv_plan(One(), x, "train", kind) for kind in ("avx512_bf16", "avx512")}
+    assert plans["avx512_bf16"]["conv"].algorithm == BF16_CHOICES["train", 32]
+    assert plans["avx512"]["conv"].algorithm == "xla"
