@@ -231,3 +231,24 @@ def test_a_sigterm_dropped_by_a_finalizer_is_raised_again():
     with pytest.raises(Terminated), sigterm_interrupts():
         Finalizer()
         time.sleep(60)  # the work, interrupted when the signal comes again
+
+
+def test_a_hook_installed_inside_the_sigterm_scope_outlives_it():
+    """orbax's failure path wraps the unraisable hook for good, to drop the echo its threads
+    raise after the call (train.orbax_failures); leaving the SIGTERM scope must not undo
+    that, or the late echo surfaces ("Exception ignored in: None" after a full disk)."""
+    before = sys.unraisablehook
+    try:
+        with sigterm_interrupts():
+            inner = sys.unraisablehook
+
+            def wrapper(unraisable):
+                return inner(unraisable)
+
+            sys.unraisablehook = wrapper
+        assert sys.unraisablehook is wrapper
+    finally:
+        sys.unraisablehook = before
+    with sigterm_interrupts():
+        pass
+    assert sys.unraisablehook is before  # and with nothing installed over it, ours goes

@@ -55,12 +55,15 @@ def sigterm_interrupts():
         yield
         return
     previous, previous_hook = signal.signal(signal.SIGTERM, _raise), sys.unraisablehook
-    sys.unraisablehook = _deliver_again(previous_hook)
+    sys.unraisablehook = hook = _deliver_again(previous_hook)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = previous_hook
+        # A hook installed over ours meanwhile stays (orbax's failure path filters its late
+        # echo from then on, train.orbax_failures); ours passes everything else through.
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = previous_hook
 
 
 def exit_code(e: KeyboardInterrupt) -> int:
