@@ -13,26 +13,13 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import one_line_error as _one_line_error
+from cli_helpers import run_cli as _cli
 
-from layoutlab import cli
 from layoutlab.data import memory as data_memory
 from layoutlab.train import run_memory
 
 TINY = ["--tiny", "--quiet", "--steps", "1"]
-
-
-def _cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str, *fragments: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def _folder(root, n=4, size=16):

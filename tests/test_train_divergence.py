@@ -12,9 +12,10 @@ import re
 
 import numpy as np
 import pytest
+from cli_helpers import one_line_error as _one_line_error
+from cli_helpers import run_cli as _cli
 from PIL import Image
 
-from layoutlab import cli
 from layoutlab.data import get_dataset
 from layoutlab.train import divergence
 from layoutlab.train.divergence import DivergedError, Divergence
@@ -22,20 +23,6 @@ from layoutlab.train.divergence import DivergedError, Divergence
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 TINY = ["--tiny", "--quiet", "--batch-size", "16"]
-
-
-def _cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_line_error(err: str, *fragments: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def _steps(workdir):

@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from cli_helpers import one_line_error as _one_line_error
 
 from layoutlab import cli, models
 from layoutlab.train import checkpoint as checkpoint_module
@@ -62,14 +63,6 @@ def _train(capsys, *argv):
     code = cli.main(["train", *argv, "--quiet"])
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def _one_line_error(err: str, *fragments: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
-    return lines[0]
 
 
 def _snapshot(workdir):
