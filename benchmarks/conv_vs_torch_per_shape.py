@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -30,7 +29,7 @@ from jax import lax
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.timing import settle
+from layoutlab.bench.timing import block_rounds
 from layoutlab.fast_defaults import cpu_fast_options
 
 # (in channels, out channels, input size, stride): ResNet-18 CIFAR's 3x3 convs.
@@ -84,27 +83,6 @@ def _cases(mode: str, batch: int, shape: tuple[int, int, int, int]) -> dict:
     }
 
 
-def _rounds(cases: dict, rounds: int, block: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Per round and case: one unmeasured call, then the mean of ``block`` consecutive ones
-    (``bench``'s blocks: each side runs as in a loop of its own, not right after the other
-    framework's call, whose threads and caches slow a millisecond-long call; see
-    ``benchmarks/results/interleaving_bias_avx512_cpu.md``), once this process is idle
-    (``bench.timing.settle``)."""
-    for run in cases.values():
-        for _ in range(warmup):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            settle()
-            run()
-            start = time.perf_counter()
-            for _ in range(block):
-                run()
-            times[name].append((time.perf_counter() - start) * 1e3 / block)
-    return times
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=8)
@@ -128,9 +106,12 @@ def main(argv=None) -> None:
     for shape in SHAPES:
         cases = _cases(args.mode, args.batch, shape)
         if args.alone:
-            times = {k: _rounds({k: run}, args.rounds, args.block)[k] for k, run in cases.items()}
+            times = {
+                k: block_rounds({k: run}, args.rounds, args.block, warmup=3)[k]
+                for k, run in cases.items()
+            }
         else:
-            times = _rounds(cases, args.rounds, args.block)
+            times = block_rounds(cases, args.rounds, args.block, warmup=3)
         med = {name: statistics.median(t) for name, t in times.items()}
         if args.alone:  # not paired: the two ran in different rounds
             ratio = f"{med['torch'] / med['xla']:.2f} (of medians)"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import jax
@@ -35,7 +34,7 @@ import numpy as np
 from layoutlab import models
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.timing import settle
+from layoutlab.bench.timing import block_rounds
 from layoutlab.fast_defaults import cpu_fast_options
 from layoutlab.nn.conv_algos import conv2d, get_algorithm
 from layoutlab.nn.conv_algos.onednn import status_line
@@ -129,24 +128,6 @@ def _torch_case(spec, pass_, dtype, arrays):
     return run
 
 
-def _rounds(cases: dict, rounds: int, block: int, warmup: int = 2) -> dict[str, list[float]]:
-    """Per round and case: one unmeasured call, then the mean ms of ``block`` calls, once
-    this process is idle (``bench.timing.settle``)."""
-    for run in cases.values():
-        for _ in range(warmup):
-            run()
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            settle()
-            run()
-            start = time.perf_counter()
-            for _ in range(block):
-                run()
-            times[name].append((time.perf_counter() - start) * 1e3 / block)
-    return times
-
-
 def _flops(spec, batch) -> float:
     ho, wo = spec.out_size
     return 2.0 * batch * ho * wo * spec.out_features * spec.reduction
@@ -196,7 +177,7 @@ def main(argv=None) -> None:
                     calls = _custom_calls(compiled)
                     cases = {"xla": xla, "onednn": one, "torch": _torch_case(spec, pass_, dtype,
                                                                              arrays)}  # fmt: skip
-                    times = _rounds(cases, args.rounds, args.block)
+                    times = block_rounds(cases, args.rounds, args.block, warmup=2)
                     med = {k: statistics.median(v) for k, v in times.items()}
                     gf = {k: _flops(spec, batch) / (m * 1e6) for k, m in med.items()}
                     key = spec.key().split(":", 2)[2].rsplit(":", 1)[0]

@@ -127,3 +127,22 @@ def test_interleaved_rounds_call_quiet_before_each_measured_call():
     calls = {k: (lambda k=k: seen.append(k)) for k in "AB"}
     interleaved_rounds(calls, repeats=2, warmup=1, quiet=lambda: seen.append("."))
     assert "".join(seen) == "AB" + ".A.B" * 2
+
+
+def test_block_rounds_time_blocks_after_a_lead_call():
+    """Each round calls every case ``block`` + 1 times (a lead call, then the timed block),
+    after ``warmup`` calls each; one time per case per round."""
+    from layoutlab.bench.timing import block_rounds
+
+    counts = {"a": 0, "b": 0}
+
+    def call(name):
+        def run():
+            counts[name] += 1
+
+        return run
+
+    times = block_rounds({k: call(k) for k in counts}, rounds=3, block=4, warmup=2)
+    assert counts == {"a": 2 + 3 * 5, "b": 2 + 3 * 5}
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)

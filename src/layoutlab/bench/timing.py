@@ -27,6 +27,7 @@ from layoutlab.xla.hlo import hlo_report
 __all__ = [
     "JaxStep",
     "RecompilationError",
+    "block_rounds",
     "TimingStats",
     "interleaved_ms",
     "interleaved_rounds",
@@ -152,6 +153,29 @@ def interleaved_rounds(
             if quiet is not None:
                 quiet()
             times[k].append(1e3 * timed(calls[k]))
+    return times
+
+
+def block_rounds(
+    cases: Mapping[K, Callable[[], Any]], rounds: int, block: int, warmup: int = 2
+) -> dict[K, list[float]]:
+    """Per round and case: the mean milliseconds of ``block`` consecutive calls, after one
+    unmeasured lead call, once this process is idle (``settle``); every case in turn each
+    round, after ``warmup`` unmeasured calls each. Blocks let each side run as in a loop of
+    its own rather than right after the other framework's call, whose threads and caches slow
+    a millisecond-long call (``benchmarks/results/interleaving_bias_avx512_cpu.md``)."""
+    for run in cases.values():
+        for _ in range(warmup):
+            run()
+    times: dict[K, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            settle()
+            run()
+            start = time.perf_counter()
+            for _ in range(block):
+                run()
+            times[name].append((time.perf_counter() - start) * 1e3 / block)
     return times
 
 
