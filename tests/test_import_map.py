@@ -105,19 +105,158 @@ def _imported_modules(path: Path):
                     yield node, alias.name, []
 
 
-def test_no_import_cycles():
-    """No module reaches itself through imports, even lazy or type-checking ones: a cycle is
-    two modules that cannot be read, tested or moved apart (a shared piece goes to a third)."""
-    import graphlib
+def _strings(node: ast.AST | None) -> list[str]:
+    """The string constants ``node`` is (a constant) or holds (a tuple, list, set or dict's
+    values)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for e in node.elts for s in _strings(e)]
+    if isinstance(node, ast.Dict):
+        return [s for v in node.values for s in _strings(v)]
+    return []
 
-    graph = {
-        name: {module for _, module, _ in _imported_modules(path)} - {name}
-        for name, path in MODULES.items()
+
+def _module_constants(tree: ast.Module) -> dict[str, list[str]]:
+    """``{name: strings}`` of the module-level assignments of ``tree``."""
+    found = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name):
+                found[target.id] = _strings(node.value)
+    return found
+
+
+def _importlib_modules(path: Path) -> set[str]:
+    """What ``importlib.import_module(arg)`` calls of ``path`` import: ``arg`` a string, a
+    module-level constant, or the loop variable over one (``for name in COMMANDS``)."""
+    tree = _tree(path)
+    constants = _module_constants(tree)
+    loops = {
+        node.target.id: constants.get(node.iter.id, [])
+        for node in ast.walk(tree)
+        if isinstance(node, ast.For)
+        and isinstance(node.target, ast.Name)
+        and isinstance(node.iter, ast.Name)
     }
-    try:
-        graphlib.TopologicalSorter(graph).prepare()
-    except graphlib.CycleError as e:
-        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
+    found = set()
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+        ):
+            continue
+        arg = node.args[0]
+        names = _strings(arg)
+        if isinstance(arg, ast.Name):
+            names = constants.get(arg.id) or loops.get(arg.id, [])
+        found |= {n for n in names if n in MODULES}
+    return found
+
+
+@functools.cache
+def _lazy_table(package: str) -> dict[str, str]:
+    """``{name: module}`` of ``package``'s lazy exports: its ``__init__``'s dicts of names to
+    submodules (``{"Conv": "conv"}``, as ``layoutlab.lazy.lazy_exports`` reads them) and
+    sets of its submodules' names."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    table = {}
+    for node in _tree(path).body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if isinstance(value, ast.Dict):
+            for key, item in zip(value.keys, value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(item, ast.Constant):
+                    if f"{package}.{item.value}" in MODULES:
+                        table[key.value] = f"{package}.{item.value}"
+        for item in _strings(value) if isinstance(value, ast.Set) else []:
+            if f"{package}.{item}" in MODULES:
+                table[item] = f"{package}.{item}"
+    return table
+
+
+def _depends_on(path: Path) -> set[str]:
+    """The modules ``path``'s ``layoutlab`` imports run: ``from pkg import name`` of a lazily
+    exported name runs the module the name lives in (not every one ``pkg`` exports), as does
+    ``pkg.name`` on a package bound by an import; ``importlib`` imports included."""
+    found, packages = set(), {}  # packages: local name -> package bound to it
+    for node, module, names in _imported_modules(path):
+        table = _lazy_table(module)
+        found |= {table[n] for n in names if n in table}
+        if not names or any(n not in table for n in names):
+            found.add(module)
+        for alias in node.names:
+            bound = alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+            if bound == module and _lazy_table(module):
+                packages[alias.asname or alias.name.split(".")[0]] = module
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            table = _lazy_table(packages.get(node.value.id, ""))
+            if node.attr in table:
+                found.add(table[node.attr])
+    return found | _importlib_modules(path)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    return {name: _depends_on(path) - {name} for name, path in MODULES.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    """No module reaches itself through imports, even lazy, type-checking, ``importlib``
+    (a module's name as a string) or lazy-export ones: a cycle is two modules that cannot be
+    read, tested or moved apart (a shared piece goes to a third)."""
+    import sys
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(MODULES)))
+    circles = _circles(_import_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_import_graph_sees_importlib_and_lazy_export_edges():
+    """The graph above holds the edges no ``import`` statement shows."""
+    graph = _import_graph()
+    assert "layoutlab.train.command" in graph["layoutlab.cli"]  # importlib, over cli.COMMANDS
+    # `from layoutlab.nn import Conv, ...`: the modules nn's lazy table names, not nn itself
+    assert {"layoutlab.nn.conv", "layoutlab.nn.norm"} <= graph["layoutlab.compare.torch_weights"]
+    assert "layoutlab.nn" not in graph["layoutlab.compare.torch_weights"]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def _private(name: str) -> bool:

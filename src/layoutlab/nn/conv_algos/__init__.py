@@ -37,7 +37,7 @@ _EXPORTS = {
     "load_plan": "plan",
     "AUTO": "registry",
     "XLA": "registry",
-    "Algorithm": "registry",
+    "Algorithm": "algorithm",
     "algorithm_names": "registry",
     "get_algorithm": "registry",
     "register_algorithm": "registry",

@@ -1,20 +1,22 @@
-"""The built-in algorithms, registered on import."""
+"""The built-in algorithms, as values: ``registry`` fills its table with them on its first
+lookup (this module does not import the table)."""
 
 from __future__ import annotations
 
 import functools
 
-from layoutlab.nn.conv_algos import (
-    depthwise,
-    onednn,
-    onednn_hybrid,
-    pointwise,
-    space_to_depth,
-    winograd,
-)
+import layoutlab.nn.conv_algos.depthwise as depthwise
+import layoutlab.nn.conv_algos.onednn as onednn
+import layoutlab.nn.conv_algos.onednn_hybrid as onednn_hybrid
+import layoutlab.nn.conv_algos.pointwise as pointwise
+import layoutlab.nn.conv_algos.space_to_depth as space_to_depth
+import layoutlab.nn.conv_algos.winograd as winograd
+from layoutlab.nn.conv_algos.algorithm import Algorithm, plain_2d
 from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
-from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
+from layoutlab.nn.conv_names import XLA
+
+__all__ = ["BUILTIN"]
 
 
 def _composed(name: str, methods: Methods, description: str) -> Algorithm:
@@ -125,6 +127,3 @@ BUILTIN = (
         custom_calls=True,
     ),
 )
-
-for _alg in BUILTIN:
-    register_algorithm(_alg, replace=True)

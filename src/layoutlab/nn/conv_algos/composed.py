@@ -28,7 +28,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from layoutlab.nn.conv_algos import im2col, phase, winograd
+import layoutlab.nn.conv_algos.im2col as im2col
+import layoutlab.nn.conv_algos.phase as phase
+import layoutlab.nn.conv_algos.winograd as winograd
 from layoutlab.nn.conv_algos.geometry import Geometry
 from layoutlab.nn.conv_algos.native import native_conv
 

@@ -77,9 +77,7 @@ class ConvPlan:
         entries: Mapping[str, PlanEntry | tuple[str, str]] | None = None,
         evidence: Mapping[str, Mapping] | None = None,
     ):
-        checked = {
-            str(p): _check_entry(p, *tuple(e)) for p, e in sorted((entries or {}).items())
-        }
+        checked = {str(p): _check_entry(p, *tuple(e)) for p, e in sorted((entries or {}).items())}
         extra = sorted(set(evidence or {}) - set(checked))
         if extra:
             raise ValueError(f"conv plan evidence for paths without an entry: {extra}.")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from jax import lax
 
+from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 from layoutlab.nn.conv_algos.im2col import pad_input
-from layoutlab.nn.conv_algos.registry import plain_2d
 
 
 def supports(spec: ConvSpec) -> str | None:

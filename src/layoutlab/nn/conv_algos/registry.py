@@ -1,60 +1,40 @@
-"""The table of convolution algorithms, by name.
+"""The table of convolution algorithms, by name: where a name (a flag, a config, a plan
+file) becomes an ``Algorithm`` value (``algorithm.py``).
 
-An algorithm computes a 2D conv on a channels-last input (``NHWC``) with an ``HWIO`` kernel;
-``dispatch.conv2d`` moves other layouts in and out. ``supports(spec)`` returns None when
-the algorithm handles ``spec`` and otherwise the reason it does not, and the conv then
-falls back to XLA's native convolution. ``dtype_reason(dtype)`` is the part of that which
-depends only on the compute dtype (an algorithm whose error exceeds a dtype's bar refuses
-it), so a config can be refused before anything is traced: ``unsupported_reason``.
+The built-in ones (``builtin.BUILTIN``) fill the table on its first lookup, so importing
+the package (as the CLI does to build its parser) stays light.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import NamedTuple
-
 import jax.numpy as jnp
 
-from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+from layoutlab.nn.conv_algos.algorithm import Algorithm
 from layoutlab.nn.conv_names import AUTO, XLA
 
-# core(x_nhwc, w_hwio, geometry, preferred_element_type) -> y_nhwc
-Core = Callable[..., object]
-Supports = Callable[[ConvSpec], "str | None"]
-DtypeReason = Callable[[str], "str | None"]
-
-
-def any_dtype(dtype: str) -> str | None:
-    return None
-
-
-class Algorithm(NamedTuple):
-    """``supports`` must refuse every spec whose dtype ``dtype_reason`` refuses.
-
-    ``custom_calls``: the core calls kernels outside XLA (custom calls, e.g. oneDNN's), so a
-    program with it runs only where layoutlab registered them; ``layoutlab export`` runs XLA's
-    conv in its place (``conv_config.without_custom_calls``).
-    """
-
-    name: str
-    core: Core
-    supports: Supports
-    description: str
-    dtype_reason: DtypeReason = any_dtype
-    custom_calls: bool = False
-
+__all__ = [
+    "AUTO",
+    "XLA",
+    "Algorithm",
+    "algorithm_names",
+    "check_name",
+    "get_algorithm",
+    "register_algorithm",
+    "unregister_algorithm",
+    "unsupported_reason",
+]
 
 _REGISTRY: dict[str, Algorithm] = {}
 _builtins_loaded: list[bool] = []
 
 
 def _registry() -> dict[str, Algorithm]:
-    # The built-in algorithms register on import of ``builtin``, on the first lookup, so
-    # importing the package (as the CLI does to build its parser) stays light.
     if not _builtins_loaded:
         _builtins_loaded.append(True)
-        importlib.import_module("layoutlab.nn.conv_algos.builtin")
+        from layoutlab.nn.conv_algos.builtin import BUILTIN
+
+        for algorithm in BUILTIN:
+            _REGISTRY.setdefault(algorithm.name, algorithm)
     return _REGISTRY
 
 
@@ -106,13 +86,3 @@ def check_name(name: str) -> str:
     if name != AUTO:
         get_algorithm(name)
     return name
-
-
-def plain_2d(spec: ConvSpec) -> str | None:
-    """The restriction every custom algorithm shares: ungrouped and undilated."""
-    g: Geometry = spec.geometry
-    if g.groups != 1:
-        return f"groups={g.groups} (grouped and depthwise convs run natively)"
-    if g.dilation != (1, 1):
-        return f"dilation={g.dilation} (dilated convs run natively)"
-    return None

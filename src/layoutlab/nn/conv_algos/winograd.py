@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.im2col import pad_input
-from layoutlab.nn.conv_algos.registry import plain_2d
 
 # Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2016).
 _F2 = {
