@@ -26,13 +26,13 @@ from pathlib import Path
 from layoutlab.bench.machine import cpu_model
 
 # The worker uses only entry points that both sides of a refactor keep: models.create,
-# conv_config.set_conv_algorithm, train.state/steps/skip and xla.cpu_fast_options.
+# nn.configure (conv_config.set_conv_algorithm before it), train.state/steps/skip and
+# xla.cpu_fast_options.
 WORKER = r"""
 import hashlib, json, re, sys, time
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from layoutlab import models
-from layoutlab.nn.conv_config import set_conv_algorithm
 from layoutlab.train.skip import skip_nonfinite
 from layoutlab.train.state import create_train_state
 from layoutlab.train.steps import make_train_step
@@ -43,7 +43,12 @@ cfg = json.loads(sys.argv[1])
 model = models.create(cfg["model"], num_classes=10, layout=cfg["layout"], rngs=nnx.Rngs(0),
                       **cfg["model_kwargs"])
 if cfg["algorithm"] != "xla":
-    set_conv_algorithm(model, cfg["algorithm"])
+    from layoutlab import nn
+    if hasattr(nn, "configure"):
+        model = nn.configure(model, nn.ConvSettings.named(cfg["algorithm"]))
+    else:  # a tree from before nn.configure
+        from layoutlab.nn.conv_config import set_conv_algorithm
+        set_conv_algorithm(model, cfg["algorithm"])
 tx = skip_nonfinite(optax.sgd(0.01, momentum=0.9))
 defs, state = create_train_state(model, tx, get_loss_scale(None))
 h, w, c = cfg["image_shape"]

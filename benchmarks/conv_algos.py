@@ -349,11 +349,11 @@ def run_model(args, use_torch):
     autotuned per-shape choices, under each ``--model-flags`` set and layout, beside PyTorch
     eager in both memory formats. All variants of one precision run in the same interleaved
     rounds, so layouts and PyTorch compare under the same load."""
-    from flax import nnx
 
-    from layoutlab import models
+    from layoutlab import models, nn
     from layoutlab.bench.tuning.convs import autotune_model
-    from layoutlab.nn.conv_config import set_conv_algorithm, set_kernel_storage, with_conv_plan
+    from layoutlab.nn.conv_algos import algorithm_values
+    from layoutlab.nn.conv_config import settings_of
 
     rows = []
     batch, size = 32, 32
@@ -373,11 +373,9 @@ def run_model(args, use_torch):
                 for variant in ("xla", "auto", "auto+hwio"):
                     if variant == "auto+hwio" and layout == "NHWC":
                         continue
-                    m = nnx.clone(base)
+                    m = base
                     info = {"layout": layout, "flags": flags}
-                    if variant == "xla":
-                        set_conv_algorithm(m, "xla")
-                    else:
+                    if variant != "xla":  # models.create's convs run xla
                         # Tune under the options the step is compiled with; the plan is
                         # part of the model the step below traces.
                         t0 = time.perf_counter()
@@ -386,9 +384,14 @@ def run_model(args, use_torch):
                         )
                         info["autotune_s"] = time.perf_counter() - t0
                         info["choices"] = {r.spec_key: r.choice for r in tuned.results}
-                        m = with_conv_plan(set_conv_algorithm(m, "auto"), tuned.plan)
+                        values = algorithm_values(tuned.plan.algorithms().values())
+                        m = nn.configure(m, tuned.plan, algorithms=values)
                     if variant.endswith("hwio"):
-                        set_kernel_storage(m, "channels_last")
+                        hwio = {
+                            p: s.replace(kernel_storage="channels_last")
+                            for p, s in settings_of(m).items()
+                        }
+                        m = nn.configure(m, hwio)
                     train, infer = _model_step_fns(m, x, labels, options)
                     name = f"{layout} {variant}/{flags}"
                     variants[("train", name)], variants[("infer", name)] = train, infer
@@ -565,8 +568,9 @@ def markdown(results: dict) -> str:
         lines += [
             "## bfloat16 operands (float32 accumulation) vs float32",
             "",
-            *markdown_grid(("op", "dtype", "ms"), ((r["op"], r["dtype"], f"{r['ms']:.1f}")
-                                                  for r in dtypes)),
+            *markdown_grid(
+                ("op", "dtype", "ms"), ((r["op"], r["dtype"], f"{r['ms']:.1f}") for r in dtypes)
+            ),
             "",
         ]
     model = results.get("model") or []

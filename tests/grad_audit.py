@@ -92,7 +92,9 @@ def layoutlab_model(name, tm, layout: str, train: bool, plan: bool, x, **kw) -> 
     with the shipped table's conv plan for that mode when ``plan`` (what train and compare
     run), built abstractly so no weight is drawn."""
     from layoutlab.fast_defaults import default_backend, table_cpu_kind
-    from layoutlab.nn.conv_config import configure_convs, default_conv_plan, with_conv_plan
+    from layoutlab.nn import ConvSettings, configure
+    from layoutlab.nn.conv_algos import algorithm_values
+    from layoutlab.nn.conv_config import default_conv_plan
 
     model = nnx.eval_shape(
         lambda: models.create(name, num_classes=10, layout=layout, rngs=nnx.Rngs(0), **kw)
@@ -107,10 +109,10 @@ def layoutlab_model(name, tm, layout: str, train: bool, plan: bool, x, **kw) -> 
     model.set_attributes(deterministic=True, raise_if_not_found=False)
     if plan:
         objective = "train" if train else "inference"
-        configure_convs(model, "auto")
+        model = configure(model, ConvSettings.named("auto"))
         xin = to_model_input(x, model)
         plan_ = default_conv_plan(model, xin, objective, table_cpu_kind(default_backend()))
-        model = with_conv_plan(model, plan_)
+        model = configure(model, plan_, algorithms=algorithm_values(plan_.algorithms().values()))
     return model
 
 

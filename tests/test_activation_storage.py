@@ -17,6 +17,7 @@ from flax import nnx
 from layoutlab import cli, models, nn
 from layoutlab.compare.numpy_forward import numpy_forward
 from layoutlab.layout import channels_last
+from layoutlab.nn.convert import activation_storage
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.resume import ResumeError
@@ -63,9 +64,9 @@ def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name
     model.eval()
     before = _param_shapes(model)
     ref, _ = numpy_forward(model, x)
-    nn.set_activation_storage(model, "channels_last")
+    model = nn.configure(model, activation_storage="channels_last")
     assert model.compute_layout == channels_last(model.layout.num_spatial)
-    assert nn.activation_storage(model) == "channels_last"
+    assert activation_storage(model) == "channels_last"
     got = _jitted(model, x)
     # Inputs and outputs stay NCHW: U-Net's per-pixel logits come back (N, classes, H, W).
     assert got.shape == ref.shape
@@ -77,14 +78,14 @@ def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name
     # The float64 reference of the channels-last model is the NCHW one: same weights.
     again, _ = numpy_forward(model, x)
     np.testing.assert_array_equal(again, ref)
-    nn.set_activation_storage(model, "layout")
+    model = nn.configure(model, activation_storage="layout")
     assert model.compute_layout is None and _param_shapes(model) == before
 
 
 def test_gradients_match_the_model_computing_in_nchw():
     model, x = _tiny("resnet18", seed=1)
     model.train()
-    inside = nn.set_activation_storage(nnx.clone(model), "channels_last")
+    inside = nn.configure(model, activation_storage="channels_last")
     w = jax.random.normal(jax.random.key(2), (2, 10))
 
     def grads_fn(m):
@@ -113,7 +114,7 @@ def test_gradients_match_the_model_computing_in_nchw():
 def test_convert_layout_returns_a_model_computing_in_the_new_layout():
     model, x = _tiny("small_cnn")
     model.eval()
-    nn.set_activation_storage(model, "channels_last")
+    model = nn.configure(model, activation_storage="channels_last")
     expected = _jitted(model, x)
     for dst in ("NCHW", "NHWC"):
         other = nn.convert_layout(model, dst)
@@ -125,10 +126,10 @@ def test_convert_layout_returns_a_model_computing_in_the_new_layout():
 def test_bad_activation_storage_is_refused():
     model, _ = _tiny("small_cnn")
     with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
-        nn.set_activation_storage(model, "nhwc")
+        nn.configure(model, activation_storage="nhwc")
     conv = nn.Conv(1, 2, 3, layout="NCHW", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="not a layoutlab.models model"):
-        nn.set_activation_storage(conv, "channels_last")
+        nn.configure(conv, activation_storage="channels_last")
     with pytest.raises(ValueError, match="conv settings: Unknown activation_storage"):
         from layoutlab.train.config import validate
 

@@ -138,7 +138,7 @@ def test_a_jax_reference_runs_xlas_own_convs(monkeypatch):
 
     monkeypatch.setattr(refs, "layer_outputs", spy)
     model = models.create("small_cnn", layout="NCHW", rngs=nnx.Rngs(0), width=4, hidden=16)
-    nn.set_conv_algorithm(model, "im2col")
+    model = nn.configure(model, nn.ConvSettings.named("im2col"))
     x = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32)
     assert refs.against_layout(model, x).passed
     assert seen == [["xla"], ["im2col"]]  # reference, then candidate

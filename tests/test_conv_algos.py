@@ -21,13 +21,7 @@ from layoutlab.bench.tuning.conv_reference import conv_tolerance, reference_conv
 from layoutlab.compare import compare, default_tolerance
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import composed
-from layoutlab.nn.conv_config import (
-    conv_settings,
-    conv_specs,
-    set_conv_algorithm,
-    set_kernel_storage,
-    with_conv_plan,
-)
+from layoutlab.nn.conv_config import conv_settings, conv_specs
 from layoutlab.xla import compile_report
 
 # (x shape NHWC, kernel HWIO, strides, padding) -> algorithms that handle it
@@ -401,7 +395,7 @@ def test_conv_layer_default_is_native_and_algorithms_agree():
     assert conv.algorithm == "xla"
     assert _hlo_ops(conv, x)["convolutions"] == 1
     ref = np.asarray(conv(x))
-    set_conv_algorithm(conv, "im2col")
+    conv = nn.configure(conv, nn.ConvSettings.named("im2col"))
     totals = _hlo_ops(conv, x)
     assert totals["convolutions"] == 0 and totals["dots"] >= 1  # a GEMM now
     # float32 tolerance for K = 3*3*3 summed terms, as in conv_tolerance.
@@ -414,7 +408,7 @@ def test_channels_last_kernel_storage_removes_kernel_transposes():
     conv = nn.Conv(8, 16, 3, layout="NCHW", use_bias=False, rngs=nnx.Rngs(0))
     y_layout = np.asarray(conv(x + 1.0))
     before = _hlo_ops(conv, x)["transposes"]
-    set_kernel_storage(conv, "channels_last")
+    conv = nn.configure(conv, nn.ConvSettings(kernel_storage="channels_last"))
     assert conv.kernel_spec == "HWIO" and conv.kernel.shape == (3, 3, 8, 16)
     after = _hlo_ops(conv, x)["transposes"]
     print(f"NCHW conv transposes: OIHW storage {before}, HWIO storage {after}")
@@ -438,7 +432,8 @@ def test_auto_runs_the_plan_entry_for_its_own_shape_only():
     assert _hlo_ops(conv, x)["convolutions"] == 1  # no plan: xla
     spec = conv.spec(x.shape)
     assert spec == ca.conv_spec(x.shape, conv.kernel.shape, padding=conv.padding)
-    planned = with_conv_plan(conv, ca.ConvPlan({"": ("im2col", spec.key())}))
+    plan = ca.ConvPlan({"": ("im2col", spec.key())})
+    planned = nn.configure(conv, plan, algorithms={"im2col": ca.get_algorithm("im2col")})
     assert conv.plan_entry is None  # the original is unchanged
     assert ca.select_algorithm(spec, "auto", planned.plan_entry).name == "im2col"
     assert _hlo_ops(planned, x)["convolutions"] == 0
@@ -447,19 +442,17 @@ def test_auto_runs_the_plan_entry_for_its_own_shape_only():
     chosen = ca.select_algorithm(conv.spec(wider.shape), "auto", planned.plan_entry)
     assert chosen.name == "xla" and "chosen for" in chosen.reason
     assert _hlo_ops(planned, wider)["convolutions"] == 1
-    # An explicit algorithm ignores the plan.
-    set_conv_algorithm(planned, "xla")
-    assert _hlo_ops(planned, x)["convolutions"] == 1
+    # An explicit algorithm has no plan.
+    assert _hlo_ops(nn.configure(planned, nn.ConvSettings()), x)["convolutions"] == 1
 
 
-def test_set_conv_algorithm_on_a_model_and_conv_specs():
-    model = nn.Conv(3, 4, 3, rngs=nnx.Rngs(0))
-    set_conv_algorithm(model, "winograd2")
+def test_configure_a_model_and_conv_specs():
+    model = nn.configure(nn.Conv(3, 4, 3, rngs=nnx.Rngs(0)), nn.ConvSettings.named("winograd2"))
     assert conv_settings(model) == {"": ("winograd2", "HWIO")}
     specs = conv_specs(model, jax.ShapeDtypeStruct((1, 8, 8, 3), jnp.float32))
     assert {p: s.key() for p, s in specs.items()} == {
         "": "NHWC:n1:8x8:3->4:k3x3:s1x1:p1-1,1-1:d1x1:g1:float32"
     }
-    assert model.spec_sink is None and model.algorithm == "winograd2"  # traced on a copy
+    assert model.algorithm == "winograd2"  # traced on a copy
     with pytest.raises(ValueError, match="no layoutlab.nn.Conv"):
-        set_conv_algorithm(nn.ReLU(), "im2col")
+        nn.configure(nn.ReLU(), nn.ConvSettings.named("im2col"))

@@ -12,14 +12,9 @@ from layoutlab import nn
 from layoutlab.bench import tuning as cat
 from layoutlab.bench.tuning import convs as tune_convs
 from layoutlab.nn import conv_algos as ca
+from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.native import native_conv
-from layoutlab.nn.conv_config import (
-    conv_settings,
-    missing_from_plan,
-    model_conv_specs,
-    set_conv_algorithm,
-    with_conv_plan,
-)
+from layoutlab.nn.conv_config import conv_settings, missing_from_plan, model_conv_specs
 
 TINY = dict(strides=1, padding=1, layout="NHWC", dtype="float32")
 
@@ -124,8 +119,8 @@ def _zeros_core(x, w, geom, preferred):
 
 @pytest.fixture
 def planted():
-    ca.register_algorithm(ca.Algorithm("test_flipped", _broken_core, ca.registry.plain_2d, ""))
-    ca.register_algorithm(ca.Algorithm("test_zeros", _zeros_core, ca.registry.plain_2d, ""))
+    ca.register_algorithm(ca.Algorithm("test_flipped", _broken_core, plain_2d, ""))
+    ca.register_algorithm(ca.Algorithm("test_zeros", _zeros_core, plain_2d, ""))
     yield
     ca.unregister_algorithm("test_flipped")
     ca.unregister_algorithm("test_zeros")
@@ -208,9 +203,10 @@ def test_autotune_model_returns_a_plan_and_leaves_the_model_alone(tmp_path):
     evidence = tuning.plan.evidence("")
     assert evidence["source"] == "measured" and evidence["objective"] == "train"
     assert set(evidence["times_ms"]) == {"xla", "im2col"}
-    auto = set_conv_algorithm(nnx.clone(model), "auto")
+    auto = nn.configure(model, nn.ConvSettings.named("auto"))
     assert list(missing_from_plan(auto, x)) == [""]
-    planned = with_conv_plan(auto, tuning.plan)
+    values = ca.algorithm_values(tuning.plan.algorithms().values())
+    planned = nn.configure(auto, tuning.plan, algorithms=values)
     assert missing_from_plan(planned, x) == {}
     # float32 bar for K = 3*3*3 products (conv_tolerance).
     tol = cat.conv_tolerance(jnp.float32, 27).rtol

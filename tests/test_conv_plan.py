@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from layoutlab import cli, models
+from layoutlab import cli, models, nn
 from layoutlab.bench import tuning as at
-from layoutlab.nn.conv_algos import ConvPlan, PlanEntry, load_plan
+from layoutlab.nn.conv_algos import ConvPlan, PlanEntry, algorithm_values, load_plan
 from layoutlab.nn.conv_config import (
     conv_specs,
     default_conv_plan,
@@ -19,9 +19,7 @@ from layoutlab.nn.conv_config import (
     plan_coverage,
     planned_entries,
     running_algorithms,
-    set_conv_algorithm,
     table_made,
-    with_conv_plan,
 )
 
 KWARGS = dict(models.spec("small_cnn").tiny)
@@ -31,7 +29,11 @@ X = jax.ShapeDtypeStruct((2, 8, 8, 1), jnp.float32)
 def _model():
     # Abstract: only shapes matter to tracing, and eager init would compile many small ops.
     model = nnx.eval_shape(lambda: models.create("small_cnn", rngs=nnx.Rngs(0), **KWARGS))
-    return set_conv_algorithm(model, "auto")
+    return nn.configure(model, nn.ConvSettings.named("auto"))
+
+
+def with_conv_plan(model, plan):
+    return nn.configure(model, plan, algorithms=algorithm_values(plan.algorithms().values()))
 
 
 def _hlo(model) -> str:
@@ -107,13 +109,13 @@ def test_missing_entries_are_counted():
     wrong = with_conv_plan(model, ConvPlan({first: ("im2col", specs[rest[0]].key())}))
     assert plan_coverage(wrong, X) == (3, 3)
     # Only "auto" convs follow a plan, so only they are counted.
-    assert plan_coverage(set_conv_algorithm(nnx.clone(partial), "xla"), X) == (0, 0)
+    assert plan_coverage(nn.configure(partial, nn.ConvSettings()), X) == (0, 0)
     with pytest.raises(ValueError, match="does not have \\(nope\\)"):
         with_conv_plan(model, ConvPlan({"nope": ("im2col", "k")}))
     # What runs: the entry's algorithm for its own shape, xla for another shape or none.
     assert running_algorithms(partial, X) == {first: "im2col", **dict.fromkeys(rest, "xla")}
     assert running_algorithms(wrong, specs=specs) == dict.fromkeys(specs, "xla")
-    assert running_algorithms(set_conv_algorithm(nnx.clone(partial), "im2col"), X) == (
+    assert running_algorithms(nn.configure(partial, nn.ConvSettings.named("im2col")), X) == (
         dict.fromkeys(specs, "im2col")
     )
     # A table-made plan is told apart from one with any measured or given entry.

@@ -17,7 +17,8 @@ import pytest
 from flax import nnx
 
 from layoutlab import cli, fast_defaults, models
-from layoutlab.nn.conv_config import conv_settings, set_kernel_storage
+from layoutlab.nn import ConvSettings, configure
+from layoutlab.nn.conv_config import conv_settings
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.xla.flags import CPU_FAST_OPTIONS
@@ -153,11 +154,13 @@ def test_torch_round_trip_and_convert_layout_are_exact_with_hwio_kernels():
     pytest.importorskip("torch")
     kw = dict(width=4, hidden=8)
     model = models.create("small_cnn", layout="NCHW", rngs=nnx.Rngs(1), **kw)
-    set_kernel_storage(model, fast_defaults.default_kernel_storage("cpu"))
+    model = configure(
+        model, ConvSettings(kernel_storage=fast_defaults.default_kernel_storage("cpu"))
+    )
     assert {spec for _, spec in conv_settings(model).values()} == {"HWIO"}
     state = to_torch_state_dict(model)
     other = models.create("small_cnn", layout="NCHW", rngs=nnx.Rngs(2), **kw)
-    set_kernel_storage(other, "channels_last")
+    other = configure(other, ConvSettings(kernel_storage="channels_last"))
     load_torch_state_dict(other, state)
     model.eval(), other.eval()  # no dropout: their rngs differ
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 1, 8, 8)), jnp.float32)

@@ -221,8 +221,8 @@ def layer_outputs(
 
     ``train`` picks batch statistics (True) or running statistics (False); ``model`` itself
     is not changed (its running statistics are not updated). A model computing channels-last
-    inside (``nn.set_activation_storage``) runs so, and its layers' outputs are returned in
-    its own layout. ``compiler_options``: XLA options of the compile (e.g.
+    inside (``nn.configure``'s ``activation_storage``) runs so, and its layers' outputs are
+    returned in its own layout. ``compiler_options``: XLA options of the compile (e.g.
     ``fast_defaults.fast_compile_options``).
     """
     model = set_mode(model, train)

@@ -21,7 +21,7 @@ from layoutlab.compare.torch_weights import stored_kernel_layout
 from layoutlab.layout import convert_kernel
 from layoutlab.models import cnn3d, mobilenet, resnet, small_cnn, unet, vgg
 from layoutlab.models.blocks import Sequential
-from layoutlab.nn.convert import in_own_layout
+from layoutlab.nn.configuration import in_own_layout
 
 __all__ = ["numpy_forward", "supported_types"]
 

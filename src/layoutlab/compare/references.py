@@ -46,7 +46,7 @@ from layoutlab.compare.layerwise import (
 from layoutlab.compare.reference_report import ReferenceReport
 from layoutlab.layout import Layout, to_layout
 from layoutlab.nn import conv_config
-from layoutlab.nn.conv_names import XLA
+from layoutlab.nn.configuration import configure
 from layoutlab.nn.convert import convert_layout
 from layoutlab.precision import Policy
 from layoutlab.train.run_precision import resolve_policy
@@ -205,11 +205,14 @@ def build_report(
 
 
 def _xla_convs(reference: nnx.Module) -> nnx.Module:
-    """``reference`` (a copy) with every conv on XLA's own algorithm: a reference should not
-    share the candidate's conv algorithms or plan."""
-    if conv_config.convs(reference):
-        conv_config.set_conv_algorithm(reference, XLA)
-    return reference
+    """``reference`` with every conv on XLA's own algorithm (a copy when one was not): a
+    reference should not share the candidate's conv algorithms or plan."""
+    native = {
+        p: c.settings.native()
+        for p, c in conv_config.convs(reference)
+        if c.settings != c.settings.native()
+    }
+    return configure(reference, native) if native else reference
 
 
 def _against_model(

@@ -25,7 +25,7 @@ from flax import nnx
 
 from layoutlab.infer.load import Run, class_names
 from layoutlab.layout import parse_layout
-from layoutlab.nn.conv_config import without_custom_calls
+from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.train.state import split_model
 from layoutlab.train.steps import make_forward
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
+from layoutlab.nn.configuration import configure
 from layoutlab.nn.conv_algos import AUTO, ConvPlan
-from layoutlab.nn.conv_config import replanned, table_made, with_conv_plan
+from layoutlab.nn.conv_config import replanned, table_made
 from layoutlab.train.spec import RunSpec
 
 __all__ = ["inference_plan", "planned_by_table", "planned_model"]
@@ -48,4 +49,4 @@ def planned_model(spec: RunSpec, model: nnx.Module, images, cpu_kind: str | None
     plan = inference_plan(spec, model, images, cpu_kind)
     if plan == spec.conv_plan:
         return None
-    return with_conv_plan(model, plan, spec.with_plan(plan).algorithms)
+    return configure(model, plan, algorithms=spec.with_plan(plan).algorithms)

@@ -45,7 +45,7 @@ class ImageModel(nnx.Module):
     """Base of the architectures: ``model(x)`` checks ``x`` then runs ``forward(x)``.
 
     ``layout`` is the layout of the inputs (and of a spatial output). ``compute_layout``,
-    when set (``nn.set_activation_storage``), is the one the layers run in: ``x`` is
+    when set (``nn.configure``'s ``activation_storage``), is the one the layers run in: ``x`` is
     transposed into it before ``forward`` and a spatial output back out of it after.
     """
 

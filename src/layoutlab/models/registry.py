@@ -26,12 +26,9 @@ from layoutlab.models.registration import (
     add_spec,
     resolve_layout,
 )
-from layoutlab.nn.conv_config import (
-    check_conv_options,
-    configure_convs,
-    conv_specs,
-    has_depthwise,
-)
+from layoutlab.nn.configuration import configure
+from layoutlab.nn.conv_config import check_conv_options, conv_specs, has_depthwise
+from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.precision import get_policy
 
 # POSITIVE, PROBABILITY and Range: the argument ranges a registered model may declare.
@@ -113,7 +110,7 @@ def create(
 ) -> nnx.Module:
     """Build a registered model. Extra keywords go to its builder (``stem``, ``width``, ...).
 
-    ``kernel_storage`` and ``activation_storage`` (``nn.configure_convs``) default to
+    ``kernel_storage`` and ``activation_storage`` (``nn.configure``) default to
     ``"auto"``, the fast defaults of JAX's default backend (``fast_defaults``): on CPU, conv
     kernels stored ``HWIO`` and a channels-first model computing channels-last inside, with
     the same weights, inputs and outputs as ``"layout"`` for both (the model's own orders).
@@ -139,8 +136,10 @@ def create(
         rngs=rngs if rngs is not None else nnx.Rngs(0),
         **kw,
     )
-    return configure_convs(
-        model, kernel_storage=kernel_storage, activation_storage=activation_storage
+    return configure(
+        model,
+        ConvSettings(kernel_storage=kernel_storage),
+        activation_storage=activation_storage,
     )
 
 

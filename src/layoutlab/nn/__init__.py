@@ -2,7 +2,8 @@
 
 Every layer takes ``layout`` (``Layout`` or its name) and ``policy`` (``Policy`` or a spec
 understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D layouts.
-
+``configure(model, settings)`` returns a copy whose convs run other ``ConvSettings`` (or a
+conv plan); what a model's convs are and run: ``nn.conv_config``.
 
 Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
 to build its parser, imports no JAX.
@@ -16,21 +17,11 @@ _EXPORTS = {
     "ReLU": "activation",
     "ReLU6": "activation",
     "LayoutModule": "base",
-    "ACTIVATION_STORAGES": "conv_names",
-    "KERNEL_STORAGES": "conv_names",
+    "configure": "configuration",
     "Conv": "conv",
     "ConvTranspose": "conv",
-    "check_conv_options": "conv_config",
-    "configure_convs": "conv_config",
-    "missing_from_plan": "conv_config",
-    "running_algorithms": "conv_config",
-    "set_conv_algorithm": "conv_config",
-    "set_kernel_storage": "conv_config",
-    "with_conv_plan": "conv_config",
-    "activation_storage": "convert",
-    "check_activation_storage": "convert",
+    "ConvSettings": "conv_settings",
     "convert_layout": "convert",
-    "set_activation_storage": "convert",
     "Dense": "linear",
     "Dropout": "linear",
     "Flatten": "linear",
@@ -44,34 +35,24 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ACTIVATION_STORAGES",
     "AdaptiveAvgPool",
     "AvgPool",
     "BatchNorm",
     "Conv",
+    "ConvSettings",
     "ConvTranspose",
     "Dense",
     "Dropout",
     "Flatten",
     "GlobalAvgPool",
     "GroupNorm",
-    "KERNEL_STORAGES",
     "LayoutModule",
     "MaxPool",
     "ReLU",
     "ReLU6",
     "Upsample",
-    "activation_storage",
-    "check_activation_storage",
-    "check_conv_options",
-    "configure_convs",
+    "configure",
     "convert_layout",
-    "missing_from_plan",
-    "running_algorithms",
-    "set_activation_storage",
-    "set_conv_algorithm",
-    "with_conv_plan",
-    "set_kernel_storage",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

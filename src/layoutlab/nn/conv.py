@@ -3,13 +3,16 @@
 ``Conv(algorithm=...)`` picks how a 2D conv is computed (``layoutlab.nn.conv_algos``); the
 default ``"xla"`` is XLA's native convolution. ``Conv(kernel_storage="channels_last")`` keeps
 the kernel as ``HWIO`` even in a channels-first model, the order XLA:CPU computes in, so
-no kernel transpose runs on each call.
+no kernel transpose runs on each call. Both are a conv's ``ConvSettings``
+(``nn.configure`` gives a model new ones).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,11 +20,13 @@ from flax import nnx
 
 from layoutlab.layout import Layout, channels_last, convert_kernel
 from layoutlab.nn.base import LayoutModule
-from layoutlab.nn.conv_algos import AUTO, XLA, ConvSpec, conv2d, conv_spec
+from layoutlab.nn.conv_algos.algorithm import Algorithm
+from layoutlab.nn.conv_algos.dispatch import conv2d, conv_spec
+from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.native import xla_conv
 from layoutlab.nn.conv_algos.plan import PlanEntry
-from layoutlab.nn.conv_algos.registry import Algorithm, check_name, get_algorithm
-from layoutlab.nn.conv_names import KERNEL_STORAGES
+from layoutlab.nn.conv_names import AUTO, XLA
+from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
 from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
@@ -31,6 +36,26 @@ MATMUL = "matmul"
 TRANSPOSE_ALGORITHMS = (AUTO, XLA, MATMUL)  # ConvTranspose's; see its docstring
 # torchvision initialises convs with kaiming_normal(mode="fan_out", relu).
 default_kernel_init = flat_kaiming_normal_fan_out
+
+
+__all__ = ["Conv", "ConvTranspose", "intercept_convs"]
+
+# What ``intercept_convs`` set, for the duration of one trace; a model holds no callback.
+_INTERCEPTOR: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
+    "layoutlab_conv_interceptor", default=None
+)
+
+
+@contextlib.contextmanager
+def intercept_convs(fn: Callable) -> Iterator[None]:
+    """Within, every ``Conv`` call ``conv(x)`` returns ``fn(conv, x)`` instead (``fn`` may
+    call ``conv.compute(x)``), in this context only: how ``conv_config.conv_specs`` reads
+    each conv's input shape from one abstract trace, like linen's ``intercept_methods``."""
+    token = _INTERCEPTOR.set(fn)
+    try:
+        yield
+    finally:
+        _INTERCEPTOR.reset(token)
 
 
 def _bias_init(key, shape, dtype, fan_in):
@@ -45,12 +70,14 @@ class Conv(LayoutModule):
     The kernel is created in channels-last order (``HWIO``) and then moved to the layout's
     kernel order, so the same ``rngs`` give the same weights in every layout.
 
-    ``algorithm``: ``"xla"`` (default), ``"auto"`` (the conv's ``plan_entry``, set by
-    ``conv_config.with_conv_plan``; none, or one chosen for another shape: ``xla``) or a
-    name from ``conv_algos.algorithm_names()``; 2D only, and grouped, dilated or
-    unsupported shapes run natively.
+    ``algorithm``: ``"xla"`` (default), ``"auto"`` (the conv's plan entry, given by
+    ``nn.configure(model, plan)``; none, or one chosen for another shape: ``xla``), a
+    name from ``conv_algos.algorithm_names()`` or an ``Algorithm`` value; 2D only, and
+    grouped, dilated or unsupported shapes run natively.
     ``kernel_storage``: ``"layout"`` (default, the layout's kernel order, which torch weight
     import and ``convert_layout`` expect) or ``"channels_last"`` (``HWIO`` in every layout).
+    Both make the conv's ``settings`` (``ConvSettings``), which only ``nn.configure``
+    changes, on a copy.
     """
 
     def __init__(
@@ -67,23 +94,16 @@ class Conv(LayoutModule):
         layout: Layout | str = Layout.NHWC,
         policy: Policy | str | None = None,
         kernel_init=default_kernel_init,
-        algorithm: str = XLA,
+        algorithm: str | Algorithm = XLA,
         kernel_storage: str = "layout",
         rngs: nnx.Rngs,
     ):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
-        self.algorithm = _check_algorithm(algorithm, n)
-        # Static, so a jitted step's cache key holds it: a new plan is a new trace.
-        self.plan_entry: PlanEntry | None = None
-        # The algorithm itself (core and supports), taken from the table when the conv is
-        # configured, never while tracing: also static, so a re-registered algorithm is a
-        # new trace of a rebuilt model, and a built model keeps running what it was given.
-        self.impl: Algorithm | None = None
-        self.capture_algorithm()
-        # Per instance, set only on the throwaway copy conv_config.conv_specs traces.
-        self.spec_sink = None
-        self.kernel_storage = check_kernel_storage(kernel_storage)
+        settings = ConvSettings.named(algorithm, kernel_storage=kernel_storage)
+        # Static, so a jitted step's cache key holds it: new settings are a new trace, and
+        # the algorithm is a value (core and supports): tracing reads no table of names.
+        self.settings = check_settings(settings, n)
         if in_features % groups or out_features % groups:
             raise ValueError(
                 f"Conv: in_features ({in_features}) and out_features ({out_features}) must "
@@ -107,18 +127,18 @@ class Conv(LayoutModule):
             else None
         )
 
-    def capture_algorithm(self, algorithms: Mapping[str, Algorithm] | None = None) -> None:
-        """Take the value of the algorithm this conv runs (its own, or for ``"auto"`` its
-        plan entry's) from ``algorithms`` (e.g. a ``train.spec.RunSpec``'s), else from the
-        table (``conv_algos.get_algorithm``)."""
-        name = self.plan_entry.algorithm if self.algorithm == AUTO and self.plan_entry else None
-        name = self.algorithm if self.algorithm != AUTO else name
-        if name is None or name == XLA:
-            self.impl = None
-        elif algorithms is not None and name in algorithms:
-            self.impl = algorithms[name]
-        else:
-            self.impl = get_algorithm(name)
+    @property
+    def algorithm(self) -> str:
+        """``"xla"``, ``"auto"`` or the name of the algorithm the conv runs."""
+        return self.settings.name
+
+    @property
+    def kernel_storage(self) -> str:
+        return self.settings.kernel_storage
+
+    @property
+    def plan_entry(self) -> PlanEntry | None:
+        return self.settings.plan_entry
 
     def _kernel_layout(self, layout: Layout | None = None) -> Layout:
         """The layout whose kernel order the kernel is stored in."""
@@ -137,12 +157,13 @@ class Conv(LayoutModule):
             convert_kernel(self.kernel[...], self._kernel_layout(src), self._kernel_layout(dst))
         )
 
-    def set_kernel_storage(self, storage: str) -> None:
-        """Move the stored kernel to ``storage`` (``"layout"`` or ``"channels_last"``)."""
-        storage = check_kernel_storage(storage)
+    def _set_settings(self, settings: ConvSettings) -> None:
+        # For nn.configure, on the copy it returns: the kernel moves to the new storage.
+        settings = check_settings(settings, self.layout.num_spatial)
         src = self._kernel_layout()
-        self.kernel_storage = storage
-        self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
+        self.settings = settings
+        if self._kernel_layout() != src:
+            self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
 
     def _geometry(self) -> dict:
         """The keywords ``conv_spec`` and ``conv2d`` share."""
@@ -165,17 +186,23 @@ class Conv(LayoutModule):
         self.layout.check_input(
             x.shape, self.in_features, f"Conv({self.in_features}->{self.out_features})"
         )
+        intercept = _INTERCEPTOR.get()
+        if intercept is not None:
+            return intercept(self, x)
+        return self.compute(x)
+
+    def compute(self, x: jax.Array, *, native: bool = False) -> jax.Array:
+        """The conv of ``x`` under its settings (``native``: by XLA's conv whatever they say,
+        the same shapes and dtypes)."""
         dtype = self.policy.compute_dtype
         two_d = self.layout.num_spatial == 2
-        if two_d and self.spec_sink is not None:
-            self.spec_sink(self.spec(x.shape))
-        if two_d and self.algorithm != XLA:
+        if two_d and not native and self.algorithm != XLA:
             y = conv2d(
                 x.astype(dtype),
                 self.kernel[...].astype(dtype),
                 algorithm=self.algorithm,
                 planned=self.plan_entry,
-                impl=self.impl,
+                impl=self.settings.algorithm,
                 preferred_element_type=accumulation_dtype(self.policy),
                 **self._geometry(),
             )
@@ -196,23 +223,16 @@ class Conv(LayoutModule):
         return y.astype(dtype)
 
 
-def check_kernel_storage(storage: str) -> str:
-    if storage not in KERNEL_STORAGES:
+def check_settings(settings: ConvSettings, num_spatial: int) -> ConvSettings:
+    """``settings`` if a ``num_spatial``-D conv can run them (only 2D convs run algorithms)."""
+    if not isinstance(settings, ConvSettings):
+        raise TypeError(f"a Conv's settings are a ConvSettings, got {settings!r}.")
+    if num_spatial != 2 and settings.name not in (XLA, AUTO):
         raise ValueError(
-            f"Unknown kernel_storage {storage!r}; use 'layout' (the layout's kernel order) "
-            "or 'channels_last' (HWIO in every layout)."
+            f"Conv algorithm {settings.name!r} is for 2D convs; a {num_spatial}D conv runs "
+            "XLA's native convolution (algorithm='xla')."
         )
-    return storage
-
-
-def _check_algorithm(algorithm: str, num_spatial: int) -> str:
-    check_name(algorithm)
-    if num_spatial != 2 and algorithm not in (XLA, AUTO):
-        raise ValueError(
-            f"Conv algorithm {algorithm!r} is for 2D convs; a {num_spatial}D conv runs XLA's "
-            "native convolution (algorithm='xla')."
-        )
-    return algorithm
+    return settings
 
 
 class ConvTranspose(LayoutModule):

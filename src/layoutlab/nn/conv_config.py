@@ -1,8 +1,6 @@
-"""Model-wide conv settings: the algorithm every 2D ``Conv`` uses, the conv plan its
-``"auto"`` convs follow (``with_conv_plan``) and how kernels are stored.
-
-All are static attributes of the ``Conv`` layers, so a jitted model retraces after a
-change (nnx's graph definition changes) and never runs a stale trace.
+"""What a model's convs are and run: their paths, settings and specs, the algorithm each
+runs, and the conv plans made for them (``default_conv_plan``). ``nn.configure`` hands a
+model new settings or a plan; nothing here changes a model.
 """
 
 from __future__ import annotations
@@ -13,11 +11,32 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.nn.conv import Conv, check_kernel_storage
+from layoutlab.nn.conv import Conv, intercept_convs
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
-from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name
-from layoutlab.nn.convert import check_activation_storage, set_activation_storage
+from layoutlab.nn.conv_names import AUTO
+from layoutlab.nn.conv_settings import ConvSettings, check_kernel_storage
+from layoutlab.nn.convert import check_activation_storage
+
+__all__ = [
+    "TABLE_SOURCE",
+    "ConvPlanMismatch",
+    "check_conv_options",
+    "check_plan_fits",
+    "conv_settings",
+    "conv_specs",
+    "convs",
+    "default_conv_plan",
+    "has_depthwise",
+    "missing_from_plan",
+    "model_conv_specs",
+    "plan_coverage",
+    "planned_entries",
+    "replanned",
+    "running_algorithms",
+    "settings_of",
+    "table_made",
+]
 
 
 def convs(model: nnx.Module) -> list[tuple[str, Conv]]:
@@ -34,39 +53,6 @@ def has_depthwise(model: nnx.Module) -> bool:
     return any(1 < c.groups == c.in_features for _, c in convs(model))
 
 
-def _require_convs(model: nnx.Module, what: str) -> list[tuple[str, Conv]]:
-    found = convs(model)
-    if not found:
-        raise ValueError(f"{type(model).__name__} has no layoutlab.nn.Conv layers to {what}.")
-    return found
-
-
-def set_conv_algorithm(
-    model: nnx.Module, algorithm: str, algorithms: Mapping[str, Algorithm] | None = None
-) -> nnx.Module:
-    """Set ``algorithm`` on every 2D ``Conv`` of ``model`` in place (others stay ``xla``);
-    returns ``model``. ``"auto"`` convs run their plan entry (``with_conv_plan``). Each conv
-    captures the algorithm's value from ``algorithms`` (name -> ``Algorithm``), else from
-    the table, now: tracing the model reads no table."""
-    check_name(algorithm)
-    for _, conv in _require_convs(model, "set an algorithm on"):
-        conv.algorithm = algorithm if conv.layout.num_spatial == 2 else XLA
-        conv.capture_algorithm(algorithms)
-    return model
-
-
-def set_kernel_storage(model: nnx.Module, storage: str) -> nnx.Module:
-    """Move every ``Conv`` kernel to ``storage`` in place (``"layout"``/``"channels_last"``).
-
-    ``"channels_last"`` removes the per-call kernel transpose of channels-first models on
-    XLA:CPU. Do it after importing weights (torch import and ``convert_layout`` expect
-    ``"layout"`` storage) and before saving checkpoints others will read.
-    """
-    for _, conv in _require_convs(model, "store kernels of"):
-        conv.set_kernel_storage(storage)
-    return model
-
-
 def check_conv_options(
     algorithm: str | None = None,
     kernel_storage: str | None = None,
@@ -74,7 +60,9 @@ def check_conv_options(
 ) -> None:
     """Raise ``ValueError`` naming the fix for an unknown algorithm, kernel storage or
     activation storage, before any model is built (``None``: not given)."""
-    if algorithm is not None:
+    if algorithm is not None and algorithm != AUTO:
+        from layoutlab.nn.conv_algos.registry import check_name  # a name, parsed here
+
         check_name(algorithm)
     if kernel_storage is not None:
         check_kernel_storage(kernel_storage)
@@ -82,56 +70,38 @@ def check_conv_options(
         check_activation_storage(activation_storage)
 
 
-def configure_convs(
-    model: nnx.Module,
-    algorithm: str | None = None,
-    kernel_storage: str | None = None,
-    activation_storage: str | None = None,
-    algorithms: Mapping[str, Algorithm] | None = None,
-) -> nnx.Module:
-    """``set_activation_storage``, ``set_conv_algorithm`` and ``set_kernel_storage`` in one
-    call, in place; ``None`` leaves that setting alone, and a model without ``Conv`` layers is
-    fine with algorithm ``"xla"`` or ``"auto"`` (the defaults) and any storage, so callers
-    can pass their options through unconditionally. The activation storage goes first: the
-    conv plan and kernel order then see the layout the convs compute in. A model that is not
-    a ``models.ImageModel`` (no ``compute_layout``) always computes in its own layout."""
-    if activation_storage is not None:
-        check_activation_storage(activation_storage)
-        if hasattr(model, "compute_layout"):
-            set_activation_storage(model, activation_storage)
-    if not convs(model) and algorithm in (None, XLA, AUTO):
-        # The defaults (xla or auto, any storage) mean nothing without convs; an explicit
-        # algorithm still raises below, naming the model.
-        if kernel_storage is not None:
-            check_kernel_storage(kernel_storage)
-        return model
-    if algorithm is not None:
-        set_conv_algorithm(model, algorithm, algorithms)
-    if kernel_storage is not None:
-        set_kernel_storage(model, kernel_storage)
-    return model
-
-
 def conv_settings(model: nnx.Module) -> dict[str, tuple[str, str]]:
     """``{path: (algorithm, kernel_spec)}`` for every ``Conv``."""
     return {path: (c.algorithm, c.kernel_spec) for path, c in convs(model)}
 
 
+def settings_of(model: nnx.Module) -> dict[str, ConvSettings]:
+    """``{path: settings}`` of every ``Conv`` (what ``nn.configure`` takes back)."""
+    return {path: c.settings for path, c in convs(model)}
+
+
 def conv_specs(model: nnx.Module, x) -> dict[str, ConvSpec]:
     """``{path: spec}`` of every 2D ``Conv`` that ``model(x)`` runs (``x``: array or
-    ShapeDtypeStruct), in call order. Traced abstractly on a copy whose convs report their
-    spec to a local sink: nothing is computed and ``model`` is not changed. A conv called
-    at several shapes reports the first."""
+    ShapeDtypeStruct), in call order: one abstract trace of a copy of ``model`` during which
+    each conv call is intercepted (``conv.intercept_convs``) to read its input shape, and
+    runs XLA's conv (the specs need shapes only). Nothing is computed, ``model`` is not
+    changed and no conv holds a callback. A conv called at several shapes reports the
+    first."""
     graphdef, state = nnx.split(model)
     x = jax.ShapeDtypeStruct(np.shape(x), x.dtype)
     found: dict[str, ConvSpec] = {}
 
     def run(st, inp):
         copy = nnx.merge(graphdef, st, copy=True)
-        for path, conv in convs(copy):
-            conv.algorithm = XLA  # the specs need shapes only; skip tracing the algorithms
-            conv.spec_sink = lambda spec, path=path: found.setdefault(path, spec)
-        return copy(inp)
+        paths = {id(conv): path for path, conv in convs(copy)}
+
+        def record(conv: Conv, y):
+            if conv.layout.num_spatial == 2:
+                found.setdefault(paths[id(conv)], conv.spec(y.shape))
+            return conv.compute(y, native=True)
+
+        with intercept_convs(record):
+            return copy(inp)
 
     jax.eval_shape(run, state, x)
     return found
@@ -165,48 +135,8 @@ class ConvPlanMismatch(ValueError):
         )
 
 
-def with_conv_plan(
-    model: nnx.Module,
-    plan: ConvPlan | Mapping | None,
-    algorithms: Mapping[str, Algorithm] | None = None,
-) -> nnx.Module:
-    """A copy of ``model`` whose convs carry ``plan``'s entries (``None``: no entries, so
-    every ``"auto"`` conv runs ``xla``) and their algorithms' values (from ``algorithms``,
-    else the table, as ``set_conv_algorithm``); ``model`` is not changed.
-
-    The entry is a static attribute of each ``Conv``, so the model's graph definition, and
-    with it ``jax.jit``'s cache key, changes exactly when the plan does. A plan naming a path
-    the model does not have raises ``ValueError`` (it was made for another model).
-    """
-    plan = as_plan(plan)
-    found = dict(convs(model))
-    unknown = sorted(set(plan) - set(found))
-    if unknown:
-        raise ConvPlanMismatch(type(model).__name__, unknown)
-    copy = nnx.clone(model)
-    for path, conv in convs(copy):
-        conv.plan_entry = plan.get(path)
-        conv.capture_algorithm(algorithms)
-    return copy
-
-
-def without_custom_calls(model: nnx.Module) -> nnx.Module:
-    """``model`` itself when no conv runs an algorithm whose core makes custom calls
-    (``Algorithm.custom_calls``), else a copy whose such convs run ``xla``: a program of the
-    copy holds only XLA's own ops, so it runs where layoutlab's kernels are not registered
-    (an exported artifact). Only the graph definition changes; the weights fit both."""
-    if not any(c.impl is not None and c.impl.custom_calls for _, c in convs(model)):
-        return model
-    copy = nnx.clone(model)
-    for _, conv in convs(copy):
-        if conv.impl is not None and conv.impl.custom_calls:
-            conv.algorithm, conv.plan_entry = XLA, None
-            conv.capture_algorithm()
-    return copy
-
-
 def planned_entries(model: nnx.Module) -> dict[str, PlanEntry]:
-    """``{path: entry}`` the model's convs carry (``with_conv_plan``)."""
+    """``{path: entry}`` the model's convs carry (``nn.configure(model, plan)``)."""
     return {p: c.plan_entry for p, c in convs(model) if c.plan_entry is not None}
 
 
@@ -223,18 +153,18 @@ def running_algorithms(
     specs = conv_specs(model, x) if specs is None else specs
 
     return {
-        path: select_algorithm(specs[path], c.algorithm, c.plan_entry, c.impl).name
+        path: select_algorithm(specs[path], c.algorithm, c.plan_entry, c.settings.algorithm).name
         if path in specs
         else c.algorithm
         for path, c in convs(model)
     }
 
 
-def missing_from_plan(model: nnx.Module, x) -> dict[str, ConvSpec]:
-    """``{path: spec}`` of the ``"auto"`` convs of ``model(x)`` with no plan entry for their
-    shape: they run XLA's native conv."""
+def missing_from_plan(model: nnx.Module, x, plan: ConvPlan | None = None) -> dict[str, ConvSpec]:
+    """``{path: spec}`` of the ``"auto"`` convs of ``model(x)`` with no entry for their shape
+    in ``plan`` (None: the entries the convs carry): they run XLA's native conv."""
     auto = {p for p, c in convs(model) if c.algorithm == AUTO}
-    entries = planned_entries(model)
+    entries = planned_entries(model) if plan is None else dict(check_plan_fits(model, plan).items())
     return {
         p: s
         for p, s in conv_specs(model, x).items()
@@ -242,12 +172,21 @@ def missing_from_plan(model: nnx.Module, x) -> dict[str, ConvSpec]:
     }
 
 
-def plan_coverage(model: nnx.Module, x) -> tuple[int, int]:
-    """``(missing, total)``: ``"auto"`` 2D convs of ``model(x)`` without a matching plan
-    entry, of all its ``"auto"`` 2D convs."""
+def plan_coverage(model: nnx.Module, x, plan: ConvPlan | None = None) -> tuple[int, int]:
+    """``(missing, total)``: ``"auto"`` 2D convs of ``model(x)`` without a matching entry in
+    ``plan`` (None: the entries they carry), of all its ``"auto"`` 2D convs."""
     auto = {p for p, c in convs(model) if c.algorithm == AUTO}
     total = sum(p in auto for p in conv_specs(model, x))
-    return len(missing_from_plan(model, x)), total
+    return len(missing_from_plan(model, x, plan)), total
+
+
+def check_plan_fits(model: nnx.Module, plan: ConvPlan) -> ConvPlan:
+    """``plan``, if every conv it names is one of ``model``'s; else ``ConvPlanMismatch``
+    (it was made for another model)."""
+    unknown = sorted(set(plan) - {p for p, _ in convs(model)})
+    if unknown:
+        raise ConvPlanMismatch(type(model).__name__, unknown)
+    return plan
 
 
 # How the evidence of every entry default_conv_plan makes begins (default_plan's reasons).

@@ -18,8 +18,10 @@ from flax import nnx
 from layoutlab import models
 from layoutlab.data import augment as augment_images
 from layoutlab.fast_defaults import default_skip_branch
+from layoutlab.nn.configuration import configure
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import configure_convs, with_conv_plan
+from layoutlab.nn.conv_algos.plan import ConvPlan
+from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.optim import build_optimizer
 from layoutlab.train.spec import InputSpec, RunSpec
@@ -64,12 +66,14 @@ def create_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
 
 
 def configure_model(model: nnx.Module, spec: RunSpec) -> nnx.Module:
-    """``model`` with ``spec``'s conv algorithm and, for ``"auto"``, its plan; every conv
-    carries its algorithm's value from ``spec.algorithms``."""
-    model = configure_convs(model, spec.conv_algorithm, algorithms=spec.algorithms)
-    if spec.conv_algorithm != AUTO:
-        return model
-    return with_conv_plan(model, spec.conv_plan, spec.algorithms)
+    """A copy of ``model`` with ``spec``'s conv algorithm or, for ``"auto"``, its plan
+    (``nn.configure``); every conv carries its algorithm's value from ``spec.algorithms``."""
+    if spec.conv_algorithm == AUTO:
+        return configure(model, spec.conv_plan or ConvPlan(), algorithms=spec.algorithms)
+    settings = ConvSettings.named(
+        spec.conv_algorithm, spec.algorithms, kernel_storage=spec.kernel_storage
+    )
+    return configure(model, settings)
 
 
 def build_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
@@ -85,7 +89,7 @@ def eval_defs(spec: RunSpec, model: nnx.Module, defs: ModelDefs) -> ModelDefs:
     ``defs`` (the model's own)."""
     if spec.conv_algorithm != AUTO or spec.eval_conv_plan is None:
         return defs
-    return split_model(with_conv_plan(model, spec.eval_conv_plan, spec.algorithms))[0]
+    return split_model(configure(model, spec.eval_conv_plan, algorithms=spec.algorithms))[0]
 
 
 def _augment_fn(spec: RunSpec):

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_config import plan_coverage, with_conv_plan
+from layoutlab.nn.conv_algos.plan import as_plan
+from layoutlab.nn.conv_config import plan_coverage
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.fast_config import table_plan, with_default_plan
@@ -112,7 +113,7 @@ def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | 
     stored = config.eval_conv_plan
     if config.conv_algorithm != AUTO or stored is None:
         return stored
-    missing, total = plan_coverage(with_conv_plan(model, stored), images)
+    missing, total = plan_coverage(model, images, as_plan(stored))
     if missing < total:
         return stored
     made = table_plan(model, images, "inference", config.conv_plan)

@@ -16,7 +16,7 @@ compiles the inference forward or the full training step ahead of time with
   persistent-cache hit, the flags in force and the device.
 
 ``conv_algorithm=`` and ``kernel_storage=`` set every conv's algorithm and kernel order first
-(``nn.configure_convs``): with ``kernel_storage="channels_last"`` a channels-first model keeps
+(``nn.configure``): with ``kernel_storage="channels_last"`` a channels-first model keeps
 its kernels ``HWIO``, and the kernel transposes of every call leave the program.
 
 ``auto_layout=True`` compiles a second time with ``Layout.AUTO`` for every input and output
@@ -194,7 +194,7 @@ def inspect_model(
     ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
     ``"channels_last"``) are set on every conv, and ``activation_storage`` (``"layout"`` or
     ``"channels_last"``: an NCHW model computing in NHWC inside) on the model
-    (``nn.configure_convs``), before compiling.
+    (``nn.configure``), before compiling.
     ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: the shipped
     table's); nothing is autotuned here.
 

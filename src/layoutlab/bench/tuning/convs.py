@@ -17,7 +17,7 @@ otherwise ``xla`` stays, recorded as a ``"tie"``. It goes into the autotune cach
 (``cache.AutotuneCache``) keyed by the shape, dtype, layout, backend, device kind,
 jax/jaxlib versions, objective, candidate set and compiler options. ``autotune_model``
 turns the choices for every conv of a model into a ``ConvPlan``, which the caller hands to
-the model (``nn.with_conv_plan``); nothing here changes a model or any process-wide state.
+the model (``nn.configure(model, plan)``); nothing here changes a model or any process-wide state.
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ class ConvTuning(NamedTuple):
 def autotune_model(model: nnx.Module, x, *, specs: dict | None = None, **kw) -> ConvTuning:
     """Tune every 2D conv shape of ``model(x)`` (``autotune_convs`` keywords) and return the
     plan for its convs. ``model`` is not changed: hand the plan to it with
-    ``nn.with_conv_plan(model, plan)`` (its ``"auto"`` convs run it). ``specs``:
+    ``nn.configure(model, plan)`` (its ``"auto"`` convs run it). ``specs``:
     ``conv_specs(model, x)`` when the caller has it (saves a trace of the model)."""
     specs = conv_specs(model, x) if specs is None else specs
     if not specs:

@@ -2,9 +2,9 @@
 
 - ``conv2d(x, kernel, ..., algorithm="xla"|"im2col"|"winograd2"|"winograd4"|"pointwise"|
   "s2d"|"depthwise"|"auto")``; ``nn.Conv(..., algorithm=...)`` calls it.
-- ``"auto"`` runs the conv's entry in a ``ConvPlan`` (``conv_config.with_conv_plan``), which
+- ``"auto"`` runs the conv's entry in a ``ConvPlan`` (``nn.configure(model, plan)``), which
   ``layoutlab.bench.tuning`` produces; a conv without one runs XLA's native conv.
-- ``set_conv_algorithm(model, name)`` / ``set_kernel_storage(model, storage)``: per-model.
+- ``nn.configure(model, nn.ConvSettings.named(name))``: a copy of a model running ``name``.
 - Grouped and dilated convs, and shapes an algorithm does not handle (Winograd: stride-1
   3x3 only; pointwise: 1x1; s2d: stride 2; depthwise: depthwise only), fall back to XLA's
   native conv;
@@ -39,6 +39,7 @@ _EXPORTS = {
     "XLA": "registry",
     "Algorithm": "algorithm",
     "algorithm_names": "registry",
+    "algorithm_values": "registry",
     "get_algorithm": "registry",
     "register_algorithm": "registry",
     "unregister_algorithm": "registry",
@@ -56,6 +57,7 @@ __all__ = [
     "PlanEntry",
     "Selection",
     "algorithm_names",
+    "algorithm_values",
     "as_plan",
     "conv2d",
     "conv_spec",

@@ -51,7 +51,8 @@ def select_algorithm(
     ``planned_algorithm``); an algorithm that does not support ``spec`` -> ``xla``.
     ``impl``: the algorithm's value when the caller holds it (a configured ``nn.Conv``),
     so the table is not read."""
-    asked = requested if impl is not None else check_name(requested)
+    known = impl is not None or requested in (XLA, AUTO)
+    asked = requested if known else check_name(requested)
     name, why = planned_algorithm(spec, planned) if asked == AUTO else (asked, None)
     if why is not None:
         return Selection(XLA, asked, why)

@@ -4,9 +4,10 @@ A plan maps a conv's path in the model (``"layer1/0/conv1"``, as ``conv_config.c
 names it) to a ``PlanEntry``: the algorithm, the spec key of the shape it was chosen on
 (``ConvSpec.key()``) and, optionally, the evidence (times, device, versions). Autotuning
 produces plans (``layoutlab.bench.tuning``), runs store them in their config and
-checkpoints, and ``conv_config.with_conv_plan(model, plan)`` hands one to a model. Nothing
-process-wide is read while a step is traced: an ``"auto"`` conv runs its own entry, and one
-with no entry, or traced at another shape than its entry's, runs XLA's native conv.
+checkpoints, and ``nn.configure(model, plan, algorithms=...)`` hands one to a copy of a
+model. Nothing process-wide is read while a step is traced: an ``"auto"`` conv runs its own
+entry, and one with no entry, or traced at another shape than its entry's, runs XLA's
+native conv.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ __all__ = [
     "XLA",
     "Algorithm",
     "algorithm_names",
+    "algorithm_values",
     "check_name",
     "get_algorithm",
     "register_algorithm",
@@ -58,6 +59,12 @@ def unregister_algorithm(name: str) -> None:
 
 def algorithm_names() -> tuple[str, ...]:
     return tuple(_registry())
+
+
+def algorithm_values(names) -> dict[str, Algorithm]:
+    """``{name: Algorithm}`` of ``names`` (a plan's ``algorithms().values()``, say): the
+    values ``nn.configure(model, plan, algorithms=...)`` takes."""
+    return {name: get_algorithm(name) for name in sorted(set(names))}
 
 
 def get_algorithm(name: str) -> Algorithm:
