@@ -162,8 +162,15 @@ class Conv(LayoutModule):
         settings = check_settings(settings, self.layout.num_spatial)
         src = self._kernel_layout()
         self.settings = settings
-        if self._kernel_layout() != src:
-            self.kernel.set_value(convert_kernel(self.kernel[...], src, self._kernel_layout()))
+        dst = self._kernel_layout()
+        if dst != src:
+            kernel = self.kernel.get_value()
+
+            def move(k):
+                return convert_kernel(k, src, dst)
+
+            abstract = isinstance(kernel, jax.ShapeDtypeStruct)  # an nnx.eval_shape model
+            self.kernel.set_value(jax.eval_shape(move, kernel) if abstract else move(kernel))
 
     def _geometry(self) -> dict:
         """The keywords ``conv_spec`` and ``conv2d`` share."""
