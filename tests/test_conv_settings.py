@@ -147,3 +147,21 @@ def test_nn_exports_the_layers_and_configure_only():
     assert {"configure", "ConvSettings", "Conv", "convert_layout"} <= set(nn.__all__)
     for name in nn.__all__:
         assert getattr(nn, name) is not None
+
+
+def test_a_plan_keeps_one_form_from_the_config_to_the_spec():
+    from layoutlab.train.config import TrainConfig, validate
+    from layoutlab.train.spec import resolve_spec
+
+    plan = ca.ConvPlan({"conv": ("im2col", "k")}, {"conv": {"source": "given"}})
+    # The JSON form is parsed once, where the config is made; from there on a ConvPlan.
+    config = validate(TrainConfig(model_kwargs=KW, conv_plan=plan.to_dict()), 1)
+    assert isinstance(config.conv_plan, ca.ConvPlan) and config.conv_plan == plan
+    spec = resolve_spec(config)
+    assert spec.conv_plan is config.conv_plan
+    other = ca.ConvPlan({"conv": ("winograd2", "k")})
+    assert spec.with_plan(other).conv_plan is other  # no round trip through the dict
+    assert set(spec.with_plan(other).algorithms) == {"winograd2"}
+    # The JSON form again at the edge: config.json, and read back equal.
+    assert config.to_dict()["conv_plan"] == plan.to_dict()
+    assert TrainConfig.from_dict(config.to_dict()) == config

@@ -18,6 +18,7 @@ from layoutlab import models
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
 from layoutlab.infer.load import open_run
+from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.train import program as programs
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.evaluation import eval_batches, eval_sums, record_metrics, run_eval_batch
@@ -126,9 +127,10 @@ def test_the_eval_step_sums_a_confusion_matrix_and_top5_hits_past_5_classes(mode
     assert all(sums[k].shape == () for k in keys - {"confusion"})
 
 
-def _batches(plan: dict) -> set[str]:
-    """The batches a conv plan's entries were made for (``n16`` ...)."""
-    return {e["spec_key"].split(":")[1] for e in plan["convs"].values()}
+def _batches(plan) -> set[str]:
+    """The batches a conv plan's entries (a ``ConvPlan`` or its JSON) were made for (``n16``
+    ...)."""
+    return {e.spec_key.split(":")[1] for _, e in ConvPlan.from_dict(plan).items()}
 
 
 def test_an_eval_plan_for_another_batch_is_made_again_for_this_one():

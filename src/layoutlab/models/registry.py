@@ -136,11 +136,10 @@ def create(
         rngs=rngs if rngs is not None else nnx.Rngs(0),
         **kw,
     )
-    return configure(
-        model,
-        ConvSettings(kernel_storage=kernel_storage),
-        activation_storage=activation_storage,
-    )
+    # A registered model that is not an ImageModel (no compute_layout) computes in its own
+    # layout: the activation storage is for those that are.
+    inside = activation_storage if hasattr(model, "compute_layout") else None
+    return configure(model, ConvSettings(kernel_storage=kernel_storage), activation_storage=inside)
 
 
 def _cached_when_hashable(fn):

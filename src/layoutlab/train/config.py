@@ -16,6 +16,7 @@ from typing import Any
 
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
+from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
 from layoutlab.train.image_size import image_size_value
 
@@ -100,15 +101,16 @@ class TrainConfig:
     # over cpu_fast_options(mode) on CPU when cpu_fast (layoutlab.fast_defaults).
     xla_options: dict = dataclasses.field(default_factory=dict)
     cpu_fast: bool = True
-    # What each "auto" conv runs: a ConvPlan's to_dict() (layoutlab.nn.conv_algos.ConvPlan),
-    # autotuned (`train`, when tuning pays) or None: the shipped table's plan, filled in and
-    # stored in config.json when the run starts (layoutlab.nn.conv_algos.default_plan).
-    conv_plan: dict | None = None
+    # What each "auto" conv runs: a ConvPlan (layoutlab.nn.conv_algos; given as its dict, the
+    # JSON form, it is parsed when the config is made), autotuned (`train`, when tuning pays)
+    # or None: the shipped table's plan, filled in and stored in config.json when the run
+    # starts (layoutlab.nn.conv_algos.default_plan).
+    conv_plan: ConvPlan | None = None
     # The plan of the eval step's "auto" convs at the eval batch, stored here when the run
     # starts: the table's inference rules for that batch, with a tuned conv_plan's entries
     # for the shapes they were made for; None: the eval step runs conv_plan (a given one, a
     # tuned one at an eval batch equal to the training batch, or a run from before).
-    eval_conv_plan: dict | None = None
+    eval_conv_plan: ConvPlan | None = None
     # Folder data only: every image resized (bilinear) to [H, W]; None: the images' own size,
     # which must then be one size. An int n means [n, n].
     image_size: list | None = None
@@ -130,8 +132,16 @@ class TrainConfig:
     # precision, the PRNG), recorded when the run starts; a resume under others is refused.
     jax_numerics: dict | None = None
 
+    def __post_init__(self):
+        # One form of a plan from here on: a ConvPlan (its dict is the JSON of to_dict).
+        for name in PLAN_FIELDS:
+            object.__setattr__(self, name, _plan_value(name, getattr(self, name)))
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for name in PLAN_FIELDS:
+            d[name] = None if d[name] is None else d[name].to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -145,6 +155,18 @@ class TrainConfig:
             )
         d = with_legacy_defaults(d)
         return cls(**{k: _coerce(k, v) for k, v in d.items()})
+
+
+PLAN_FIELDS = ("conv_plan", "eval_conv_plan")
+
+
+def _plan_value(name: str, value) -> ConvPlan | None:
+    if value is None or isinstance(value, ConvPlan):
+        return value
+    try:
+        return ConvPlan.from_dict(value)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def field_names() -> list[str]:
@@ -167,6 +189,8 @@ def _coerce(name: str, value):
     """Checks a python value's type for field ``name`` (ints pass as floats)."""
     if name == "image_size" and value is not None:
         return image_size_value(value)
+    if name in PLAN_FIELDS:
+        return _plan_value(name, value)
     base, optional = _split_optional(_field_types()[name])
     if value is None:
         if optional:
@@ -208,7 +232,9 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 f"Unknown config field {key!r} in {item!r}; valid fields are: "
                 f"{', '.join(field_names())} (and model_kwargs.NAME, xla_options.NAME)."
             )
-        changes[key] = parse_field_text(key, value, *_split_optional(_field_types()[key]))
+        base, optional = _split_optional(_field_types()[key])
+        base = dict if key in PLAN_FIELDS else base  # a plan's JSON form
+        changes[key] = parse_field_text(key, value, base, optional)
         if key in _DICT_ENTRIES:
             entries[key] = dict(changes[key])
     changes.update(entries)
@@ -341,7 +367,7 @@ def _check_names(config: TrainConfig) -> None:
 
 
 def _check_conv(config: TrainConfig) -> None:
-    from layoutlab.nn.conv_algos import ConvPlan, unsupported_reason
+    from layoutlab.nn.conv_algos import unsupported_reason
     from layoutlab.nn.conv_config import check_conv_options
     from layoutlab.train.run_precision import resolve_policy
 
@@ -359,12 +385,6 @@ def _check_conv(config: TrainConfig) -> None:
             f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
             f"(compute {compute.name}): {reason}; choose --conv-algo auto or another algorithm."
         )
-    for name in ("conv_plan", "eval_conv_plan"):
-        if getattr(config, name) is not None:
-            try:
-                ConvPlan.from_dict(getattr(config, name))
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
     for name, value in config.xla_options.items():
         if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
             raise ValueError(

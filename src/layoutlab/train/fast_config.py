@@ -44,7 +44,7 @@ def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:
     fine) when it runs ``"auto"`` convs and has no plan; otherwise ``config`` unchanged."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None or not convs(model):
         return config
-    return dataclasses.replace(config, conv_plan=table_plan(model, images, "train").to_dict())
+    return dataclasses.replace(config, conv_plan=table_plan(model, images, "train"))
 
 
 def table_plan(model, images, objective: str, plan=None):

@@ -31,7 +31,6 @@ from layoutlab.data import (
     prefetch_to_device,
     train_batches,
 )
-from layoutlab.nn.conv_algos.plan import as_plan
 from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
@@ -117,7 +116,7 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
     check_run_fits(config, model, probe, dataset.num_classes)
     if config.eval_conv_plan is not None:
         try:
-            check_plan_fits(model, as_plan(config.eval_conv_plan))
+            check_plan_fits(model, config.eval_conv_plan)
         except ConvPlanMismatch as e:
             raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
     return model

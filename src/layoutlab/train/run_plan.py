@@ -9,7 +9,7 @@ from collections.abc import Callable
 from flax import nnx
 
 from layoutlab.nn.conv_algos import AUTO
-from layoutlab.nn.conv_algos.plan import as_plan
+from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.nn.conv_config import plan_coverage
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0
 from layoutlab.train.config import TrainConfig
@@ -80,29 +80,33 @@ def planned(
         plan = None
         if conv_planner is not None:
             options = spec.compile_options("train")
-            found = conv_planner(model, images, total_micro_steps, options)
-            plan = None if found is None else found.to_dict()
+            plan = conv_planner(model, images, total_micro_steps, options)
         if plan is None:
             plan = with_default_plan(config, model, images).conv_plan
         eval_plan = config.eval_conv_plan  # a given one is kept
         if eval_plan is None and eval_batch is not None:
             images, _ = inputs.batch(spec.layout, eval_batch)
-            made = table_plan(model, images, "inference", plan)  # None: the plan fits
-            eval_plan = None if made is None else made.to_dict()
-        return {"conv_plan": plan, "eval_conv_plan": eval_plan}
+            eval_plan = table_plan(model, images, "inference", plan)  # None: the plan fits
+        return {"conv_plan": _json(plan), "eval_conv_plan": _json(eval_plan)}
 
+    # TrainConfig parses the plans' JSON back into ConvPlans.
     config = dataclasses.replace(config, **decided_by_process_0("conv plan", decide))
     # What every process compiles, checked like the rest of the run.
     agree_on_run(
         lambda: {
-            "conv_plan": json.dumps(config.conv_plan, sort_keys=True),
-            "eval_conv_plan": json.dumps(config.eval_conv_plan, sort_keys=True),
+            "conv_plan": json.dumps(_json(config.conv_plan), sort_keys=True),
+            "eval_conv_plan": json.dumps(_json(config.eval_conv_plan), sort_keys=True),
         }
     )
     return config
 
 
-def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | None:
+def _json(plan: ConvPlan | None) -> dict | None:
+    """A plan's JSON form: what process 0 hands the others (``decided_by_process_0``)."""
+    return None if plan is None else plan.to_dict()
+
+
+def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> ConvPlan | None:
     """The eval plan for ``config``'s eval step on ``images`` (abstract is fine): the stored
     ``eval_conv_plan`` when an entry of it fits a conv there. When none does, the eval batch
     changed since the run was planned (another ``eval_batch_size`` or device count, or a
@@ -113,11 +117,10 @@ def current_eval_plan(config: TrainConfig, model: nnx.Module, images) -> dict | 
     stored = config.eval_conv_plan
     if config.conv_algorithm != AUTO or stored is None:
         return stored
-    missing, total = plan_coverage(model, images, as_plan(stored))
+    missing, total = plan_coverage(model, images, stored)
     if missing < total:
         return stored
-    made = table_plan(model, images, "inference", config.conv_plan)
-    return None if made is None else made.to_dict()
+    return table_plan(model, images, "inference", config.conv_plan)
 
 
 def replan_stale_eval_plan(
@@ -130,10 +133,13 @@ def replan_stale_eval_plan(
         return config
     images, _ = inputs.batch(resolve_spec(config).layout, eval_batch)
     decided = decided_by_process_0(
-        "eval plan", lambda: {"eval_conv_plan": current_eval_plan(config, model, images)}
+        "eval plan", lambda: {"eval_conv_plan": _json(current_eval_plan(config, model, images))}
     )
-    if decided["eval_conv_plan"] == config.eval_conv_plan:
+    replanned = dataclasses.replace(config, **decided)
+    if replanned.eval_conv_plan == config.eval_conv_plan:
         return config
-    config = dataclasses.replace(config, **decided)
-    agree_on_run(lambda: {"eval_conv_plan": json.dumps(config.eval_conv_plan, sort_keys=True)})
+    config = replanned
+    agree_on_run(
+        lambda: {"eval_conv_plan": json.dumps(_json(config.eval_conv_plan), sort_keys=True)}
+    )
     return config

@@ -28,7 +28,7 @@ from layoutlab import models
 from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 from layoutlab.layout import Layout
 from layoutlab.loss_scale import LossScale, get_loss_scale
-from layoutlab.nn.conv_algos import AUTO, XLA, Algorithm, ConvPlan, as_plan, get_algorithm
+from layoutlab.nn.conv_algos import AUTO, XLA, Algorithm, ConvPlan, get_algorithm
 from layoutlab.precision import Policy
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.fast_config import compile_options
@@ -134,9 +134,8 @@ class RunSpec:
         return dict(self.xla_options[mode])
 
     def with_plan(self, plan) -> RunSpec:
-        """This spec with ``plan`` (a ``ConvPlan``, its dict or None) for its ``"auto"``
-        convs, resolved anew (the plan's algorithms are taken as values now)."""
-        plan = None if plan is None else as_plan(plan).to_dict()
+        """This spec with ``plan`` (a ``ConvPlan`` or None) for its ``"auto"`` convs,
+        resolved anew (the plan's algorithms are taken as values now)."""
         return resolve_spec(
             dataclasses.replace(self.config, conv_plan=plan), self.optimizer.total_steps
         )
@@ -173,8 +172,7 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
     policy = resolve_policy(config.precision)
     if total_steps is None:
         total_steps = config.num_steps or SCHEDULE_STEPS
-    plan = None if config.conv_plan is None else as_plan(config.conv_plan)
-    eval_plan = None if config.eval_conv_plan is None else as_plan(config.eval_conv_plan)
+    plan, eval_plan = config.conv_plan, config.eval_conv_plan  # ConvPlans (TrainConfig's)
     layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
     options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
     return RunSpec(

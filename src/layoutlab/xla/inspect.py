@@ -132,7 +132,7 @@ def inspect_spec(
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
         activation_storage=activation_storage,
-        conv_plan=plan.to_dict() if plan else None,
+        conv_plan=plan or None,
         xla_options=dict(flags or {}),
         cpu_fast=False,
         num_steps=num_steps,

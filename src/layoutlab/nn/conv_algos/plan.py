@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from layoutlab.nn.conv_algos.registry import AUTO, check_name
+from layoutlab.nn.conv_names import AUTO
 
 PLAN_FORMAT = "layoutlab.conv_plan/1"
 
@@ -38,6 +38,10 @@ def _check_entry(path: str, algorithm: Any, spec_key: Any) -> PlanEntry:
             f"algorithm={algorithm!r}, spec_key={spec_key!r}; regenerate the plan with "
             "`layoutlab autotune convs --out plan.json`."
         )
+    # A plan file names algorithms: here they are parsed (the table is imported on first use,
+    # so holding a plan, as a TrainConfig does, imports no JAX).
+    from layoutlab.nn.conv_algos.registry import check_name
+
     try:
         check_name(algorithm)
     except ValueError as err:
@@ -88,6 +92,16 @@ class ConvPlan:
 
     def __setattr__(self, name, value):
         raise AttributeError("ConvPlan is immutable; build a new one.")
+
+    # Immutable, so a copy is the plan itself (dataclasses.asdict deep-copies its fields).
+    def __copy__(self) -> ConvPlan:
+        return self
+
+    def __deepcopy__(self, memo) -> ConvPlan:
+        return self
+
+    def __reduce__(self):
+        return (ConvPlan.from_dict, (self.to_dict(),))
 
     def __getitem__(self, path: str) -> PlanEntry:
         return self._entries[path]
