@@ -17,9 +17,9 @@ import pytest
 from layoutlab import cli
 from layoutlab.infer.export import layoutlab_targets
 from layoutlab.infer.load import open_run
+from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.conv_algos import registry
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
-from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.train.steps import make_forward
 
 TARGET = "layoutlab_onednn_conv_fwd"

@@ -9,10 +9,8 @@ no kernel transpose runs on each call. Both are a conv's ``ConvSettings``
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +23,7 @@ from layoutlab.nn.conv_algos.dispatch import conv2d, conv_spec
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.native import xla_conv
 from layoutlab.nn.conv_algos.plan import PlanEntry
+from layoutlab.nn.conv_intercept import current_interceptor
 from layoutlab.nn.conv_names import AUTO, XLA
 from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.nn.dtypes import accumulation_dtype, channel_shape
@@ -38,24 +37,7 @@ TRANSPOSE_ALGORITHMS = (AUTO, XLA, MATMUL)  # ConvTranspose's; see its docstring
 default_kernel_init = flat_kaiming_normal_fan_out
 
 
-__all__ = ["Conv", "ConvTranspose", "intercept_convs"]
-
-# What ``intercept_convs`` set, for the duration of one trace; a model holds no callback.
-_INTERCEPTOR: contextvars.ContextVar[Callable | None] = contextvars.ContextVar(
-    "layoutlab_conv_interceptor", default=None
-)
-
-
-@contextlib.contextmanager
-def intercept_convs(fn: Callable) -> Iterator[None]:
-    """Within, every ``Conv`` call ``conv(x)`` returns ``fn(conv, x)`` instead (``fn`` may
-    call ``conv.compute(x)``), in this context only: how ``conv_config.conv_specs`` reads
-    each conv's input shape from one abstract trace, like linen's ``intercept_methods``."""
-    token = _INTERCEPTOR.set(fn)
-    try:
-        yield
-    finally:
-        _INTERCEPTOR.reset(token)
+__all__ = ["Conv", "ConvTranspose"]
 
 
 def _bias_init(key, shape, dtype, fan_in):
@@ -193,7 +175,7 @@ class Conv(LayoutModule):
         self.layout.check_input(
             x.shape, self.in_features, f"Conv({self.in_features}->{self.out_features})"
         )
-        intercept = _INTERCEPTOR.get()
+        intercept = current_interceptor()
         if intercept is not None:
             return intercept(self, x)
         return self.compute(x)

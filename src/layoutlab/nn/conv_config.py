@@ -11,9 +11,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from layoutlab.nn.conv import Conv, intercept_convs
+from layoutlab.nn.conv import Conv
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
+from layoutlab.nn.conv_intercept import intercept_convs
 from layoutlab.nn.conv_names import AUTO
 from layoutlab.nn.conv_settings import ConvSettings, check_kernel_storage
 from layoutlab.nn.convert import check_activation_storage
@@ -83,9 +84,9 @@ def settings_of(model: nnx.Module) -> dict[str, ConvSettings]:
 def conv_specs(model: nnx.Module, x) -> dict[str, ConvSpec]:
     """``{path: spec}`` of every 2D ``Conv`` that ``model(x)`` runs (``x``: array or
     ShapeDtypeStruct), in call order: one abstract trace of a copy of ``model`` during which
-    each conv call is intercepted (``conv.intercept_convs``) to read its input shape, and
-    runs XLA's conv (the specs need shapes only). Nothing is computed, ``model`` is not
-    changed and no conv holds a callback. A conv called at several shapes reports the
+    each conv call is intercepted (``conv_intercept.intercept_convs``) to read its input
+    shape, and runs XLA's conv (the specs need shapes only). Nothing is computed, ``model``
+    is not changed and no conv holds a callback. A conv called at several shapes reports the
     first."""
     graphdef, state = nnx.split(model)
     x = jax.ShapeDtypeStruct(np.shape(x), x.dtype)
