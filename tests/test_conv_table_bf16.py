@@ -6,16 +6,13 @@ where the extension is unavailable the same convs fall back to their old choice.
 flags are monkeypatched, so this holds on any machine."""
 
 import pytest
+from onednn_helpers import needs_onednn
 
 from layoutlab import fast_defaults
 from layoutlab.bench import machine
 from layoutlab.nn.conv_algos import onednn
 from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm, table_key
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
-
-needs_onednn = pytest.mark.skipif(
-    not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
-)
 
 
 def _spec(n, size, cin, cout, k=3, stride=1, dtype="bfloat16"):
