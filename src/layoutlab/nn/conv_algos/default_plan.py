@@ -209,6 +209,10 @@ _DEPTHWISE = (
 _ONEDNN_SHAPES = (((3, 3), (1, 1)), ((3, 3), (2, 2)), ((1, 1), (2, 2)), ((1, 1), (1, 1)))
 
 
+# A stem conv's few input channels: XLA's weight gradient beat oneDNN's there.
+_FEW_CHANNELS = 15
+
+
 def _onednn(algorithm: str, **bounds) -> tuple[Rule, ...]:
     return tuple(Rule(algorithm, k, s, **bounds) for k, s in _ONEDNN_SHAPES)
 
@@ -297,11 +301,15 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("im2col", **_IM2COL_STEM),
     ),
     # bfloat16 on AVX-512 with bf16 units, where XLA widens bf16 convs to float32: oneDNN's
-    # forward and input gradient with XLA's weight gradient. ResNet-18 CIFAR's mixed_bf16
-    # training step 1.30x faster at batch 1, 1.55x and 2.28x at 32 (two runs), 1.37x at 128,
-    # 1.54x at 8 (interval to 0.94, between two clear wins); with oneDNN's weight gradient
-    # too it ran 0.58-0.84x (loaded machine, paired ratios: onednn_table_rules_zen4_cpu.md).
-    ("avx512_bf16", "train", "bfloat16"): _onednn("onednn_xla_dw", max_batch=128),
+    # convs, and its weight gradient too once its slow bfloat16 kernels were routed to
+    # float32 (onednn.choice): ResNet-18 CIFAR's weight gradients 1.3-2.5x XLA's one by one at
+    # batch 8 and 32, but the 3-channel stem's (0.16x and 0.73x), which keeps XLA's
+    # (docs/performance/onednn_kernels.md; whole steps before that change: the
+    # onednn_xla_dw rule measured in onednn_table_rules_zen4_cpu.md).
+    ("avx512_bf16", "train", "bfloat16"): (
+        Rule("onednn_xla_dw", (3, 3), (1, 1), max_in=_FEW_CHANNELS, max_batch=128),
+        *_onednn("onednn", max_batch=128),
+    ),
     # Its inference step 1.26x faster at batch 1, 2.59x at 8, 2.47-2.89x at 32, 2.43x at 128.
     # (Float32: onednn gained ResNet-18's inference step 1.26x at batch 1 and 1.23x at 8, and
     # was even at 32 and in training; no float32 rule yet: its class would also take
