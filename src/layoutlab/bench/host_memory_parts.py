@@ -2,16 +2,12 @@
 choice changes (``xla.host_memory_flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
 side, so that each batch runs under the host-memory setting layoutlab gives it alone.
 
-The setting is process-wide and one arena for every thread must come before JAX starts, so
-one process cannot give batch 1 per-thread arenas and batch 256 one arena. Every single
-setting measured wrong on one side of the ResNet-18 CIFAR sweep from batch 1 to 256
-(benchmarks/results/every_batch_zen4_cpu.md, third run). With glibc's defaults, PyTorch's
-batch-256 inference step took 1.72 s against 1.27-1.30 s kept, and layoutlab's batch-1
-training step ran 0.67x PyTorch against 0.92x. With per-thread arenas, layoutlab's
-batch-128 and -256 training steps took 1.2-1.6x as long as with one arena. Each part
-writes its own results under ``OUT/part-*``; the parent merges their rows, and
-``machine.json`` lists the parts with the setting each ran under. PyTorch's steps share
-each part's process and setting.
+The setting is process-wide and one arena for every thread must come before JAX starts, so one
+process cannot give batch 1 per-thread arenas and batch 256 one arena, and every single setting
+measured slower on one side of a sweep from batch 1 to 256
+(docs/performance/measurements.md#host-memory). Each part writes its own results under
+``OUT/part-*``; the parent merges their rows, and ``machine.json`` lists the parts with the setting
+each ran under. PyTorch's steps share each part's process and setting.
 """
 
 from __future__ import annotations

@@ -67,15 +67,12 @@ class Run:
     @functools.cached_property
     def logits(self) -> Callable:
         """``images -> logits``: the run's eval-mode forward (``make_forward``) on this run's
-        state, with the conv plan of ``inference_defs`` for the images' batch, jitted with
-        the run's inference XLA options (on CPU those evaluation uses, which made a batch-1
-        ResNet-18 forward 3-5x faster:
-        benchmarks/results/predict_one_image_resnet18_cifar_cpu.md). The state's leaves are
-        flattened once here, not on every call: flattening ResNet-18's nested state made a
-        batch-1 call 3.5% [1.8, 5.3] slower on a 2-core CPU, the logits the same bit for bit
-        (benchmarks/results/predict_one_image_resnet18_cifar_zen4_settle_cpu.md). The compiled
-        program is shared by every ``Run`` of the same model, plan and options, so the same
-        run opened again does not compile it again."""
+        state, with the conv plan of ``inference_defs`` for the images' batch, jitted with the run's
+        inference XLA options (on CPU those evaluation uses). The state's leaves are flattened once
+        here: flattening them on every call slowed a batch-1 call, the logits the same bit for bit
+        (docs/performance/measurements.md#a-trained-runs-forward). The compiled program is
+        shared by every ``Run`` of the same model, plan and options, so the same run opened again
+        does not compile it again."""
         leaves, treedef = jax.tree.flatten(self.state())
         options = tuple(sorted(self.spec.compile_options("infer").items()))
         forwards: dict[int, Callable] = {}

@@ -228,7 +228,7 @@ class ConvTranspose(LayoutModule):
     stride-2 up-sampling) and ``"xla"`` elsewhere. ``"xla"`` is XLA's conv over the
     stride-dilated input, which on XLA:CPU multiplies the inserted zeros too; ``"matmul"``
     is one dot over the input channels followed by a depth-to-space, the same products
-    summed in the same way (``benchmarks/results/conv_transpose_avx512_cpu.md``).
+    summed in the same way (docs/performance/measurements.md#conv-algorithms).
     """
 
     def __init__(
