@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.keep:
-        from layoutlab.xla import keep_host_memory
+        from layoutlab.host import keep_host_memory
 
         keep_host_memory(args.keep)  # before JAX starts
     from interleaved_steps import bench_options, runner, workload

@@ -28,7 +28,7 @@ from layoutlab.bench.cases import TorchCase
 from layoutlab.bench.machine import machine_info
 from layoutlab.bench.sweep import run_group
 from layoutlab.bench.torch_runner import TorchRunner
-from layoutlab.xla.host_memory import (
+from layoutlab.host.memory import (
     ENV_SETTING,
     ENV_SETTING_PER_THREAD,
     keep_host_memory,

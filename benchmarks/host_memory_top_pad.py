@@ -34,7 +34,7 @@ while True:
 
 
 def _settings() -> dict[str, str | None]:
-    from layoutlab.xla.host_memory import ENV_SETTING_PER_THREAD
+    from layoutlab.host.memory import ENV_SETTING_PER_THREAD
 
     with_pad = ENV_SETTING_PER_THREAD.split("=", 1)[1]
     without = ":".join(i for i in with_pad.split(":") if not i.startswith("glibc.malloc.top_pad"))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.xla.huge_pages import TUNABLE
+from layoutlab.host.huge_pages import TUNABLE
 
 SIDES = {"huge": TUNABLE, "default": "glibc.malloc.hugetlb=0"}
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from interleaved_steps import workload
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS
-from layoutlab.xla.huge_pages import TUNABLE
+from layoutlab.host.flag import HOST_MEMORY_MIN_PIXELS
+from layoutlab.host.huge_pages import TUNABLE
 
 HERE = Path(__file__).parent
 

@@ -17,7 +17,7 @@ import sys
 
 _PROBE = """
 import json, resource, sys
-from layoutlab.xla import keep_host_memory, host_memory_state, release_host_memory
+from layoutlab.host import keep_host_memory, host_memory_state, release_host_memory
 
 def apply(modes):
     for mode in modes.split("+"):

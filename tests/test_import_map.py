@@ -12,6 +12,7 @@ ORDER = [
     ("models",),
     ("data",),
     ("train",),
+    ("host",),
     ("xla",),
     ("compare",),
     ("infer",),

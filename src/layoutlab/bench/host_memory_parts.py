@@ -1,5 +1,5 @@
 """A ``layoutlab bench`` sweep whose batches straddle the size where the commands' malloc
-choice changes (``xla.host_memory_flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
+choice changes (``host.flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
 side, so that each batch runs under the host-memory setting layoutlab gives it alone.
 
 The setting is process-wide and one arena for every thread must come before JAX starts, so one
@@ -24,12 +24,12 @@ __all__ = ["host_memory_parts", "run_parts"]
 
 def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
     """The batch sizes of each process a parsed ``bench`` command line runs in: one per
-    host-memory setting among its batches (``xla.host_memory_flag.batch_groups``: per-thread
+    host-memory setting among its batches (``host.flag.batch_groups``: per-thread
     arenas, the same with huge pages, one arena with huge pages), where the flags show more
     than one and leave the setting to layoutlab (no ``--keep-host-memory`` or
     ``--no-keep-host-memory``) and ``args.argv`` holds the command line (``cli.main``); else
     None (one process)."""
-    from layoutlab.xla.host_memory_flag import batch_groups
+    from layoutlab.host.flag import batch_groups
 
     # Without the command line (a parser used directly) a part cannot be rerun.
     if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:

@@ -26,8 +26,9 @@ KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune"
 # parent process keeps per-thread arenas, and runs no step.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 # From this many input pixels per batch up, the commands that keep host memory also start with
-# transparent huge pages (xla.huge_pages): heavy steps from this size ran faster with them, and none
-# clearly slower; below it the digits job ran slower (docs/performance/measurements.md#huge-pages).
+# transparent huge pages (host.huge_pages): heavy steps from this size ran faster with them, and
+# none clearly slower; below it the digits job ran slower
+# (docs/performance/measurements.md#huge-pages).
 HUGE_PAGES_MIN_PIXELS = 8 * 32 * 32
 
 
@@ -49,7 +50,7 @@ def add_keep_host_memory(subparsers) -> None:
             action=argparse.BooleanOptionalAction,
             default=None,
             help="keep freed host memory in the process with one malloc arena for every "
-            "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
+            "thread (glibc malloc settings, see layoutlab.host.keep_host_memory): XLA:CPU "
             "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
             "the same process gets it too. Default: on, with per-thread arenas where the flags "
             "show any batch under 32,768 input pixels, else one arena, and from 8,192 pixels "
@@ -103,7 +104,7 @@ def _keep_host_memory(asked: bool, arenas: str) -> int | None:
     default of the commands that run steps over and over. Only an explicit
     ``--keep-host-memory`` that comes too late (JAX already started in this process, as
     when ``main`` is called from Python) is an error; the default then changes nothing."""
-    from layoutlab.xla.host_memory import HostMemoryError, backend_started, keep_host_memory
+    from layoutlab.host.memory import HostMemoryError, backend_started, keep_host_memory
 
     # Per-thread arenas could still be set, but a process that started JAX before the command
     # (``main`` called from a notebook) keeps its malloc as it was unless asked.
@@ -138,7 +139,7 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
 def huge_pages_wanted(args: argparse.Namespace) -> bool:
     """Whether a parsed command line keeps host memory (``host_memory_arenas``) and shows
     only batches of at least ``HUGE_PAGES_MIN_PIXELS`` input pixels, which then come with
-    transparent huge pages (``xla.huge_pages``). Batches the flags do not show get none (no
+    transparent huge pages (``host.huge_pages``). Batches the flags do not show get none (no
     evidence), nor does ``--no-keep-host-memory`` or a command without the flag. A bench
     sweep with batches on both sides runs a process per group (``batch_groups``), each of
     which decides for itself."""

@@ -3,14 +3,14 @@
 With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc's malloc asks the kernel for transparent huge
 pages (``madvise(MADV_HUGEPAGE)``) on the memory it maps for its heaps. A kernel whose THP mode is
 ``madvise`` (``/sys/kernel/mm/transparent_hugepage/enabled``, a common default) gives them only when
-asked. With host memory kept (``xla.host_memory``), this made heavy steps faster and the small
+asked. With host memory kept (``host.memory``), this made heavy steps faster and the small
 digits job slower (docs/performance/measurements.md#huge-pages), hence the commands' size threshold
-(``host_memory_flag.HUGE_PAGES_MIN_PIXELS``).
+(``host.flag.HUGE_PAGES_MIN_PIXELS``).
 
 glibc reads the tunable only when a process starts, so nothing can turn it on in a running
 process. Instead, the ``layoutlab`` command starts itself again with it
 (``restart_with_huge_pages``) before anything else runs, where it keeps host memory
-(``host_memory_flag.huge_pages_wanted``) and the tunable would change something
+(``host.flag.huge_pages_wanted``) and the tunable would change something
 (``huge_pages_environ``). A script or notebook kernel gets the same by being started with
 it: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python train.py``. A ``GLIBC_TUNABLES`` that
 already names ``glibc.malloc.hugetlb`` is the user's choice, and is kept as it is; ``=0``

@@ -21,7 +21,7 @@ a thread's heap: when a free leaves a secondary heap empty, glibc unmaps it what
 threshold says, unless the pad (at least a whole heap) asks it to stay. Without the pad a
 temp buffer alone in its heap was mapped fresh again on up to half of the calls. The commands
 choose per-thread arenas for small batches, where one arena measured slower
-(``layoutlab.xla.host_memory_flag``).
+(``layoutlab.host.flag``).
 
 The price is that the process keeps its peak heap until it exits, which is what a training or
 benchmark process wants. The settings are process-wide: PyTorch running in the same process

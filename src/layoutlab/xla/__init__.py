@@ -6,12 +6,6 @@
 - ``compare_layouts(fn, *args)``: default vs ``Layout.AUTO`` layouts, HLO and timings
 - ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
 - ``available_backends()`` / ``resolve_backend(name)``
-- ``keep_host_memory()``: freed host memory stays in the process (XLA:CPU's per-call temp
-  buffer stops page-faulting); call before JAX starts, or with per-thread arenas any time;
-  ``release_host_memory()`` undoes the per-thread setting
-- ``huge_pages_environ()`` / ``huge_pages_state()``: glibc's transparent huge pages, which a
-  process gets only when started with them (the ``layoutlab`` command starts itself again
-  with them from 8,192 input pixels per batch)
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
   ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 
@@ -59,14 +53,6 @@ _EXPORTS = {
     "DotOp": "hlo_ops",
     "HloParseError": "hlo_parse",
     "parse_hlo": "hlo_parse",
-    "HostMemoryError": "host_memory",
-    "HostMemoryState": "host_memory",
-    "host_memory_state": "host_memory",
-    "keep_host_memory": "host_memory",
-    "release_host_memory": "host_memory",
-    "HugePagesState": "huge_pages",
-    "huge_pages_environ": "huge_pages",
-    "huge_pages_state": "huge_pages",
     "inspect_model": "inspect",
     "ModelInspection": "inspection",
     "LayoutComparison": "layout_compare",
@@ -89,9 +75,6 @@ __all__ = [
     "DotOp",
     "HloParseError",
     "HloReport",
-    "HostMemoryError",
-    "HostMemoryState",
-    "HugePagesState",
     "LayoutAPIUnavailable",
     "LayoutComparison",
     "LayoutUnsupportedError",
@@ -112,12 +95,7 @@ __all__ = [
     "disable_compilation_cache",
     "enable_compilation_cache",
     "hlo_report",
-    "host_memory_state",
-    "huge_pages_environ",
-    "huge_pages_state",
     "inspect_model",
-    "keep_host_memory",
-    "release_host_memory",
     "layout_api",
     "major_to_minor_for",
     "parse_hlo",
