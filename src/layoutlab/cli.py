@@ -7,13 +7,16 @@ import importlib
 import os
 import sys
 
-from layoutlab import __version__
 from layoutlab.arguments import OneLineParser
 from layoutlab.host.flag import (
     add_keep_host_memory,
     apply_keep_host_memory,
     huge_pages_wanted,
 )
+from layoutlab.version import __version__
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (

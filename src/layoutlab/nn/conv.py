@@ -27,6 +27,16 @@ from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
 
+__all__ = [
+    "MATMUL",
+    "TRANSPOSE_ALGORITHMS",
+    "Conv",
+    "ConvTranspose",
+    "check_kernel_storage",
+    "default_kernel_init",
+]
+
+
 MATMUL = "matmul"
 TRANSPOSE_ALGORITHMS = (AUTO, XLA, MATMUL)  # ConvTranspose's; see its docstring
 # torchvision initialises convs with kaiming_normal(mode="fan_out", relu).

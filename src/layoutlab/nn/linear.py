@@ -15,6 +15,9 @@ from layoutlab.nn.dtypes import accumulation_dtype
 from layoutlab.nn.init import flat_uniform
 from layoutlab.precision import Policy, get_policy
 
+__all__ = ["Dense", "Dropout", "Flatten", "dense_matmul"]
+
+
 Dropout = nnx.Dropout
 
 

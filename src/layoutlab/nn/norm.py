@@ -16,6 +16,16 @@ from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.dtypes import channel_shape
 from layoutlab.precision import Policy
 
+__all__ = [
+    "AFFINE_MIN_ELEMENTS",
+    "BatchNorm",
+    "GroupNorm",
+    "batch_norm_train",
+    "batch_norm_train_affine",
+    "batch_norm_train_centred",
+]
+
+
 # Below this many elements an activation takes the centred form, which small activations ran faster
 # in (docs/performance/measurements.md#batchnorm-passes). Measured on CPU only; the arithmetic is
 # the same on every backend.

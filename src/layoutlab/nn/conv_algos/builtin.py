@@ -16,6 +16,8 @@ from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
 
+__all__ = ["BUILTIN"]
+
 
 def _composed(name: str, methods: Methods, description: str) -> Algorithm:
     """A ``composed_conv`` algorithm for ungrouped, undilated convs."""

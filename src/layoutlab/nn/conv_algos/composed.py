@@ -31,6 +31,8 @@ from layoutlab.nn.conv_algos import im2col, phase, winograd
 from layoutlab.nn.conv_algos.geometry import Geometry
 from layoutlab.nn.conv_algos.native import native_conv
 
+__all__ = ["Methods", "composed_conv", "core", "forward", "input_grad", "weight_grad"]
+
 
 class Methods(NamedTuple):
     forward: str

@@ -17,6 +17,8 @@ from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 
+__all__ = ["depthwise_conv", "supports"]
+
 
 def supports(spec: ConvSpec) -> str | None:
     g = spec.geometry

@@ -19,6 +19,18 @@ from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import Geometry
 
+__all__ = [
+    "col2im",
+    "im2col_forward",
+    "input_grad",
+    "one_gemm_weight_grad",
+    "pad_input",
+    "patches",
+    "per_offset_weight_grad",
+    "rows_gemm_weight_grad",
+    "weight_grad",
+]
+
 
 def pad_input(x, padding):
     """Zero-pad the spatial axes of an NHWC array; negative pads crop."""
