@@ -37,7 +37,15 @@ from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.state import ModelDefs, TrainState, split_model
 from layoutlab.train.steps import make_forward
 
-__all__ = ["NoRunError", "Run", "checkpoint_state", "class_names", "load_model", "open_run"]
+__all__ = [
+    "NoRunError",
+    "Run",
+    "checkpoint_state",
+    "class_names",
+    "jitted_flat_forward",
+    "load_model",
+    "open_run",
+]
 
 
 class NoRunError(FileNotFoundError):
@@ -81,7 +89,7 @@ class Run:
             forward = forwards.get(images.shape[0])
             if forward is None:
                 defs = self.inference_defs(images)
-                forward = forwards[images.shape[0]] = _jitted_flat_forward(defs, treedef, options)
+                forward = forwards[images.shape[0]] = jitted_flat_forward(defs, treedef, options)
             return forward(leaves, images)
 
         return logits
@@ -127,7 +135,7 @@ class Run:
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
+def jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
     forward = make_forward(defs)
 
     def flat(leaves, images):

@@ -1,7 +1,7 @@
 """Whole `layoutlab evaluate` processes under glibc's malloc defaults, with host memory kept
 in one arena, and kept with transparent huge pages, in rotated triples.
 
-    python benchmarks/evaluate_host_memory.py --test-images 10000 --triples 2 \
+    python benchmarks/archive/evaluate_host_memory.py --test-images 10000 --triples 2 \
         --out benchmarks/results/DIR
 
 `evaluate` keeps glibc's defaults (it is not among ``KEEP_HOST_MEMORY_COMMANDS``); its eval
