@@ -10,7 +10,34 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.nn.activation import ReLU, ReLU6
+    from layoutlab.nn.base import LayoutModule
+    from layoutlab.nn.conv import Conv, ConvTranspose
+    from layoutlab.nn.conv_config import (
+        check_conv_options,
+        configure_convs,
+        missing_from_plan,
+        running_algorithms,
+        set_conv_algorithm,
+        set_kernel_storage,
+        with_conv_plan,
+    )
+    from layoutlab.nn.conv_names import ACTIVATION_STORAGES, KERNEL_STORAGES
+    from layoutlab.nn.convert import (
+        activation_storage,
+        check_activation_storage,
+        convert_layout,
+        set_activation_storage,
+    )
+    from layoutlab.nn.linear import Dense, Dropout, Flatten
+    from layoutlab.nn.norm import BatchNorm, GroupNorm
+    from layoutlab.nn.pooling import AdaptiveAvgPool, AvgPool, GlobalAvgPool, MaxPool
+    from layoutlab.nn.upsample import Upsample
 
 _EXPORTS = {
     "ReLU": "activation",

@@ -19,6 +19,29 @@ from layoutlab.nn.conv_algos.plan import ConvPlan, PlanEntry, as_plan
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name
 from layoutlab.nn.convert import check_activation_storage, set_activation_storage
 
+__all__ = [
+    "TABLE_SOURCE",
+    "ConvPlanMismatch",
+    "check_conv_options",
+    "configure_convs",
+    "conv_settings",
+    "conv_specs",
+    "convs",
+    "default_conv_plan",
+    "has_depthwise",
+    "missing_from_plan",
+    "model_conv_specs",
+    "plan_coverage",
+    "planned_entries",
+    "replanned",
+    "running_algorithms",
+    "set_conv_algorithm",
+    "set_kernel_storage",
+    "table_made",
+    "with_conv_plan",
+    "without_custom_calls",
+]
+
 
 def convs(model: nnx.Module) -> list[tuple[str, Conv]]:
     """``(path, conv)`` of every ``Conv`` in ``model``."""

@@ -9,6 +9,14 @@ from layoutlab.layout import Layout, channels_first, channels_last, parse_layout
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
+__all__ = [
+    "activation_storage",
+    "check_activation_storage",
+    "convert_layout",
+    "in_own_layout",
+    "set_activation_storage",
+]
+
 
 def _target(dst: Layout, rank: int) -> Layout:
     # "NCHW" asked of a 3D model means its channels-first layout, NCDHW.

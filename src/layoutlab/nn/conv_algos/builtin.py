@@ -16,6 +16,8 @@ from layoutlab.nn.conv_algos.composed import Methods, core
 from layoutlab.nn.conv_algos.native import native_conv, supports_all
 from layoutlab.nn.conv_algos.registry import XLA, Algorithm, plain_2d, register_algorithm
 
+__all__ = ["BUILTIN"]
+
 
 def _composed(name: str, methods: Methods, description: str) -> Algorithm:
     """A ``composed_conv`` algorithm for ungrouped, undilated convs."""
@@ -115,7 +117,7 @@ BUILTIN = (
     ),
     # oneDNN's forward and input gradient with XLA's weight gradient: oneDNN's weight
     # gradient loses at small batch and spatial sizes where its other two passes win
-    # (benchmarks/results/onednn_table_rules_zen4_cpu.md).
+    # (docs/performance/measurements.md#conv-algorithms).
     Algorithm(
         "onednn_xla_dw",
         onednn_hybrid.onednn_xla_dw_core,

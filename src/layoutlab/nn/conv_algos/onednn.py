@@ -2,17 +2,16 @@
 primitives called through XLA FFI custom calls (``native/``), with a custom VJP.
 
 Activations are NHWC, kernels HWIO, XLA's buffers as they are. ``onednn_conv`` also takes NCHW
-activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, which
-ran 1.5-2.5x slower than its NHWC ones plus XLA's two transposes (3x3 convs, N1 and N32,
-float32 and bfloat16, forward and training, on a loaded 2-core Zen 4). So the registry core
-takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse the
-transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
+activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, slower than its
+NHWC ones plus XLA's two transposes (docs/performance/measurements.md#conv-algorithms). So the
+registry core takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse
+the transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
 Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
-``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands'
-dtype. The backward casts the cotangent to the operands' dtype, as autocast does, writes the
-input gradient in that dtype and the weight gradient in the accumulation dtype. Which
-primitive variant a call runs (the kernel read or written as HWIO, or a bfloat16 weight
-gradient computed by the float32 primitive) follows ``choice``, by the call's shape.
+``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands' dtype.
+The backward casts the cotangent to the operands' dtype, as autocast does, writes the input gradient
+in that dtype and the weight gradient in the accumulation dtype. Which primitive variant a call runs
+(the kernel read or written as HWIO, or a bfloat16 weight gradient computed by the float32
+primitive) follows ``choice``, by the call's shape.
 
 ``supports`` refuses a conv (so XLA's conv runs, with the reason) when the extension is not
 available, for dtypes other than float32 and bfloat16, for negative padding, and where oneDNN

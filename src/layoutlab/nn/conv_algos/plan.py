@@ -19,6 +19,9 @@ from typing import Any, NamedTuple
 
 from layoutlab.nn.conv_algos.registry import AUTO, check_name
 
+__all__ = ["PLAN_FORMAT", "ConvPlan", "PlanEntry", "as_plan", "load_plan"]
+
+
 PLAN_FORMAT = "layoutlab.conv_plan/1"
 
 
@@ -77,9 +80,7 @@ class ConvPlan:
         entries: Mapping[str, PlanEntry | tuple[str, str]] | None = None,
         evidence: Mapping[str, Mapping] | None = None,
     ):
-        checked = {
-            str(p): _check_entry(p, *tuple(e)) for p, e in sorted((entries or {}).items())
-        }
+        checked = {str(p): _check_entry(p, *tuple(e)) for p, e in sorted((entries or {}).items())}
         extra = sorted(set(evidence or {}) - set(checked))
         if extra:
             raise ValueError(f"conv plan evidence for paths without an entry: {extra}.")

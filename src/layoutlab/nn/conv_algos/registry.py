@@ -19,6 +19,22 @@ import jax.numpy as jnp
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 from layoutlab.nn.conv_names import AUTO, XLA
 
+__all__ = [
+    "Algorithm",
+    "Core",
+    "DtypeReason",
+    "Supports",
+    "algorithm_names",
+    "any_dtype",
+    "check_name",
+    "get_algorithm",
+    "plain_2d",
+    "register_algorithm",
+    "unregister_algorithm",
+    "unsupported_reason",
+]
+
+
 # core(x_nhwc, w_hwio, geometry, preferred_element_type) -> y_nhwc
 Core = Callable[..., object]
 Supports = Callable[[ConvSpec], "str | None"]

@@ -16,6 +16,8 @@ from layoutlab.nn.conv_algos.im2col import pad_input
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_algos.registry import plain_2d
 
+__all__ = ["space_to_depth_conv", "supports"]
+
 
 def supports(spec: ConvSpec) -> str | None:
     reason = plain_2d(spec)
