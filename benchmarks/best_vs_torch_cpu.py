@@ -17,7 +17,7 @@ layoutlab's side: NHWC (and NCHW for the fp32 parts), per-shape autotuned conv a
 autocast bf16 takes minutes per step on CPUs without bf16 instructions). Writes
 ``<out>/resnet18_<part>_best_cpu/`` per part and ``<out>/resnet18_best_vs_torch_cpu.md``.
 
-``--keep-host-memory`` (``layoutlab.xla.keep_host_memory()``) is process-wide, so PyTorch's
+``--keep-host-memory`` (``layoutlab.host.keep_host_memory()``) is process-wide, so PyTorch's
 rows in the same run get it too; ``--default-malloc`` leaves glibc's malloc as it is.
 
 The ``*_compile`` parts are the same fp32 sweeps with ``--torch-compile`` added, so
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from layoutlab.bench import SweepConfig, load_results, plot_all, run_sweep, save_results
-from layoutlab.xla import keep_host_memory
+from layoutlab.host import keep_host_memory
 
 PARTS = {
     "cifar_fp32": ("cifar", 32, 128, ("NHWC", "NCHW"), "fp32"),
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--default-malloc",
         action="store_true",
-        help="leave glibc's malloc as it is (default: layoutlab.xla.keep_host_memory(), for "
+        help="leave glibc's malloc as it is (default: layoutlab.host.keep_host_memory(), for "
         "both frameworks: the process is shared)",
     )
     args = p.parse_args(argv)

@@ -2,8 +2,9 @@
 labelled NHWC fp32 case (optionally with the conv table swapped while it is set up), a
 row's median step time as a table cell, and a results file.
 
-Imported by this folder's interleaved step benchmarks, such as ``step_variants.py`` and
-``host_memory_switch.py`` (scripts of this folder, so a plain import finds it).
+Imported by this folder's interleaved step benchmarks, such as ``step_variants.py``
+(scripts of this folder, so a plain import finds it), and by some in ``archive/`` (run
+those with ``PYTHONPATH=benchmarks``).
 """
 
 from __future__ import annotations

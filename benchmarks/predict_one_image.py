@@ -48,7 +48,7 @@ from layoutlab.bench.report import markdown_grid
 from layoutlab.bench.stats import OtherLoad, dispersion, median_interval, paired_ratio
 from layoutlab.bench.timing import interleaved_rounds, settle
 from layoutlab.bench.torch_runner import build_torch_model
-from layoutlab.infer.load import _jitted_flat_forward, open_run
+from layoutlab.infer.load import jitted_flat_forward, open_run
 from layoutlab.infer.predict import load_images, predict_files
 from layoutlab.layout import to_layout
 from layoutlab.train.config import TrainConfig
@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     fast = jax.jit(make_forward(defs), compiler_options=options)
     plain = jax.jit(make_forward(defs))
     leaves, treedef = jax.tree.flatten(state)
-    trained = _jitted_flat_forward(run.defs, treedef, tuple(sorted((options or {}).items())))
+    trained = jitted_flat_forward(run.defs, treedef, tuple(sorted((options or {}).items())))
     calls = {
         "layoutlab predict_files": lambda: predict_files(run, [png]),
         "layoutlab forward": lambda: np.asarray(fast(state, image)),

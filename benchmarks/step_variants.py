@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.keep_host_memory:  # before anything starts JAX's backend
-        from layoutlab.xla import keep_host_memory
+        from layoutlab.host import keep_host_memory
 
         keep_host_memory(args.keep_host_memory)
     w = workload(args.model, args.mode, args.batch)

@@ -46,7 +46,7 @@ import atexit, importlib, json, os, sys, threading, traceback, types
 
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
-from layoutlab.xla.host_memory import backend_started
+from layoutlab.host.memory import backend_started
 assert not backend_started(), "an import started the JAX backend"
 requests, replies = sys.stdin, os.fdopen(int(sys.argv[2]), "w", buffering=1)
 replies.write("ready\n")

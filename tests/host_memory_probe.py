@@ -1,6 +1,6 @@
 """A fresh process that counts the page faults of XLA:CPU's per-call temp buffer.
 
-Used by ``test_host_memory.py`` and ``benchmarks/host_memory_top_pad.py``.
+Used by ``test_host_memory.py`` and ``benchmarks/archive/host_memory_top_pad.py``.
 
 A jitted product through a 3072 x 3072 float32 intermediate (36 MB): the matmul does not fuse
 with its producer, so XLA:CPU allocates a temp buffer of that size on every call, above
@@ -17,7 +17,7 @@ import sys
 
 _PROBE = """
 import json, resource, sys
-from layoutlab.xla import keep_host_memory, host_memory_state, release_host_memory
+from layoutlab.host import keep_host_memory, host_memory_state, release_host_memory
 
 def apply(modes):
     for mode in modes.split("+"):

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from layoutlab.bench.torch_runner import _compiled  # noqa: E402
+from layoutlab.bench.torch_runner import compiled_model  # noqa: E402
 
 
 @pytest.fixture
@@ -37,5 +37,7 @@ def test_twelve_cases_are_twelve_compiled_graphs(fresh_dynamo):
     # reuse a graph for (static shapes; in a sweep also another memory format or mode).
     # The "eager" backend traces like inductor but skips code generation.
     for features in range(1, 13):
-        _compiled(torch, Tiny(features), backend="eager", dynamic=False)(torch.ones(2, features))
+        compiled_model(torch, Tiny(features), backend="eager", dynamic=False)(
+            torch.ones(2, features)
+        )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 12

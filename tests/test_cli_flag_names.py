@@ -125,11 +125,11 @@ def test_image_size_is_one_parser_everywhere():
 
 
 def test_autotune_image_size_and_channels_replace_input_shape(capsys):
-    from layoutlab.bench.tuning.command import _input_shape
+    from layoutlab.bench.tuning.command import autotune_input_shape
 
     def shape(*argv):
         argv = ["--model", "small_cnn", "--batch-size", "2", *argv]
-        return _input_shape(PARSERS["autotune layout"].parse_args(argv))
+        return autotune_input_shape(PARSERS["autotune layout"].parse_args(argv))
 
     assert shape("--image-size", "8x6", "--channels", "1") == (8, 6, 1)
     assert shape("--image-size", "8") == (8, 8, 1)  # the model's channels

@@ -23,9 +23,9 @@ from layoutlab.compare import (
     compare,
     compare_trees,
     default_tolerance,
-    resolve_tolerance,
     scaled,
 )
+from layoutlab.compare.tolerance import resolve_tolerance
 
 # Planted errors are computed in float64, e.g. (e + 0.5) - e, which rounds at ~1e-16 relative.
 F64_ROUNDING = 1e-12

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from layoutlab.nn.conv_algos.batch_sharded import batch_parallel, batch_reduced
-from layoutlab.train.sharding import DATA_AXIS, _fsdp_spec
+from layoutlab.train.sharding import DATA_AXIS, fsdp_spec
 
 DN = ("NHWC", "HWIO", "NHWC")
 BATCH, DEVICES = 8, 4
@@ -77,7 +77,7 @@ def test_batch_parallel_runs_each_shard_and_gathers_only_the_kernel(
 ):
     x, w, dy = arrays
     batched = x if fn is conv else dy
-    w_spec = _fsdp_spec(W_SHAPE, DEVICES) if mode == "fsdp" else PartitionSpec()
+    w_spec = fsdp_spec(W_SHAPE, DEVICES) if mode == "fsdp" else PartitionSpec()
     seen: list[int] = []
     step = jax.jit(lambda a, b: batch_parallel(_recording(fn, seen), n_batched)(a, b))
     args = (_put(batched, PartitionSpec(DATA_AXIS)), _put(w, w_spec))

@@ -59,9 +59,9 @@ def test_digits_default_split_and_stats():
     again = get_dataset("digits", seed=3)
     np.testing.assert_array_equal(again.test_labels, ds.test_labels)
     # Read from sklearn's CSV without importing sklearn: its load_digits, row for row.
-    from layoutlab.data.digits import _digits_table
+    from layoutlab.data.digits import digits_table
 
-    table, bunch = _digits_table()[0], sk_digits()
+    table, bunch = digits_table()[0], sk_digits()
     np.testing.assert_array_equal(table[:, :-1].reshape(-1, 8, 8), bunch.images)
     np.testing.assert_array_equal(table[:, -1], bunch.target)
     other = get_dataset("digits", seed=4)

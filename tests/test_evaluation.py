@@ -16,7 +16,7 @@ import pytest
 
 from layoutlab import models
 from layoutlab.data import get_dataset
-from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
+from layoutlab.infer.evaluate import evaluate_run, on_current_eval_plan
 from layoutlab.infer.load import open_run
 from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.train import program as programs
@@ -167,7 +167,7 @@ def test_a_resume_at_another_eval_batch_replans_evaluation_and_evaluate_follows(
     # leaves room for float32 sums in other groupings, 100x below one image's share).
     run = open_run(tmp_path)
     at_64 = dataclasses.replace(run, config=dataclasses.replace(run.config, eval_batch_size=64))
-    assert _batches(_on_current_eval_plan(at_64, 4).config.eval_conv_plan) == {"n60"}
+    assert _batches(on_current_eval_plan(at_64, 4).config.eval_conv_plan) == {"n60"}
     got = evaluate_run(at_64)
     assert got["test_accuracy"] == record["test_accuracy"]
     np.testing.assert_allclose(got["test_loss"], record["test_loss"], rtol=1e-5)

@@ -17,12 +17,12 @@ import pytest
 from flax import nnx
 
 from layoutlab import cli, fast_defaults, models
+from layoutlab.host.memory import ENV_SETTING_PER_THREAD
 from layoutlab.nn import ConvSettings, configure
 from layoutlab.nn.conv_config import conv_settings
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.xla.flags import CPU_FAST_OPTIONS
-from layoutlab.xla.host_memory import ENV_SETTING_PER_THREAD
 
 _YNN = "xla_cpu_experimental_ynn_fusion_type"
 _TINY = ["--model", "small_cnn", "--model-arg", "width=4", "--model-arg", "hidden=8"]
@@ -183,7 +183,7 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
     ``--no-keep-host-memory`` leaves glibc alone. The bench then fails on its unknown model,
     after the setting and before any compile."""
     code = (
-        "import sys; from layoutlab import cli; from layoutlab.xla import host_memory_state;"
+        "import sys; from layoutlab import cli; from layoutlab.host import host_memory_state;"
         "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().how)"
     )
 

@@ -18,8 +18,8 @@ import pytest
 from host_memory_probe import probe
 
 from layoutlab import cli
-from layoutlab.xla import HostMemoryError, host_memory_state, keep_host_memory
-from layoutlab.xla.host_memory import ENV_SETTING, ENV_SETTING_PER_THREAD
+from layoutlab.host import HostMemoryError, host_memory_state, keep_host_memory
+from layoutlab.host.memory import ENV_SETTING, ENV_SETTING_PER_THREAD
 
 glibc_only = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
@@ -126,7 +126,7 @@ def test_the_host_memory_guide_gives_both_environment_settings():
     ],
 )
 def test_the_environment_setting_is_read_back_with_its_arenas(monkeypatch, tunables, arenas):
-    from layoutlab.xla import host_memory
+    from layoutlab.host import memory as host_memory
 
     monkeypatch.setenv("GLIBC_TUNABLES", tunables)
     assert host_memory._from_environment() == arenas
@@ -150,7 +150,7 @@ def test_per_thread_arenas_can_come_after_jax_starts():
     # Only one arena for every thread has to come first: per-thread arenas set no arena.
     code = (
         "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
-        "from layoutlab.xla import keep_host_memory\n"
+        "from layoutlab.host import keep_host_memory\n"
         "print(list(keep_host_memory('per_thread')))"
     )
     out = _fresh_python(code)
@@ -214,7 +214,7 @@ def test_each_batch_falls_on_its_side_of_the_threshold():
     # and batch-8 steps with one malloc arena too, where MobileNetV2's training step ran
     # 1.8-2.3x slower (benchmarks/results/host_memory_small_batch_avx512_cpu.md): any batch
     # under the threshold gets per-thread arenas (a sweep across it: a process per side).
-    from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS, host_memory_arenas
+    from layoutlab.host.flag import HOST_MEMORY_MIN_PIXELS, host_memory_arenas
 
     def bench(*batches, image_size=(32,)):
         return argparse.Namespace(
@@ -247,7 +247,7 @@ def test_evaluate_predict_and_export_keep_glibcs_malloc():
     # The host-memory guide says so: one arena ran a 10,000-image evaluation 6-7% faster in
     # two triples, within the VM's drift (benchmarks/results/evaluate_host_memory_zen4_cpu.md).
     from layoutlab.cli import build_parser
-    from layoutlab.xla.host_memory_flag import host_memory_arenas, huge_pages_wanted
+    from layoutlab.host.flag import host_memory_arenas, huge_pages_wanted
 
     parser = build_parser()
     for argv in (["evaluate", "--workdir", "R"], ["predict", "--workdir", "R", "a.png"],
@@ -262,7 +262,7 @@ def test_the_flags_choose_the_arenas():
     # flags do not show) with one, a sweep across the threshold with per-thread arenas (with
     # glibc's defaults, PyTorch's large batches page-fault and the ratio flatters
     # layoutlab); the flag given says one or none whatever the batch.
-    from layoutlab.xla.host_memory_flag import host_memory_arenas
+    from layoutlab.host.flag import host_memory_arenas
 
     def bench(*batches, keep=None, image_size=(32,)):
         return argparse.Namespace(
@@ -307,7 +307,7 @@ def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_p
 @glibc_only
 def test_one_arena_cannot_be_released():
     code = (
-        "from layoutlab.xla import HostMemoryError, keep_host_memory, release_host_memory\n"
+        "from layoutlab.host import HostMemoryError, keep_host_memory, release_host_memory\n"
         "keep_host_memory('one')\n"
         "try:\n    release_host_memory()\nexcept HostMemoryError as e:\n    print('refused:', e)"
     )
@@ -347,3 +347,15 @@ def test_a_failing_part_stops_the_sweep_with_its_exit_status(tmp_path):
     assert err.value.errno == 2
     assert "batch sizes 1 exited with 2" in err.value.strerror
     assert not (tmp_path / "part-2-b64").exists()  # the second part never started
+
+
+def test_host_memory_is_a_package_of_its_own():
+    """glibc's arenas and huge pages are the process's, not XLA's: ``layoutlab.host`` holds
+    them and ``layoutlab.xla`` names none of them."""
+    import layoutlab.host
+    import layoutlab.xla
+    from layoutlab.host import huge_pages, memory
+
+    assert layoutlab.host.keep_host_memory is memory.keep_host_memory
+    assert layoutlab.host.huge_pages_state is huge_pages.huge_pages_state
+    assert not set(layoutlab.xla.__all__) & set(layoutlab.host.__all__)

@@ -11,14 +11,14 @@ import sys
 import pytest
 
 from layoutlab import cli
-from layoutlab.xla import huge_pages
-from layoutlab.xla.host_memory_flag import huge_pages_wanted
+from layoutlab.host import huge_pages
+from layoutlab.host.flag import huge_pages_wanted
 
 # A fresh process that maps and touches 64 MiB through malloc and prints how much of its
 # memory the kernel backs with huge pages, and this process's state.
 _PROBE = """
 import ctypes, json, re
-from layoutlab.xla import huge_pages_state
+from layoutlab.host import huge_pages_state
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 n = 64 << 20
@@ -108,7 +108,7 @@ def test_huge_pages_come_with_kept_host_memory_from_8192_pixels():
     # Measured faster from ResNet-18 CIFAR's batch 8 (8,192 input pixels) up with either
     # arenas, slower nowhere there; below it even (ResNet-18 at batch 1) or slower (the
     # digits job at 32 x 8 x 8 = 2,048) (benchmarks/results/huge_pages_zen4_cpu.md).
-    from layoutlab.xla.host_memory_flag import HUGE_PAGES_MIN_PIXELS
+    from layoutlab.host.flag import HUGE_PAGES_MIN_PIXELS
 
     assert HUGE_PAGES_MIN_PIXELS == 8 * 32 * 32
     assert huge_pages_wanted(_train(batch_size=8))  # per-thread arenas

@@ -7,11 +7,12 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
 ORDER = [
-    ("layout", "precision", "loss_scale", "lazy", "arguments", "fast_defaults"),
+    ("layout", "precision", "loss_scale", "lazy", "arguments", "fast_defaults", "version"),
     ("nn",),
     ("models",),
     ("data",),
     ("train",),
+    ("host",),
     ("xla",),
     ("compare",),
     ("infer",),
@@ -68,7 +69,7 @@ def test_standard_library_leaves_import_nothing_else():
     ``command`` module to keep ``--help`` free of JAX: they import the standard library only."""
     import sys
 
-    for name in ("lazy", "arguments"):
+    for name in ("lazy", "arguments", "version"):
         tree = ast.parse((SRC / f"{name}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -92,10 +93,14 @@ MODULES = {_module_name(p): p for p in SRC.rglob("*.py")}
 def _imported_modules(path: Path):
     """``(node, module, names)`` for each ``layoutlab`` import in ``path``, lazy ones and
     ``TYPE_CHECKING`` ones included; ``from layoutlab.models import resnet`` imports the
-    module ``layoutlab.models.resnet``, ``from layoutlab.models import create`` the package."""
+    module ``layoutlab.models.resnet`` (and the package only as ``from
+    layoutlab.models.resnet import ...`` does: not its exports), ``from layoutlab.models
+    import create`` the package."""
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
-            yield node, node.module, [a.name for a in node.names]
+            names = [a.name for a in node.names if f"{node.module}.{a.name}" not in MODULES]
+            if names:
+                yield node, node.module, names
             for alias in node.names:
                 if f"{node.module}.{alias.name}" in MODULES:
                     yield node, f"{node.module}.{alias.name}", []

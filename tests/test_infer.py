@@ -20,7 +20,7 @@ from PIL import Image
 from layoutlab import cli, load_model
 from layoutlab.data import get_dataset
 from layoutlab.infer.evaluate import evaluate_workdir
-from layoutlab.infer.load import NoRunError, _jitted_flat_forward, checkpoint_state, open_run
+from layoutlab.infer.load import NoRunError, checkpoint_state, jitted_flat_forward, open_run
 from layoutlab.infer.predict import load_images
 from layoutlab.nn import BatchNorm
 from layoutlab.nn.conv_config import planned_entries
@@ -190,9 +190,9 @@ def test_run_logits_is_the_eval_forward_on_the_runs_state(run_dir):
     want = jax.jit(forward, compiler_options=options)(run.state(), images)
     np.testing.assert_array_equal(np.asarray(run.logits(images)), np.asarray(want))
     # One compiled program per model, plan and options: the run opened again reuses it.
-    hits = _jitted_flat_forward.cache_info().hits
+    hits = jitted_flat_forward.cache_info().hits
     open_run(run_dir).logits(images)
-    assert _jitted_flat_forward.cache_info().hits == hits + 1
+    assert jitted_flat_forward.cache_info().hits == hits + 1
 
 
 # --- predict --------------------------------------------------------------------------------

@@ -266,11 +266,11 @@ def test_abstract_model_facts_are_cached_unless_an_option_cannot_be_hashed():
     """``has_depthwise_convs`` and ``largest_conv_output`` build the model abstractly once
     per name and options; an option value that cannot be hashed (a list) is built anew,
     not refused."""
-    from layoutlab.models.registry import _cached_when_hashable
+    from layoutlab.models.registry import cached_when_hashable
 
     calls = []
 
-    @_cached_when_hashable
+    @cached_when_hashable
     def fact(name, items):
         calls.append(items)
         return len(calls)

@@ -27,17 +27,13 @@ from onednn_helpers import (
     conv_fn,
     float64_reference,
     float64_references,
+    needs_onednn,
     train_fn,
     train_together,
 )
 
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn, onednn_load
-
-needs_onednn = pytest.mark.skipif(
-    not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
-)
-
 
 LAYOUTS = ("NHWC", "NCHW")
 F32_PARAMS = [(c, lay) for c in CASES for lay in LAYOUTS]
@@ -92,8 +88,32 @@ def test_bfloat16_cases_cover_every_weight_gradient_primitive():
     for case in BF16_CASES:
         spec = case_spec(case, "NHWC", "bfloat16")
         pixels = spec.batch * math.prod(spec.out_size)
-        seen.add(onednn.choice(onednn._BWD_WEIGHTS, "bfloat16", spec.batch, pixels))
+        slow = onednn.slow_bf16_weight_gradient(spec.geometry, spec.in_features)
+        seen.add(onednn.choice(onednn._BWD_WEIGHTS, "bfloat16", spec.batch, pixels, slow))
     assert seen == {(True, False), (False, True), (False, False)}
+
+
+def test_bfloat16_weight_gradient_of_strided_or_few_channel_convs_runs_in_float32():
+    """oneDNN 3.2's direct bfloat16 weight-gradient kernel ran 5-35x slower than its float32
+    one on strided 3x3 convs and a 3-channel stem (docs/performance/onednn_kernels.md): at a
+    size where the bfloat16 kernel would otherwise run, those shapes take float32."""
+    many = 32 * 32 * 32  # ResNet-18 CIFAR's first stage at batch 32
+
+    def spec(x, w, strides=1):
+        return ca.conv_spec(x, w, strides=strides, padding=1, kernel_layout="HWIO")
+
+    cases = {
+        "stem 3->64": (spec((32, 32, 32, 3), (3, 3, 3, 64)), True),
+        "3x3 stride 2": (spec((32, 64, 64, 64), (3, 3, 64, 128), 2), True),
+        "1x1 stride 2": (spec((32, 64, 64, 64), (1, 1, 64, 128), 2), False),
+        "3x3 stride 1": (spec((32, 32, 32, 64), (3, 3, 64, 64)), False),
+    }
+    for name, (spec, slow) in cases.items():
+        got = onednn.slow_bf16_weight_gradient(spec.geometry, spec.in_features)
+        assert got is slow, name
+        assert onednn.choice(onednn._BWD_WEIGHTS, "bfloat16", 32, many, got) == (False, slow)
+        # float32 activations never convert
+        assert onednn.choice(onednn._BWD_WEIGHTS, "float32", 32, many, got) == (False, False)
 
 
 @needs_onednn

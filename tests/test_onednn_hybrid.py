@@ -16,6 +16,7 @@ from onednn_helpers import (
     check_against_float64,
     conv_fn,
     float64_references,
+    needs_onednn,
     train_fn,
     train_together,
 )
@@ -23,9 +24,6 @@ from onednn_helpers import (
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn, onednn_load
 
-needs_onednn = pytest.mark.skipif(
-    not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
-)
 HYBRID = "onednn_xla_dw"
 CASES = ("3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "3x3_groups4", "dw3x3s2", "asym_pad", "fuzz0")
 PARAMS = [(c, lay) for c in CASES for lay in ("NHWC", "NCHW")]

@@ -54,7 +54,7 @@ def test_none_and_policy_pass_through():
         ("p=f32,c=bf16,o=f32", (F32, BF16, F32, True)),
         ("param=half,c=fp16,output=float", (F16, F16, F32, True)),
         (" P = BF16 , C = F16 ", (BF16, F16, F32, True)),
-        ("c=bf16", (F32, BF16, F32, True)),  # unspecified dtypes default to float32, as in jmp
+        ("c=bf16", (F32, BF16, F32, True)),  # unspecified dtypes are float32 (jmp: o=bf16)
         ("o=f16,p=f16", (F16, F32, F16, True)),
         ("c=f16,fp32_ops=false", (F32, F16, F32, False)),
         ("fp32_ops=TRUE", (F32, F32, F32, True)),
@@ -156,3 +156,39 @@ def test_numpy_scalars_are_cast():
     tree = {"s": np.float32(1.5), "i": np.int32(2)}
     out = get_policy("bf16").cast_to_compute(tree)
     assert out["s"].dtype == jnp.bfloat16 and out["i"].dtype == np.int32
+
+
+@pytest.mark.parametrize(
+    "spec, ours, jmps",
+    [
+        ("c=bf16", (F32, BF16, F32), (F32, BF16, BF16)),
+        ("p=bf16", (BF16, F32, F32), (BF16, BF16, BF16)),
+        ("p=bf16,c=f16", (BF16, F16, F32), (BF16, F16, F16)),
+        ("p=f32,c=bf16,o=bf16", (F32, BF16, BF16), (F32, BF16, BF16)),
+    ],
+)
+def test_where_the_grammar_differs_from_jmp(spec, ours, jmps):
+    """A dtype left out is float32 here; in jmp (``jmp._src.policy.get_policy``) the compute
+    dtype follows the params and the output follows the compute, as ``jmps`` writes out. All
+    three given, both read the same. get_policy's docstring and the precision guide say so."""
+    assert _dtypes(get_policy(spec))[:3] == ours
+    given = dict(part.split("=") for part in spec.split(","))
+    p = {"f32": F32, "bf16": BF16, "f16": F16}[given.get("p", "f32")]
+    c = {"f32": F32, "bf16": BF16, "f16": F16}[given["c"]] if "c" in given else p
+    o = {"f32": F32, "bf16": BF16, "f16": F16}[given["o"]] if "o" in given else c
+    assert (p, c, o) == jmps
+
+
+def test_half_and_bare_dtypes_are_not_jmps():
+    assert _dtypes(get_policy("p=half,c=half,o=half"))[:3] == (F16, F16, F16)  # on any backend
+    with pytest.raises(ValueError, match="Unknown precision policy 'f32'"):
+        get_policy("f32")
+
+
+def test_the_jmp_difference_is_documented():
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs/guides/precision.md").read_text()
+    for text in (get_policy.__doc__, guide):
+        assert '"c=bf16"' in text and "jmp" in text
+        assert "output **float32** here" in " ".join(text.split())

@@ -96,7 +96,7 @@ def test_a_block_runs_as_python_c_would(tmp_path, server):
     interpreter gives them, and atexit handlers run."""
     probe = (
         "import atexit, os, sys\n"
-        "from layoutlab.xla.host_memory import backend_started\n"
+        "from layoutlab.host.memory import backend_started\n"
         "assert 'server' not in dir() and 'BlockServer' not in dir(), dir()\n"
         "assert sys.argv == ['-c'] and sys.path[0] == '', (sys.argv, sys.path[0])\n"
         "assert not backend_started()\n"

@@ -14,7 +14,6 @@ from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.fast_defaults import table_cpu_kind
 from layoutlab.nn import conv_algos as ca
 from layoutlab.train.config import TrainConfig, validate
-from layoutlab.train.loop import _program
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
 from layoutlab.train.run_data import load_run_data
 from layoutlab.train.run_plan import abstract_model, planned
@@ -59,7 +58,7 @@ def train_step():
 
 
 def _train_run():
-    """The spec and lowered step of a train run, through the loop's own helpers."""
+    """The spec and lowered step of a train run, built as the loop builds it."""
     config = TrainConfig(**FLAGS, data="synthetic:8x8x1:10:8", batch_size=2, num_steps=2)
     config = validate(config, 1)
     dataset = load_run_data(config)
@@ -67,7 +66,7 @@ def _train_run():
     inputs = InputSpec.of(dataset, config.batch_size)
     model = abstract_model(config, inputs)  # what the loop's dataset check builds
     config = planned(config, inputs, schedule.total_steps, None, None, model)
-    program = _program(config, dataset, schedule)
+    program = build_program(resolve_spec(config, schedule.total_steps), inputs)
     images, labels = program.batch()
     return program.spec, _fingerprint(
         program.train_step, jax.eval_shape(program.init), images, labels

@@ -161,7 +161,7 @@ def test_supervisor_holds_back_a_fatal_trace_and_names_its_reason():
     import io
     import os
 
-    from layoutlab.train.supervise import _fatal_message, _pass_through
+    from layoutlab.train.supervise import fatal_message, pass_through
 
     read, write = os.pipe()
     os.write(write, b"W1125 06:00:00.000001 1 a.cc:1] a warning\nprogress 50%\rprogress 90%\r"
@@ -171,12 +171,12 @@ def test_supervisor_holds_back_a_fatal_trace_and_names_its_reason():
     os.close(write)
     out = io.BytesIO()
     with os.fdopen(read, "rb") as stream:
-        held = _pass_through(stream, out)
+        held = pass_through(stream, out)
     # Everything before the fatal line passes as it came; the trace is held back.
     assert (
         out.getvalue() == b"W1125 06:00:00.000001 1 a.cc:1] a warning\nprogress 50%\rprogress 90%\r"
     )
-    assert _fatal_message(held) == "UNAVAILABLE: Failed to send RPC"
+    assert fatal_message(held) == "UNAVAILABLE: Failed to send RPC"
 
 
 def test_processes_that_do_not_share_the_workdir_stop_before_training(tmp_path, forks):
@@ -209,17 +209,17 @@ def test_processes_with_other_device_counts_stop_with_one_line(tmp_path, forks):
 
 
 def test_probe_tells_a_workdir_that_is_not_shared(tmp_path):
-    from layoutlab.train.agreement import PROBE, WORKDIR, _read_probe, _write_probe, verdict
+    from layoutlab.train.agreement import PROBE, WORKDIR, read_probe, verdict, write_probe
 
     shared, elsewhere = tmp_path / "shared", tmp_path / "elsewhere"
     shared.mkdir(), elsewhere.mkdir()
-    nonce, path = _write_probe(shared)
+    nonce, path = write_probe(shared)
     # The same path string on both (one mount point on two hosts), so only the probe can
     # tell: a process that sees process 0's file reads its nonce, one that does not, none.
     base = {WORKDIR: "/runs/r", "lr": "0.1"}
     zero = {**base, PROBE: nonce}
-    assert verdict([zero, {**base, PROBE: _read_probe(shared, nonce)}]) == ""
-    line = verdict([zero, {**base, PROBE: _read_probe(elsewhere, nonce)}])
+    assert verdict([zero, {**base, PROBE: read_probe(shared, nonce)}]) == ""
+    line = verdict([zero, {**base, PROBE: read_probe(elsewhere, nonce)}])
     assert line.startswith("the processes of this run do not share one workdir: workdir.probe:")
     assert "(no probe file) on process 1" in line and "\n" not in line, line
     path.unlink()
@@ -281,17 +281,17 @@ def test_supervisor_keeps_the_error_line_and_drops_what_follows(capsysbinary):
     import os
     import signal
 
-    from layoutlab.train.supervise import _Filter, _finish
+    from layoutlab.train.supervise import OutputFilter, finish
 
     def run(data: bytes, code: int):
         read, write = os.pipe()
         os.write(write, data)
         os.close(write)
         out = io.BytesIO()
-        f = _Filter(out)
+        f = OutputFilter(out)
         with os.fdopen(read, "rb") as stream:
             f.feed(stream)
-        return out.getvalue(), _finish(f, code), capsysbinary.readouterr().err
+        return out.getvalue(), finish(f, code), capsysbinary.readouterr().err
 
     trace = (b"F1125 06:46:42.051416   28951 client.h:80] Terminating process. absl::Status: "
              b"UNAVAILABLE: Failed to send RPC\n*** Check failure stack trace: ***\n"

@@ -1,9 +1,9 @@
 """kill -9 at every commit point of a checkpoint save, then resume: never zero usable
 checkpoints, and the resumed run ends bit for bit where the uninterrupted run ends.
 
-The kill is deterministic: ``LAYOUTLAB_TEST_CHECKPOINT_KILL=POINT@STEP`` makes the
-checkpoint code SIGKILL its own process at that point of ``Checkpointer.save`` (the hook
-reads nothing else and does nothing without the variable). The points cover each state the
+The kill is deterministic: ``kill_hook.install("POINT@STEP")`` makes the
+checkpoint code SIGKILL its own process at that point of ``Checkpointer.save`` (through
+``checkpoint.set_save_phase_hook``; a run installs no hook). The points cover each state the
 directory passes through: before orbax writes, after orbax committed but before the CRC
 manifest, after the manifest but before old steps are deleted, and between two deletions.
 
@@ -19,13 +19,15 @@ uninterrupted run's.
 
 import json
 import signal
+from pathlib import Path
 
+import kill_hook
 import numpy as np
 import pytest
 from block_server import BlockServer
 
 from layoutlab import models
-from layoutlab.train.checkpoint import KILL_HOOK_ENV, KILL_POINTS, read_checkpoint
+from layoutlab.train.checkpoint import SAVE_PHASES, read_checkpoint
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 
@@ -111,7 +113,7 @@ def _kill_at(server, config, workdir, point, resume):
         "import json, os\n"
         "from layoutlab.train.config import TrainConfig\n"
         "from layoutlab.train.loop import train_and_evaluate\n"
-        f"os.environ[{KILL_HOOK_ENV!r}] = {point!r}\n"
+        f"{kill_hook.install_code(point)}"
         f"config = TrainConfig.from_dict(json.loads({json.dumps(config.to_dict())!r}))\n"
         f"train_and_evaluate(config, {str(workdir)!r}, resume={resume!r}, quiet=True)\n"
     )
@@ -148,7 +150,7 @@ def _check_resume_said(err, before, after):
 
 def test_every_kill_point_is_covered():
     points = {point for _, chain in CHAINS.values() for point, _ in chain}
-    assert {p.split("@")[0] for p in points} == set(KILL_POINTS)
+    assert {p.split("@")[0] for p in points} == set(SAVE_PHASES)
 
 
 @pytest.mark.parametrize("name", list(CHAINS))
@@ -190,3 +192,25 @@ def test_kill_during_save_then_resume_matches_uninterrupted(
     assert not (ckpt_dir / "corrupt").exists()
     assert not (ckpt_dir / "deleting").exists()
     assert len(_usable_steps(ckpt_dir)) == min(keep, 5)
+
+
+def test_a_save_calls_the_installed_hook_at_each_phase_in_order(tmp_path):
+    """The kill points above come from a hook the test installs; a save with none installed
+    reads nothing from the environment (no ``os.environ`` on the save path)."""
+    import ast
+
+    from layoutlab.train import checkpoint
+
+    state = {"w": np.arange(3.0, dtype=np.float32)}
+    calls = []
+    previous = checkpoint.set_save_phase_hook(lambda phase, step: calls.append((phase, step)))
+    try:
+        with checkpoint.Checkpointer(tmp_path, max_to_keep=1) as ckpt:
+            ckpt.save(1, state)
+            ckpt.save(2, state)
+    finally:
+        checkpoint.set_save_phase_hook(previous)
+    assert calls == [(p, 1) for p in SAVE_PHASES[:3]] + [(p, 2) for p in SAVE_PHASES]
+    source = ast.parse(Path(checkpoint.__file__).read_text())
+    names = {n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute)}
+    assert not names & {"environ", "getenv"}

@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+import kill_hook
 import numpy as np
 import pytest
 from block_server import BlockServer
 
 from layoutlab import cli
-from layoutlab.train.checkpoint import KILL_HOOK_ENV, read_checkpoint
+from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.metrics import read_records
 from layoutlab.train.step_log import TENSORBOARD_DIR
 from layoutlab.train.supervise import SUPERVISED_ENV
@@ -85,14 +86,18 @@ def start_forks(env: dict, log_dir: Path) -> BlockServer:
     return BlockServer(_env(2, env), log_dir)
 
 
-def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Path):
+def _run_forked(
+    forks: BlockServer, argv: list[str], environ: dict, workdir: Path, kill_at: str | None = None
+):
     """``layoutlab <argv>`` as the supervisor's child runs it (``SUPERVISED_ENV`` set, the
     environment's additions in place before anything reads them), in a child of ``forks``,
-    which writes its process id to ``pid`` in its working directory (for a test to kill)."""
+    which writes its process id to ``pid`` in its working directory (for a test to kill)
+    and kills itself at ``kill_at`` of a save (``kill_hook``)."""
     code = (
         "import os, sys\n"
         "open('pid', 'w').write(str(os.getpid()))\n"
         f"os.environ.update({ {SUPERVISED_ENV: '1', **environ}!r})\n"
+        f"{kill_hook.install_code(kill_at) if kill_at else ''}"
         "from layoutlab import cli\n"
         f"sys.exit(cli.main({argv!r}))\n"
     )
@@ -101,8 +106,9 @@ def _run_forked(forks: BlockServer, argv: list[str], environ: dict, workdir: Pat
 
 
 def _launch(
-    workdir, *extra, forks, env=None, env_extra=None, launch_flags=None, serve_first=False, cwd=None
-):
+    workdir, *extra, forks, env=None, env_extra=None, launch_flags=None, serve_first=False,
+    cwd=None, kill_at=None,
+):  # fmt: skip
     """Starts the two trainers of one run; returns ``[(returncode, stdout, stderr)]``.
     ``forks``: the server process 1 is forked from (``start_forks``).
     ``launch_flags(i, port)`` gives process ``i``'s flags, or ``(flags, environment)``.
@@ -110,7 +116,8 @@ def _launch(
     ``serve_first``: start process 1 once process 0 serves the coordinator's port.
     ``cwd``: process 0's working directory; process 1 runs in a new one inside it, so a
     relative ``workdir`` names another directory on each (by default each runs in its own
-    directory beside ``workdir``)."""
+    directory beside ``workdir``).
+    ``kill_at``: both processes kill themselves at that phase of a save (``kill_hook``)."""
     port = _free_port()
     commands = []
     for i in range(2):
@@ -122,14 +129,16 @@ def _launch(
         commands.append((_command(workdir, *extra, *flags), {**(env_extra or {}), **own}))
     (command, environ), (forked, forked_environ) = commands
     with ThreadPoolExecutor(1) as pool:
-        proc = subprocess.Popen(command, env=_env(2, env, **environ), stdout=subprocess.PIPE,
+        environ0 = _env(2, env, **environ)
+        environ0 = kill_hook.environ(kill_at, environ0) if kill_at else environ0
+        proc = subprocess.Popen(command, env=environ0, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=cwd)  # fmt: skip
         try:
             if serve_first:
                 _serving(port)
             # forked[3:]: the command's arguments, after python -m layoutlab.cli
             where = Path(cwd) / workdir if cwd is not None else Path(workdir)
-            other = pool.submit(_run_forked, forks, forked[3:], forked_environ, where)
+            other = pool.submit(_run_forked, forks, forked[3:], forked_environ, where, kill_at)
             out, err = proc.communicate(timeout=TIMEOUT_S)
         finally:  # process 1 then ends too: its coordinator, or the run, is gone
             if proc.poll() is None:
@@ -192,8 +201,7 @@ def test_kill_both_then_resume_both_is_bitwise(two_process_run, tmp_path, env, f
     # Checkpoints every 2 steps, evaluations every 3: the resume starts from step 4, between
     # evaluations, so step 6's train metrics need step 4's, carried in the checkpoint.
     workdir, every_2 = tmp_path / "killed", ("--set", "checkpoint_every=2")
-    kill = {KILL_HOOK_ENV: "before_save@6"}
-    killed = _launch(workdir, *every_2, env=env, env_extra=kill, forks=forks)
+    killed = _launch(workdir, *every_2, env=env, kill_at="before_save@6", forks=forks)
     assert [code for code, _, _ in killed] == [-signal.SIGKILL] * 2
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == 4, saved

@@ -19,13 +19,13 @@ import subprocess
 import sys
 
 import jax
+import kill_hook
 import numpy as np
 import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from layoutlab import cli, models
 from layoutlab.train import loop
-from layoutlab.train.checkpoint import KILL_HOOK_ENV
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.metrics import read_records
@@ -191,7 +191,7 @@ def test_a_resumed_run_logs_each_step_once(reference, tmp_path, capsys, env):
     # restarts at 4 and logs them again.
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(BASE.to_dict()), str(workdir)],
-        env={**env, KILL_HOOK_ENV: "before_save@8"},
+        env=kill_hook.environ("before_save@8", env),
         capture_output=True,
         text=True,
         timeout=300,

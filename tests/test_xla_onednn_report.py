@@ -5,8 +5,11 @@ The program is lowered, not compiled: the targets are not registered in this pro
 pre-optimization HLO spells the custom-calls as the compiled one does.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from onednn_helpers import needs_onednn
 
 from layoutlab.xla.hlo import hlo_report
 from layoutlab.xla.hlo_extract import onednn_kind
@@ -58,3 +61,32 @@ def test_onednn_kind_reads_the_target_suffix():
     assert onednn_kind("layoutlab_onednn_conv_dw") == "backward weights"
     assert onednn_kind("layoutlab_onednn_reorder") == "reorder"
     assert onednn_kind("__cudnn$convForward") is None and onednn_kind(None) is None
+
+
+@needs_onednn
+def test_cost_counts_the_flops_of_onednn_convs():
+    """XLA's cost analysis counts a custom call as -1 flop, so a step whose convs are oneDNN
+    calls read almost no flops; ``cost_summary`` adds each call's conv work from its shapes.
+    Reference: the conv's multiply-adds written out from its geometry (padding taps counted,
+    as the per-conv table counts them): forward, input and weight gradient each do
+    N*Ho*Wo*Cout*kh*kw*Cin of them."""
+    from layoutlab.nn import conv_algos as ca
+    from layoutlab.xla.compile import cost_summary
+    from layoutlab.xla.custom_call_cost import XLA_FLOPS_PER_CUSTOM_CALL
+
+    x, w = jnp.ones((2, 8, 8, 4)), jnp.ones((3, 3, 4, 8))
+
+    def step(x, w):
+        conv = functools.partial(ca.conv2d, strides=2, padding=1, kernel_layout="HWIO")
+        y, vjp = jax.vjp(lambda a, b: conv(a, b, algorithm="onednn"), x, w)
+        return vjp(y)
+
+    compiled = jax.jit(step).lower(x, w).compile()
+    raw = compiled.cost_analysis()
+    raw = raw[0] if isinstance(raw, list) else raw
+    assert raw["flops"] == 3 * XLA_FLOPS_PER_CUSTOM_CALL  # what XLA alone reports
+    macs = 2 * 4 * 4 * 8 * 3 * 3 * 4
+    cost = cost_summary(compiled)
+    assert cost["onednn_flops"] == cost["flops"] == 3 * 2 * macs
+    plain = cost_summary(jax.jit(lambda x: x * 2.0).lower(x).compile())
+    assert plain["onednn_flops"] is None and plain["flops"] == x.size

@@ -4,9 +4,16 @@ Names load lazily (``layoutlab.lazy``): ``import layoutlab`` and the ``layoutlab
 ``--help`` import no JAX; ``layoutlab.Layout`` and the others import what they need.
 """
 
-from layoutlab.lazy import lazy_exports
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from layoutlab.lazy import lazy_exports
+from layoutlab.version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from layoutlab.infer.load import load_model
+    from layoutlab.layout import Layout, channels_first, channels_last, parse_layout, to_layout
+    from layoutlab.nn.convert import convert_layout
+    from layoutlab.precision import Policy, get_policy
 
 _EXPORTS = {
     "Layout": "layout",

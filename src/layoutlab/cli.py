@@ -7,13 +7,16 @@ import importlib
 import os
 import sys
 
-from layoutlab import __version__
 from layoutlab.arguments import OneLineParser
-from layoutlab.xla.host_memory_flag import (
+from layoutlab.host.flag import (
     add_keep_host_memory,
     apply_keep_host_memory,
     huge_pages_wanted,
 )
+from layoutlab.version import __version__
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
 
 # Each module exposes ``register(subparsers)``; the order is the order of ``--help``.
 COMMANDS = (
@@ -96,7 +99,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if command_line and huge_pages_wanted(args):
         # glibc reads the tunable only at start: returns only where it changes nothing.
-        from layoutlab.xla.huge_pages import restart_with_huge_pages
+        from layoutlab.host.huge_pages import restart_with_huge_pages
 
         restart_with_huge_pages()
     train = args.command == "train"

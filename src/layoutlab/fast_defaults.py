@@ -46,30 +46,22 @@ __all__ = [
 
 _YNN = "LIBRARY_FUSION_TYPE_"
 _YNN_KEY = "xla_cpu_experimental_ynn_fusion_type"
-# Measured on ResNet-18 (docs/guides/conv-algorithms.md). Both modes run
-# convs on Eigen, whose backward is much faster than YNNPACK's, and dots on YNNPACK. A
-# training step also hands reductions and elementwise fusions to YNNPACK: otherwise XLA
-# splits every BatchNorm reduction into a slow reduce-window (10x slower on a 32 MiB
-# activation). Inference has no batch statistics, and there YNNPACK's elementwise fusions
-# measured slower than XLA's own loops.
+# Both modes run convs on Eigen, whose backward is much faster than YNNPACK's, and dots on
+# YNNPACK. A training step also hands reductions and elementwise fusions to YNNPACK:
+# otherwise XLA splits every BatchNorm reduction into a slow reduce-window. Inference has no
+# batch statistics, and there YNNPACK's elementwise fusions are slower than XLA's own loops
+# (docs/performance/measurements.md#compile-options, as every choice below).
 CPU_FAST_OPTIONS = {
     "train": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
     "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
 }
-# On AVX-512 an Adam or AdamW step leaves elementwise fusions to XLA's loops: with them it
-# ran 1.2-1.4x slower at batch 1, 8 and 128, even at 32 (the update over every parameter;
-# benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu.md). SGD steps there were
-# within a few percent either way, and on AVX2 the one measurement (batch 128) was even, so
-# those keep them. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
+# On AVX-512 an Adam or AdamW step leaves elementwise fusions to XLA's loops, which run its
+# update over every parameter faster; SGD steps keep them. Optimizer names: train's, and
+# bench's "pytorch" (momentum SGD).
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 # Below this many elements in a step's largest conv output (batch included) an SGD step
 # leaves elementwise fusions to XLA's loops: each YNNPACK fusion costs tens of microseconds
-# a call, more than small tensors repay (U-Net at batch 8: 67 of them, 2.7 ms against 1 ms
-# of XLA loops). On AVX-512 ResNet-18 CIFAR tied without them at batch 8 (0.5M elements)
-# and gained 5% with them at 16 (1M); ResNet-50 gained 11% at batch 2 (1.6M); U-Net lost
-# 5-9% at 0.1-0.5M (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md, round 7).
-# On AVX2 ResNet-18 CIFAR's step ran 1.11x faster without them at batch 1 (65K), even at 8,
-# and ResNet-50's 1.04x faster at batch 1 (0.8M) (train_table_small_batch_avx2_cpu.md).
+# a call, more than small tensors repay.
 ELTWISE_MIN_ACTIVATION = 1 << 20
 
 
@@ -93,13 +85,10 @@ def cpu_fast_options(
     kind = kind or cpu_kind()
     avx512 = kind == "avx512"
     if mode == "train" and batch == 1 and avx512:
-        # A batch-1 training step ran fastest on XLA's own defaults (convs on YNNPACK too):
-        # 1.16x with SGD, 1.05x with AdamW; at batch 8 and 32 the options won 1.07x and
-        # 1.48x (benchmarks/results/cpu_fast_options_small_batch_avx512_cpu.md).
+        # A batch-1 training step runs fastest on XLA's own defaults (convs on YNNPACK too);
+        # from batch 8 the options win.
         return {}
-    # A depthwise model's SGD step too: MobileNetV2's ran 1.59-1.64x slower with them at batch
-    # 8 and 32, while ResNet-50's ran 1.57x faster at 16 and ResNet-18's 0.99-1.06x
-    # (benchmarks/results/cpu_fast_options_by_model_avx512_cpu.md).
+    # A depthwise model's SGD step too: MobileNetV2's ran slower with them, ResNets' not.
     small = activation is not None and activation < ELTWISE_MIN_ACTIVATION
     measured_small = small and kind in ("avx2", "avx512")
     if mode == "train" and (
@@ -166,8 +155,8 @@ def fast_compile_options(
 
 def default_skip_branch(backend: str | None = None) -> str:
     """How a training step skips non-finite gradients (``train.skip``): ``"cond"`` on CPU,
-    where the selects of ``"select"`` cost extra passes over every parameter (ResNet-18 at
-    batch 1: 1.14-1.34x; ``benchmarks/results/skip_branch_cpu.md``), ``"select"`` elsewhere."""
+    where the selects of ``"select"`` cost extra passes over every parameter
+    (docs/performance/measurements.md#skipping-non-finite-steps), ``"select"`` elsewhere."""
     return "cond" if (backend or default_backend()) == "cpu" else "select"
 
 
@@ -184,9 +173,9 @@ def resolve_kernel_storage(storage: str, backend: str | None = None) -> str:
 
 def default_activation_storage(backend: str | None = None) -> str:
     """``"channels_last"`` on CPU: a channels-first model takes and returns its own layout
-    but computes channels-last inside, like PyTorch's channels_last memory format (measured
-    on ResNet-18, ``benchmarks/results/resnet18_cifar_b128_defaults_cpu.md``); ``"layout"``
-    elsewhere, where XLA assigns physical layouts itself."""
+    but computes channels-last inside, like PyTorch's channels_last memory format
+    (docs/performance/measurements.md#activation-storage); ``"layout"`` elsewhere, where XLA assigns
+    physical layouts itself."""
     return "channels_last" if (backend or default_backend()) == "cpu" else "layout"
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 
+__all__ = ["lazy_exports"]
+
 
 def lazy_exports(
     package: str, exports: Mapping[str, str], names: Callable[[], set[str]]

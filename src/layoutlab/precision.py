@@ -159,7 +159,17 @@ FP32_OPS: dict[str, str] = {
 
 
 def get_policy(spec: Policy | str | None) -> Policy:
-    """A preset name (see ``PRESETS``) or ``"params=...,compute=...,output=..."``."""
+    """A preset name (see ``PRESETS``) or ``"params=...,compute=...,output=..."``.
+
+    The keys are jmp's (``p``/``params``, ``c``/``compute``, ``o``/``output``), but the
+    grammar differs from jmp's ``get_policy`` where a dtype is left out: here it is
+    float32, in jmp the compute dtype follows the params and the output follows the compute.
+    So ``"c=bf16"`` means params float32, compute bfloat16, output **float32** here (the
+    usual mixed policy, ``mixed_bf16``) and output bfloat16 in jmp; ``"p=bf16"`` computes
+    in float32 here, in bfloat16 in jmp. ``half`` is always float16 (jmp: bfloat16 on TPU),
+    and a bare dtype (``"f32"``) is not a policy (jmp: all three dtypes); the presets
+    ``fp32``, ``bf16`` and ``fp16`` are. Spell all three dtypes out to mean the same in both.
+    """
     if spec is None:
         return PRESETS["fp32"]
     if isinstance(spec, Policy):

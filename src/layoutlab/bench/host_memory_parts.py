@@ -1,17 +1,13 @@
 """A ``layoutlab bench`` sweep whose batches straddle the size where the commands' malloc
-choice changes (``xla.host_memory_flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
+choice changes (``host.flag.HOST_MEMORY_MIN_PIXELS``), run as one process per
 side, so that each batch runs under the host-memory setting layoutlab gives it alone.
 
-The setting is process-wide and one arena for every thread must come before JAX starts, so
-one process cannot give batch 1 per-thread arenas and batch 256 one arena. Every single
-setting measured wrong on one side of the ResNet-18 CIFAR sweep from batch 1 to 256
-(benchmarks/results/every_batch_zen4_cpu.md, third run). With glibc's defaults, PyTorch's
-batch-256 inference step took 1.72 s against 1.27-1.30 s kept, and layoutlab's batch-1
-training step ran 0.67x PyTorch against 0.92x. With per-thread arenas, layoutlab's
-batch-128 and -256 training steps took 1.2-1.6x as long as with one arena. Each part
-writes its own results under ``OUT/part-*``; the parent merges their rows, and
-``machine.json`` lists the parts with the setting each ran under. PyTorch's steps share
-each part's process and setting.
+The setting is process-wide and one arena for every thread must come before JAX starts, so one
+process cannot give batch 1 per-thread arenas and batch 256 one arena, and every single setting
+measured slower on one side of a sweep from batch 1 to 256
+(docs/performance/measurements.md#host-memory). Each part writes its own results under
+``OUT/part-*``; the parent merges their rows, and ``machine.json`` lists the parts with the setting
+each ran under. PyTorch's steps share each part's process and setting.
 """
 
 from __future__ import annotations
@@ -28,12 +24,12 @@ __all__ = ["host_memory_parts", "run_parts"]
 
 def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
     """The batch sizes of each process a parsed ``bench`` command line runs in: one per
-    host-memory setting among its batches (``xla.host_memory_flag.batch_groups``: per-thread
+    host-memory setting among its batches (``host.flag.batch_groups``: per-thread
     arenas, the same with huge pages, one arena with huge pages), where the flags show more
     than one and leave the setting to layoutlab (no ``--keep-host-memory`` or
     ``--no-keep-host-memory``) and ``args.argv`` holds the command line (``cli.main``); else
     None (one process)."""
-    from layoutlab.xla.host_memory_flag import batch_groups
+    from layoutlab.host.flag import batch_groups
 
     # Without the command line (a parser used directly) a part cannot be rerun.
     if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:

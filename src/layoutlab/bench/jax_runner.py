@@ -160,9 +160,9 @@ class JaxRunner:
             )
         else:
             # Inference needs no optimizer state: leave it out of the arguments. Its leaves
-            # go in flattened, as `predict` calls its forward (infer.load.Run.logits):
-            # flattening the nested state on every call made a batch-1 ResNet-18 step about
-            # 4% slower (benchmarks/results/batch1_process_variance_zen3_cpu.md).
+            # go in flattened, as `predict` calls its forward (infer.load.Run.logits), since
+            # flattening the nested state on every call slows a batch-1 step
+            # (docs/performance/measurements.md#a-trained-runs-forward).
             leaves, treedef = jax.tree.flatten(state._replace(opt_state=None))
 
             def forward(leaves, images):

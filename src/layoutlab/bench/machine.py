@@ -113,8 +113,9 @@ def _torch_threads() -> int | None:
 def machine_info(backend=None, *, note: str | None = None) -> dict:
     """A JSON-ready description of this machine and the backend the run used."""
     from layoutlab.fast_defaults import table_cpu_kind
+    from layoutlab.host import host_memory_state, huge_pages_state
     from layoutlab.nn.conv_algos.onednn_status import onednn_status
-    from layoutlab.xla import host_memory_state, huge_pages_state, resolve_backend
+    from layoutlab.xla import resolve_backend
 
     be = resolve_backend(backend)
     host = host_memory_state()

@@ -54,19 +54,15 @@ MIN_REPEATS = 6
 # which with few rounds are its ends (at 6-8 rounds the interval is the minimum to the
 # maximum): a ResNet-50 row printed 1.01 [1.00, 36.79] from one slow PyTorch round.
 IMPRECISE_RATIO = 2 * UNSTABLE_DISPERSION
-# Seconds of measured rounds per group under auto repeats. A group that settles stops long
-# before; one whose ratio is still undecided needs rounds: ResNet-50's batch-16 inference
-# against PyTorch on a 2-core AVX2 CPU (18 s rounds) read 1.09 [0.97, 1.13] after 7 rounds
-# (a 120 s budget), 1.11 [1.09, 1.16] after 20, and 1.09 [1.05, 1.12] after the 15 that
-# this budget gave it with settling (benchmarks/results/every_batch_avx2_cpu.md).
+# Seconds of measured rounds per group under auto repeats. A group that settles stops long before;
+# one whose ratio is still undecided needs rounds
+# (docs/performance/measurements.md#benchmark-timing).
 AUTO_BUDGET_S = 240.0
 # Under auto repeats a group whose budget runs out while a ratio to a baseline is still
 # undecided goes on to this many rounds: the fewest whose 95% interval of a median leaves
 # out the most extreme round on each side (``_order_rank`` is 2 from 9 rounds, 1 below).
-# Up to 8 rounds the interval is the whole range, so a single slow round decides it:
-# ResNet-18's batch-256 training against PyTorch (rounds of 45 s on a 2-core Zen 4) read
-# 1.01-1.05 with intervals from 0.88 and 0.94 after the budget's 6 rounds, and 1.07-1.09
-# with intervals from 1.05 and 1.07 after 16 (benchmarks/results/every_batch_zen4_cpu.md).
+# Up to 8 rounds the interval is the whole range, so a single slow round decides it
+# (docs/performance/measurements.md#benchmark-timing).
 DECISIVE_REPEATS = 9
 
 

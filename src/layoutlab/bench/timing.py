@@ -66,10 +66,9 @@ def timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-# A step shorter than this runs several times back to back in each round of an interleaved
-# group, after one unmeasured lead step: a step of a few ms ran up to 1.58x slower right
-# after another framework's step than in a loop of its own, layoutlab's more than PyTorch's
-# (benchmarks/results/interleaving_bias_avx512_cpu.md). Rounds still pair up.
+# A step shorter than this runs several times back to back in each round of an interleaved group,
+# after one unmeasured lead step: right after another framework's step a short one runs slower than
+# in a loop of its own (docs/performance/measurements.md#benchmark-timing). Rounds still pair up.
 BLOCK_S = 0.05
 MAX_BLOCK = 8
 
@@ -91,12 +90,10 @@ def timed_block(call: Callable[[], Any], steps: int, timer: Callable = timed) ->
     return statistics.median(timer(call) for _ in range(steps))
 
 
-# PyTorch's OpenMP workers (GNU libgomp) keep spinning on a core for about 10 ms after each
-# call returns; XLA's threads go idle at once. A step timed right after PyTorch's shared the
-# cores with that spin: on 2 cores ResNet-18 inference at batch 8 ran 51-52 ms alone,
-# 57-62 ms interleaved and 54 ms interleaved after this wait
-# (benchmarks/results/every_batch_zen4_cpu.md). Waiting for this process to go idle before
-# each configuration's turn gives every one quiet cores.
+# PyTorch's OpenMP workers (GNU libgomp) keep spinning on a core for about 10 ms after each call
+# returns; XLA's threads go idle at once, so a step timed right after PyTorch's shares the cores
+# with that spin (docs/performance/measurements.md#benchmark-timing). Waiting for this process to go
+# idle before each configuration's turn gives every one quiet cores.
 QUIET_CORES = 0.2
 SETTLE_WINDOW_S = 0.002
 SETTLE_MAX_S = 0.1
@@ -163,7 +160,7 @@ def block_rounds(
     unmeasured lead call, once this process is idle (``settle``); every case in turn each
     round, after ``warmup`` unmeasured calls each. Blocks let each side run as in a loop of
     its own rather than right after the other framework's call, whose threads and caches slow
-    a millisecond-long call (``benchmarks/results/interleaving_bias_avx512_cpu.md``)."""
+    a millisecond-long call (docs/performance/measurements.md#benchmark-timing)."""
     for run in cases.values():
         for _ in range(warmup):
             run()

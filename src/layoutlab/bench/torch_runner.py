@@ -22,16 +22,17 @@ from layoutlab.bench.memory import peak_rss_bytes
 from layoutlab.bench.timing import timed
 
 __all__ = [
-    "TorchUnavailable",
     "TorchRunner",
+    "TorchUnavailable",
     "build_torch_model",
+    "compiled_model",
     "require_torch",
     "torch_device",
     "torch_precisions",
 ]
 
 _LR, _MOMENTUM = 0.01, 0.9  # as layoutlab.train.spec's "pytorch" optimizer (bench --torch)
-_RECOMPILE_LIMIT = 1024  # torch.compile cases one process may hold (see ``_compiled``)
+_RECOMPILE_LIMIT = 1024  # torch.compile cases one process may hold (see ``compiled_model``)
 
 
 class TorchUnavailable(ImportError):
@@ -114,7 +115,7 @@ def torch_tf32(torch, device: str) -> str:
     return f"conv {conv}, matmul {matmul}"
 
 
-def _compiled(torch, model, **compile_kwargs):
+def compiled_model(torch, model, **compile_kwargs):
     """``torch.compile(model)`` that stays compiled for a whole sweep.
 
     Dynamo caches graphs per code object, and each case (model instance, batch, mode) adds
@@ -173,7 +174,7 @@ class TorchRunner:
         opt = torch.optim.SGD(model.parameters(), lr=_LR, momentum=_MOMENTUM) if train else None
         use_scaler = train and case.precision == "amp_fp16"
         scaler = torch.amp.GradScaler(self.device) if use_scaler else None
-        runnable = _compiled(torch, model) if case.compile else model
+        runnable = compiled_model(torch, model) if case.compile else model
         self._state = (torch, runnable, x, y, opt, scaler, amp[case.precision])
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()

@@ -7,11 +7,35 @@ reference ops live in ``layoutlab.compare.numpy_ref``.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layoutlab.compare import numpy_ref
+    from layoutlab.compare.curves import compare_curves, compare_training
+    from layoutlab.compare.gradient_comparison import compare_gradients
+    from layoutlab.compare.layer_report import LayerTolerance
+    from layoutlab.compare.layerwise import compare_layerwise
+    from layoutlab.compare.references import (
+        against_layout,
+        against_numpy,
+        against_policy,
+        with_policy,
+    )
+    from layoutlab.compare.report import CompareReport, ShapeMismatchError, assert_close, compare
+    from layoutlab.compare.tolerance import Tolerance, default_tolerance, scaled
+    from layoutlab.compare.torch_mirrors import build_torch_mirror
+    from layoutlab.compare.torch_reference import against_torch
+    from layoutlab.compare.torch_weights import load_torch_state_dict, to_torch_state_dict
+    from layoutlab.compare.tree import (
+        TreeReport,
+        TreeStructureError,
+        assert_trees_close,
+        compare_trees,
+    )
 
 _EXPORTS = {
     "Tolerance": "tolerance",
     "default_tolerance": "tolerance",
-    "resolve_tolerance": "tolerance",
     "scaled": "tolerance",
     "CompareReport": "report",
     "ShapeMismatchError": "report",
@@ -21,30 +45,17 @@ _EXPORTS = {
     "TreeStructureError": "tree",
     "compare_trees": "tree",
     "assert_trees_close": "tree",
-    "LayerOutput": "layer_recording",
-    "LayerRow": "layer_report",
     "LayerTolerance": "layer_report",
-    "LayerwiseReport": "layer_report",
     "compare_gradients": "gradient_comparison",
     "compare_layerwise": "layerwise",
-    "highest_precision": "layer_recording",
-    "layer_outputs": "layer_recording",
-    "record_layers": "layer_recording",
-    "ReferenceReport": "reference_report",
     "against_layout": "references",
     "against_numpy": "references",
     "against_policy": "references",
     "against_torch": "torch_reference",
-    "default_layer_tolerance": "references",
     "with_policy": "references",
-    "StateDictKeyError": "torch_weights",
-    "StateDictShapeError": "torch_weights",
     "load_torch_state_dict": "torch_weights",
     "to_torch_state_dict": "torch_weights",
-    "torch_keys": "torch_weights",
     "build_torch_mirror": "torch_mirrors",
-    "CurveReport": "curves",
-    "RunConfig": "curves",
     "compare_curves": "curves",
     "compare_training": "curves",
 }
@@ -68,7 +79,33 @@ _SUBMODULES = {
     "command",
 }
 
-__all__ = sorted([*_EXPORTS, "numpy_ref"])
+__all__ = [
+    "CompareReport",
+    "LayerTolerance",
+    "ShapeMismatchError",
+    "Tolerance",
+    "TreeReport",
+    "TreeStructureError",
+    "against_layout",
+    "against_numpy",
+    "against_policy",
+    "against_torch",
+    "assert_close",
+    "assert_trees_close",
+    "build_torch_mirror",
+    "compare",
+    "compare_curves",
+    "compare_gradients",
+    "compare_layerwise",
+    "compare_training",
+    "compare_trees",
+    "default_tolerance",
+    "load_torch_state_dict",
+    "numpy_ref",
+    "scaled",
+    "to_torch_state_dict",
+    "with_policy",
+]
 
 
 def __getattr__(name: str):

@@ -12,7 +12,23 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.data.augmentation import augment, random_crop, random_flip
+    from layoutlab.data.cifar import load_cifar10, load_cifar100
+    from layoutlab.data.dataset import Dataset, channel_stats, make_dataset, split_by_seed
+    from layoutlab.data.digits import load_digits
+    from layoutlab.data.errors import DataError
+    from layoutlab.data.folder import load_folder
+    from layoutlab.data.idx import load_fashion_mnist, load_mnist, read_idx
+    from layoutlab.data.loader import epoch_batches, steps_per_epoch, train_batches
+    from layoutlab.data.prefetch import Prefetcher, prefetch_to_device
+    from layoutlab.data.spec import get_dataset, parse_image_shape
+    from layoutlab.data.spec_forms import SPEC_FORMS
+    from layoutlab.data.synthetic import make_synthetic
 
 _EXPORTS = {
     "augment": "augmentation",
@@ -20,7 +36,6 @@ _EXPORTS = {
     "random_flip": "augmentation",
     "load_cifar10": "cifar",
     "load_cifar100": "cifar",
-    "SPLITS": "dataset",
     "Dataset": "dataset",
     "channel_stats": "dataset",
     "make_dataset": "dataset",
@@ -32,7 +47,6 @@ _EXPORTS = {
     "load_mnist": "idx",
     "read_idx": "idx",
     "epoch_batches": "loader",
-    "epoch_order": "loader",
     "steps_per_epoch": "loader",
     "train_batches": "loader",
     "Prefetcher": "prefetch",
@@ -45,14 +59,12 @@ _EXPORTS = {
 
 __all__ = [
     "SPEC_FORMS",
-    "SPLITS",
     "DataError",
     "Dataset",
     "Prefetcher",
     "augment",
     "channel_stats",
     "epoch_batches",
-    "epoch_order",
     "get_dataset",
     "load_cifar10",
     "load_cifar100",

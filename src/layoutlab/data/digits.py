@@ -13,7 +13,7 @@ import numpy as np
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
 from layoutlab.data.fingerprint import files_fingerprint
 
-__all__ = ["load_digits"]
+__all__ = ["digits_table", "load_digits"]
 
 # load_digits pixels are counts of set bits in 4x4 blocks: integers 0..16.
 _DIGITS_MAX = 16.0
@@ -26,7 +26,7 @@ def _digits_file() -> Path:
     return Path(root, "datasets", "data", "digits.csv.gz")
 
 
-def _digits_table() -> tuple[np.ndarray, dict]:
+def digits_table() -> tuple[np.ndarray, dict]:
     """``(1797, 65)``: each row 64 pixels, then the label, as ``sklearn.datasets.load_digits``
     reads them, and the fingerprint of what they were read from. Read straight from the CSV
     sklearn ships, without importing sklearn: importing it (scipy with it) costs more CPU
@@ -46,7 +46,7 @@ def _digits_table() -> tuple[np.ndarray, dict]:
 
 def load_digits(*, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     """The digits data set, split into train/test by ``seed``."""
-    table, fingerprint = _digits_table()
+    table, fingerprint = digits_table()
     images = np.asarray(table[:, :-1], np.float32).reshape(-1, 8, 8, 1)  # (N, 8, 8, 1)
     labels = np.asarray(table[:, -1], np.int32)
     train, test = split_by_seed(images, labels, test_fraction=test_fraction, seed=seed)

@@ -1,6 +1,9 @@
 """The forms of a data set spec and the image shapes they fix, for help texts and compile
 options that must not load the loaders."""
 
+__all__ = ["SPEC_FORMS", "SYNTHETIC_SHAPE", "known_image_shape", "parse_image_shape"]
+
+
 SPEC_FORMS = (
     "digits",
     "cifar10:DIR",

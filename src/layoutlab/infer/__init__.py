@@ -7,6 +7,14 @@ Names load lazily, so the CLI's ``command`` module imports without JAX.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layoutlab.infer.evaluate import evaluate_run, evaluate_workdir, plot_confusion
+    from layoutlab.infer.export import export_run
+    from layoutlab.infer.load import NoRunError, Run, load_model, open_run
+    from layoutlab.infer.plan import inference_plan
+    from layoutlab.infer.predict import load_images, predict_files
 
 _HOMES = {
     "NoRunError": "load",
@@ -22,7 +30,19 @@ _HOMES = {
     "predict_files": "predict",
 }
 
-__all__ = sorted(_HOMES)
+__all__ = [
+    "NoRunError",
+    "Run",
+    "evaluate_run",
+    "evaluate_workdir",
+    "export_run",
+    "inference_plan",
+    "load_images",
+    "load_model",
+    "open_run",
+    "plot_confusion",
+    "predict_files",
+]
 
 
 def __getattr__(name):

@@ -26,13 +26,13 @@ from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec
 from layoutlab.train.steps import TOP_K, make_eval_step
 
-__all__ = ["TOP_K", "evaluate_run", "plot_confusion"]
+__all__ = ["TOP_K", "evaluate_run", "on_current_eval_plan", "plot_confusion"]
 
 
 def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
     shard = make_shardings(run.config.data_parallel)
-    run = _on_current_eval_plan(run, shard.num_devices)
+    run = on_current_eval_plan(run, shard.num_devices)
     # The run's own eval plan, jitted as the loop jits it: the metrics are the run's to the bit.
     eval_step = jit_eval_step(make_eval_step(run.eval_defs, class_axis(run.spec)), run.spec, shard)
     state = jax.device_put(run.state(), shard.replicated)
@@ -47,7 +47,7 @@ def evaluate_run(run: Run) -> dict:
     }
 
 
-def _on_current_eval_plan(run: Run, devices: int) -> Run:
+def on_current_eval_plan(run: Run, devices: int) -> Run:
     """``run`` with the eval plan its evaluation on ``devices`` runs: the stored one, unless it
     was made for another eval batch (``train.run_plan.current_eval_plan``), as a resume of
     the run would replan it."""

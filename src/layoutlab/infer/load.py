@@ -37,7 +37,15 @@ from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.state import ModelDefs, TrainState, split_model
 from layoutlab.train.steps import make_forward
 
-__all__ = ["NoRunError", "Run", "checkpoint_state", "class_names", "load_model", "open_run"]
+__all__ = [
+    "NoRunError",
+    "Run",
+    "checkpoint_state",
+    "class_names",
+    "jitted_flat_forward",
+    "load_model",
+    "open_run",
+]
 
 
 class NoRunError(FileNotFoundError):
@@ -67,15 +75,12 @@ class Run:
     @functools.cached_property
     def logits(self) -> Callable:
         """``images -> logits``: the run's eval-mode forward (``make_forward``) on this run's
-        state, with the conv plan of ``inference_defs`` for the images' batch, jitted with
-        the run's inference XLA options (on CPU those evaluation uses, which made a batch-1
-        ResNet-18 forward 3-5x faster:
-        benchmarks/results/predict_one_image_resnet18_cifar_cpu.md). The state's leaves are
-        flattened once here, not on every call: flattening ResNet-18's nested state made a
-        batch-1 call 3.5% [1.8, 5.3] slower on a 2-core CPU, the logits the same bit for bit
-        (benchmarks/results/predict_one_image_resnet18_cifar_zen4_settle_cpu.md). The compiled
-        program is shared by every ``Run`` of the same model, plan and options, so the same
-        run opened again does not compile it again."""
+        state, with the conv plan of ``inference_defs`` for the images' batch, jitted with the run's
+        inference XLA options (on CPU those evaluation uses). The state's leaves are flattened once
+        here: flattening them on every call slowed a batch-1 call, the logits the same bit for bit
+        (docs/performance/measurements.md#a-trained-runs-forward). The compiled program is
+        shared by every ``Run`` of the same model, plan and options, so the same run opened again
+        does not compile it again."""
         leaves, treedef = jax.tree.flatten(self.state())
         options = tuple(sorted(self.spec.compile_options("infer").items()))
         forwards: dict[int, Callable] = {}
@@ -84,7 +89,7 @@ class Run:
             forward = forwards.get(images.shape[0])
             if forward is None:
                 defs = self.inference_defs(images)
-                forward = forwards[images.shape[0]] = _jitted_flat_forward(defs, treedef, options)
+                forward = forwards[images.shape[0]] = jitted_flat_forward(defs, treedef, options)
             return forward(leaves, images)
 
         return logits
@@ -130,7 +135,7 @@ class Run:
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
+def jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
     forward = make_forward(defs)
 
     def flat(leaves, images):

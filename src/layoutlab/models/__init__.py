@@ -11,7 +11,24 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.models.registry import (
+        ModelSpec,
+        create,
+        example_shape,
+        has_depthwise_convs,
+        largest_conv_output,
+        model_compile_options,
+        names,
+        register,
+        resolve_layout,
+        spec,
+        unregister,
+    )
 
 _EXPORTS = {
     "ModelSpec": "registry",

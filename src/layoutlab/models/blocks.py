@@ -10,6 +10,8 @@ from layoutlab import nn
 from layoutlab.layout import Layout
 from layoutlab.precision import Policy
 
+__all__ = ["Sequential", "conv_bn_act", "layer_factories", "run_block"]
+
 
 def layer_factories(layout: Layout, policy: Policy, rngs: nnx.Rngs):
     """``conv`` and ``norm`` partials, the way blocks receive them (Flax ImageNet style)."""

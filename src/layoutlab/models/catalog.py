@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+__all__ = ["BUILTIN_MODELS", "CatalogEntry"]
+
 
 class CatalogEntry(NamedTuple):
     name: str

@@ -7,6 +7,8 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registration import register
 
+__all__ = ["SmallCNN3D"]
+
 
 class SmallCNN3D(ImageModel):
     def __init__(self, *, num_classes, layout, policy, rngs, in_channels=3, width=16):

@@ -9,6 +9,8 @@ import json
 from layoutlab.arguments import add_json, parse_model_args
 from layoutlab.models.catalog import BUILTIN_MODELS
 
+__all__ = ["model_kwargs", "register"]
+
 
 def model_kwargs(args: argparse.Namespace) -> dict:
     """The model keyword arguments of ``--tiny``, ``--stem`` and ``--model-arg`` (in that

@@ -9,6 +9,9 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories, run_block
 from layoutlab.models.registration import POSITIVE, PROBABILITY, Range, register
 
+__all__ = ["INVERTED_RESIDUAL_SETTINGS", "InvertedResidual", "MobileNetV2", "make_divisible"]
+
+
 # (expansion t, channels c, repeats n, first stride s)
 INVERTED_RESIDUAL_SETTINGS = (
     (1, 16, 1, 1),

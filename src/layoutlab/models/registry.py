@@ -33,10 +33,11 @@ from layoutlab.precision import get_policy
 
 # POSITIVE, PROBABILITY and Range: the argument ranges a registered model may declare.
 __all__ = [
+    "ModelSpec",
     "POSITIVE",
     "PROBABILITY",
-    "ModelSpec",
     "Range",
+    "cached_when_hashable",
     "create",
     "example_shape",
     "has_depthwise_convs",
@@ -142,7 +143,7 @@ def create(
     return configure(model, ConvSettings(kernel_storage=kernel_storage), activation_storage=inside)
 
 
-def _cached_when_hashable(fn):
+def cached_when_hashable(fn):
     """``functools.cache`` of ``fn``, bypassed for arguments that cannot be hashed (a model
     option given as a list, ``--model-arg stage_sizes=[2,2]``): those are computed anew."""
     cached = functools.cache(fn)
@@ -169,7 +170,7 @@ def has_depthwise_convs(name: str, model_kwargs: dict | None = None) -> bool:
     return _has_depthwise(name, _options(model_kwargs))
 
 
-@_cached_when_hashable
+@cached_when_hashable
 def _has_depthwise(name: str, items: tuple) -> bool:
     return has_depthwise(nnx.eval_shape(lambda: create(name, **dict(items))))
 
@@ -195,7 +196,7 @@ def largest_conv_output(
     return _largest_output(name, _options(model_kwargs), tuple(int(d) for d in input_shape))
 
 
-@_cached_when_hashable
+@cached_when_hashable
 def _largest_output(name: str, items: tuple, shape: tuple) -> int | None:
     model = nnx.eval_shape(lambda: create(name, **dict(items)))
     x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)

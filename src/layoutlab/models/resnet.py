@@ -12,6 +12,8 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, layer_factories, run_block
 from layoutlab.models.registration import POSITIVE, register
 
+__all__ = ["BasicBlock", "Bottleneck", "ResNet"]
+
 
 class BasicBlock(nnx.Module):
     expansion = 1

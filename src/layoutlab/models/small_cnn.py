@@ -7,6 +7,8 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registration import POSITIVE, PROBABILITY, register
 
+__all__ = ["SmallCNN"]
+
 
 class SmallCNN(ImageModel):
     """conv-bn-relu x3 with a max pool, adaptive pool to 2x2, flatten, two dense layers."""

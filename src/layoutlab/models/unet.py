@@ -10,6 +10,8 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, conv_bn_act, layer_factories
 from layoutlab.models.registration import register
 
+__all__ = ["UNet", "Up", "double_conv"]
+
 
 def double_conv(conv, norm, cin, cout):
     return Sequential(conv_bn_act(conv, norm, cin, cout, 3), conv_bn_act(conv, norm, cout, cout, 3))

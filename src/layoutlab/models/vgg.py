@@ -7,6 +7,9 @@ from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential
 from layoutlab.models.registration import POSITIVE, PROBABILITY, register
 
+__all__ = ["VGG"]
+
+
 _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 

@@ -11,7 +11,21 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.nn.activation import ReLU, ReLU6
+    from layoutlab.nn.base import LayoutModule
+    from layoutlab.nn.configuration import configure
+    from layoutlab.nn.conv import Conv, ConvTranspose
+    from layoutlab.nn.conv_settings import ConvSettings
+    from layoutlab.nn.convert import convert_layout
+    from layoutlab.nn.linear import Dense, Dropout, Flatten
+    from layoutlab.nn.norm import BatchNorm, GroupNorm
+    from layoutlab.nn.pooling import AdaptiveAvgPool, AvgPool, GlobalAvgPool, MaxPool
+    from layoutlab.nn.upsample import Upsample
 
 _EXPORTS = {
     "ReLU": "activation",

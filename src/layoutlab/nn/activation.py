@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+__all__ = ["ReLU", "ReLU6"]
+
 
 class ReLU(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:

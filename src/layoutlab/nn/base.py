@@ -7,6 +7,8 @@ from flax import nnx
 from layoutlab.layout import Layout, parse_layout
 from layoutlab.precision import Policy, get_policy
 
+__all__ = ["LayoutModule"]
+
 
 class LayoutModule(nnx.Module):
     """A module with a ``layout`` and a ``policy``.

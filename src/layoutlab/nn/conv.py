@@ -31,13 +31,20 @@ from layoutlab.nn.init import flat_kaiming_normal_fan_out, flat_uniform
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
 
+__all__ = [
+    "MATMUL",
+    "TRANSPOSE_ALGORITHMS",
+    "Conv",
+    "ConvTranspose",
+    "check_settings",
+    "default_kernel_init",
+]
+
+
 MATMUL = "matmul"
 TRANSPOSE_ALGORITHMS = (AUTO, XLA, MATMUL)  # ConvTranspose's; see its docstring
 # torchvision initialises convs with kaiming_normal(mode="fan_out", relu).
 default_kernel_init = flat_kaiming_normal_fan_out
-
-
-__all__ = ["Conv", "ConvTranspose"]
 
 
 def _bias_init(key, shape, dtype, fan_in):
@@ -237,7 +244,7 @@ class ConvTranspose(LayoutModule):
     stride-2 up-sampling) and ``"xla"`` elsewhere. ``"xla"`` is XLA's conv over the
     stride-dilated input, which on XLA:CPU multiplies the inserted zeros too; ``"matmul"``
     is one dot over the input channels followed by a depth-to-space, the same products
-    summed in the same way (``benchmarks/results/conv_transpose_avx512_cpu.md``).
+    summed in the same way (docs/performance/measurements.md#conv-algorithms).
     """
 
     def __init__(

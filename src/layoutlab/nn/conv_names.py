@@ -4,6 +4,9 @@ Argument parsers read these to write their help (``layoutlab train --help`` must
 JAX); ``tests/test_cli_fast_start.py`` checks ``BUILTIN_ALGORITHMS`` against the registry.
 """
 
+__all__ = ["ACTIVATION_STORAGES", "AUTO", "BUILTIN_ALGORITHMS", "KERNEL_STORAGES", "XLA"]
+
+
 XLA = "xla"
 AUTO = "auto"
 # How a conv's kernel is stored: in the layer's layout, or HWIO (channels-last) always.

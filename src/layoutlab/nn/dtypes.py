@@ -7,6 +7,8 @@ import numpy as np
 
 from layoutlab.precision import Policy
 
+__all__ = ["accumulation_dtype", "channel_shape"]
+
 
 def accumulation_dtype(policy: Policy) -> np.dtype | None:
     """``preferred_element_type`` for convs and dots: float32 whenever compute is half.

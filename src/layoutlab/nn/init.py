@@ -12,6 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+__all__ = ["flat_kaiming_normal_fan_out", "flat_uniform"]
+
 
 def flat_uniform(key, shape, dtype, minval, maxval):
     return jax.random.uniform(key, (math.prod(shape),), dtype, minval, maxval).reshape(shape)

@@ -15,6 +15,9 @@ from layoutlab.nn.dtypes import accumulation_dtype
 from layoutlab.nn.init import flat_uniform
 from layoutlab.precision import Policy, get_policy
 
+__all__ = ["Dense", "Dropout", "Flatten", "dense_matmul"]
+
+
 Dropout = nnx.Dropout
 
 
@@ -28,10 +31,8 @@ def dense_matmul(x: jax.Array, kernel: jax.Array, preferred=None) -> jax.Array:
     """``x @ kernel`` (``kernel``: ``(in, out)``). With one row (a batch-1 step) its input
     gradient contracts the kernel over its minor axis, ``kernel . dy``: JAX's own rule
     writes ``dy @ kernel.T``, which XLA:CPU turns, for one row, into a multiply and a
-    reduction down the kernel's major axis. VGG-11's 25088x4096 layer took 257 ms there
-    against 17 ms, and VGG-11-BN's batch-1 training step ran 1.58-1.61x faster; from 8 rows both
-    forms ran even, so those keep JAX's rule
-    (``benchmarks/results/dense_input_gradient_avx512_cpu.md``)."""
+    reduction down the kernel's major axis, many times slower; from 8 rows both forms ran
+    even, so those keep JAX's rule (docs/performance/measurements.md#dense-layer-at-batch-1)."""
     if math.prod(x.shape[:-1]) == 1:
         return _one_row_matmul(x, kernel, preferred)
     return _matmul(x, kernel, preferred)

@@ -16,11 +16,19 @@ from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.dtypes import channel_shape
 from layoutlab.precision import Policy
 
-# Below this many elements an activation takes the centred form. With this threshold the
-# training step ran 1.04-1.12x faster on ResNet-18 at batch 8-128 and ResNet-50 at 1 and 16;
-# the affine form everywhere made ResNet-18 CIFAR at batch 1, whose BatchNorms all hold
-# 65536 elements or fewer, 0.95x (benchmarks/results/batch_norm_passes_cpu.md). Measured on
-# CPU only; the arithmetic is the same on every backend.
+__all__ = [
+    "AFFINE_MIN_ELEMENTS",
+    "BatchNorm",
+    "GroupNorm",
+    "batch_norm_train",
+    "batch_norm_train_affine",
+    "batch_norm_train_centred",
+]
+
+
+# Below this many elements an activation takes the centred form, which small activations ran faster
+# in (docs/performance/measurements.md#batchnorm-passes). Measured on CPU only; the arithmetic is
+# the same on every backend.
 AFFINE_MIN_ELEMENTS = 2**17
 
 
@@ -89,9 +97,8 @@ def batch_norm_train_affine(x, scale, bias, axes: tuple[int, ...], epsilon: floa
     back in full; the barrier at the top of the backward keeps XLA from merging the
     backward's ``x - mean`` with the forward's into one such value, and the statistics'
     cotangents, zero whenever ``mean``/``var`` only feed running averages, are symbolic, so
-    their terms vanish at trace time instead of costing a pass. BatchNorm+ReLU forward and
-    backward on a 16x56x56x256 activation: 1.6x faster than the centred form on one core,
-    1.4x on two (``benchmarks/results/batch_norm_passes_cpu.md``).
+    their terms vanish at trace time instead of costing a pass, which makes large
+    activations' BatchNorm faster (docs/performance/measurements.md#batchnorm-passes).
     """
     return _affine_forward(x, scale, bias, axes, epsilon)[0]
 

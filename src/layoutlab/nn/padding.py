@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+__all__ = ["Padding", "normalize_padding", "normalize_tuple", "same_padding"]
+
+
 Padding = str | int | Sequence[int] | Sequence[tuple[int, int]]
 
 

@@ -16,6 +16,16 @@ from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.padding import normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
 
+__all__ = [
+    "AdaptiveAvgPool",
+    "AvgPool",
+    "GlobalAvgPool",
+    "MaxPool",
+    "adaptive_pool_matrix",
+    "apply_separable",
+    "max_pool",
+]
+
 
 def _full_window(layout: Layout, spatial: tuple[int, ...], fill: int) -> tuple[int, ...]:
     """Expand per-spatial-dim values to all axes of ``layout``, ``fill`` elsewhere."""

@@ -12,6 +12,8 @@ from layoutlab.nn.padding import normalize_tuple
 from layoutlab.nn.pooling import apply_separable
 from layoutlab.precision import Policy
 
+__all__ = ["Upsample", "linear_interp_matrix"]
+
 
 def linear_interp_matrix(size: int, out: int, align_corners: bool) -> np.ndarray:
     """``(out, size)`` weights of 1-D linear interpolation as ``F.interpolate`` computes it."""

@@ -12,7 +12,28 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.train.checkpoint import (
+        Checkpointer,
+        CheckpointError,
+        CorruptCheckpointError,
+        IncompatibleCheckpointError,
+        read_checkpoint,
+    )
+    from layoutlab.train.config import TrainConfig, apply_overrides, validate
+    from layoutlab.train.loop import train_and_evaluate
+    from layoutlab.train.metrics import read_records
+    from layoutlab.train.optim import OptimizerSpec, make_optimizer, make_schedule
+    from layoutlab.train.plot import plot_metrics
+    from layoutlab.train.program import Program, build_program
+    from layoutlab.train.resume import ResumeError
+    from layoutlab.train.sharding import make_shardings
+    from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
+    from layoutlab.train.workdir import WorkdirError
 
 _EXPORTS = {
     "Checkpointer": "checkpoint",

@@ -42,9 +42,11 @@ __all__ = [
     "agree_on_run",
     "decided_by_process_0",
     "describe_differences",
+    "read_probe",
     "run_fingerprint",
     "source_digest",
     "verdict",
+    "write_probe",
 ]
 
 _PREFIX = "layoutlab/"
@@ -205,14 +207,14 @@ def verdict(prints: list[dict[str, str]]) -> str:
     )
 
 
-def _write_probe(workdir: Path) -> tuple[str, Path]:
+def write_probe(workdir: Path) -> tuple[str, Path]:
     nonce = secrets.token_hex(8)
     path = workdir / f"{_PROBE_FILE}{nonce}"
     path.write_text(nonce)
     return nonce, path
 
 
-def _read_probe(workdir: Path, nonce: str | None) -> str:
+def read_probe(workdir: Path, nonce: str | None) -> str:
     """What this process finds of process 0's probe file in its own ``workdir``."""
     if not nonce:
         return _NO_PROBE
@@ -245,10 +247,10 @@ def agree_on_run(
             workdir = Path(workdir)
             mine[WORKDIR] = str(workdir.resolve())
             if me == 0:
-                mine[PROBE], probe = _write_probe(workdir)
+                mine[PROBE], probe = write_probe(workdir)
             else:  # process 0 publishes its fingerprint only once the probe file is written
                 first = json.loads(_wait(client, f"{base}/0", timeout, "process 0's settings"))
-                mine[PROBE] = _read_probe(workdir, first.get(PROBE))
+                mine[PROBE] = read_probe(workdir, first.get(PROBE))
         client.key_value_set(f"{base}/{me}", json.dumps(mine))
         if me == 0:
             prints = [

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -68,14 +67,17 @@ __all__ = [
     "ForeignCheckpointError",
     "IncompatibleCheckpointError",
     "newest_meta",
+    "SAVE_PHASES",
     "read_checkpoint",
+    "set_save_phase_hook",
 ]
 
 QUARANTINE = "corrupt"  # unusable checkpoints are moved to <dir>/corrupt/<step>
 TRASH = "deleting"  # old steps are renamed here, then removed
-# Tests only: "POINT" or "POINT@STEP" kills this process with SIGKILL at that point of save().
-KILL_HOOK_ENV = "LAYOUTLAB_TEST_CHECKPOINT_KILL"
-KILL_POINTS = ("before_save", "after_save", "after_manifest", "during_delete")
+# The phases of a save at which ``set_save_phase_hook``'s hook is called, in order: before
+# orbax writes, once it committed, once the manifest is checked, and after each old step is
+# moved aside (the commit order above: a crash test kills the process at each).
+SAVE_PHASES = ("before_save", "after_save", "after_manifest", "during_delete")
 # TrainState.model_state was called ``rest`` before; its checkpoints still restore.
 _RENAMED_PATHS = ((".rest", ".model_state"),)
 
@@ -84,14 +86,27 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _kill_point(point: str, step: int) -> None:
-    """The crash-test hook: nothing happens unless the test's environment variable names it."""
-    wanted = os.environ.get(KILL_HOOK_ENV)
-    if not wanted:
-        return
-    name, _, at = wanted.partition("@")
-    if name == point and (not at or int(at) == step):
-        os.kill(os.getpid(), signal.SIGKILL)
+def _no_hook(phase: str, step: int) -> None:
+    """What a save calls at each phase unless a hook is installed: nothing."""
+
+
+_save_phase_hook: Callable[[str, int], None] = _no_hook
+
+
+def set_save_phase_hook(
+    hook: Callable[[str, int], None] | None,
+) -> Callable[[str, int], None] | None:
+    """Installs ``hook(phase, step)``, called at each of ``SAVE_PHASES`` of every save in this
+    process (None: none); returns the hook it replaces. Crash tests install one that kills the
+    process there; a run installs none, so a save reads nothing from its environment."""
+    global _save_phase_hook
+    previous = _save_phase_hook
+    _save_phase_hook = hook or _no_hook
+    return None if previous is _no_hook else previous
+
+
+def _save_phase(phase: str, step: int) -> None:
+    _save_phase_hook(phase, step)
 
 
 def _is_key(x) -> bool:
@@ -193,7 +208,7 @@ class Checkpointer:
         meta.update(key_impls=impls, extra=extra or {})
         if jax.process_count() == 1:  # what certifies the step if the manifest never comes
             meta["array_crc32s"] = array_crc32s(leaves)
-        _kill_point("before_save", step)
+        _save_phase("before_save", step)
         with quiet_orbax_failure():
             self._manager.save(
                 step,
@@ -202,13 +217,13 @@ class Checkpointer:
                 ),
             )
             self._manager.wait_until_finished()
-        _kill_point("after_save", step)
+        _save_phase("after_save", step)
         step_dir = self.step_dir(step)
         if self._main:
             write_manifest(step_dir)
             verify_manifest(step_dir)
         barrier(f"layoutlab-manifest-{step}")
-        _kill_point("after_manifest", step)
+        _save_phase("after_manifest", step)
         self._prune(step)
         return step_dir
 
@@ -226,7 +241,7 @@ class Checkpointer:
             with steps_pinned(self.directory, exclusive=True):
                 for step in old:
                     os.replace(self.step_dir(step), trash / str(step))  # atomic: gone or whole
-                    _kill_point("during_delete", newest)
+                    _save_phase("during_delete", newest)
             shutil.rmtree(trash)
         barrier(f"layoutlab-prune-{newest}")
         self._manager.reload()

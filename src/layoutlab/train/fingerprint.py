@@ -21,9 +21,9 @@ _PACKAGES = ("jax", "jaxlib", "flax", "optax")
 
 
 def _versions() -> dict[str, str]:
-    import layoutlab
+    from layoutlab.version import __version__
 
-    out = {"python": platform.python_version(), "layoutlab": layoutlab.__version__}
+    out = {"python": platform.python_version(), "layoutlab": __version__}
     for name in _PACKAGES:
         try:
             out[name] = importlib.metadata.version(name)
@@ -49,9 +49,9 @@ def source_digest(root: str | None = None) -> str:
 
 @functools.cache
 def _package_digest() -> str:
-    import layoutlab
-
-    return source_digest(os.path.dirname(os.path.abspath(layoutlab.__file__)))
+    # The package's folder, found without importing the package (whose exports reach above
+    # train/).
+    return source_digest(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _numerics() -> dict[str, str]:

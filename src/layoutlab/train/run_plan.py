@@ -62,15 +62,13 @@ def planned(
     the CLI's (cached, tuned or the table's); None, or its None: the shipped table's.
     ``model``: ``abstract_model(config, inputs)``, which the caller has built already.
 
-    The eval step gets a plan too (``eval_conv_plan``; a given one is kept): the table's
-    inference rules at ``eval_batch``, the batch every test image is evaluated at (None:
-    no eval plan). The training plan's entries are keyed by the training batch, so at any
-    other batch every conv would run ``xla``: MobileNetV2's eval step at batch 512 ran 13.6x
-    slower for it, its depthwise convs on XLA's grouped conv, ResNet-18 CIFAR's 1.25x
-    (benchmarks/results/eval_step_plan_zen3_cpu.md). A tuned plan (``conv_planner``'s) keeps
-    its entries for the shapes they were made for and the table fills the rest; at an eval
-    batch equal to the training batch it needs no eval plan. A given ``conv_plan`` gets
-    none: the run is returned as it is."""
+    The eval step gets a plan too (``eval_conv_plan``; a given one is kept): the table's inference
+    rules at ``eval_batch``, the batch every test image is evaluated at (None: no eval plan). The
+    training plan's entries are keyed by the training batch, so at any other batch every conv would
+    run ``xla``, much slower (docs/performance/measurements.md#eval-plan). A tuned plan
+    (``conv_planner``'s) keeps its entries for the shapes they were made for and the table fills the
+    rest; at an eval batch equal to the training batch it needs no eval plan. A given ``conv_plan``
+    gets none: the run is returned as it is."""
     if config.conv_algorithm != AUTO or config.conv_plan is not None:
         return config
     spec = resolve_spec(config)

@@ -21,6 +21,7 @@ __all__ = [
     "PARAM_SHARDINGS",
     "Shardings",
     "assemble",
+    "fsdp_spec",
     "local_rows",
     "make_shardings",
     "state_shardings",
@@ -83,7 +84,7 @@ def assemble(sharding, local: tuple[np.ndarray, ...], batch: int) -> tuple[jax.A
     )
 
 
-def _fsdp_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
+def fsdp_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
     """Split the largest axis that divides evenly over the devices; replicate if none does
     (scalars, biases shorter than the device count)."""
     axes = [i for i, n in enumerate(shape) if n % devices == 0 and n >= devices]
@@ -103,6 +104,6 @@ def state_shardings(abstract_state, shard: Shardings, mode: str):
     def leaf(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             return shard.replicated  # key arrays stay whole
-        return NamedSharding(shard.mesh, _fsdp_spec(tuple(x.shape), shard.num_devices))
+        return NamedSharding(shard.mesh, fsdp_spec(tuple(x.shape), shard.num_devices))
 
     return jax.tree.map(leaf, abstract_state)

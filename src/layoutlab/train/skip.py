@@ -18,22 +18,18 @@ The other order, ``MultiSteps(skip_nonfinite(inner), k)``, adds the inf to the a
 and since MultiSteps resets it by multiplying by zero (``0 * inf`` is NaN) every later step
 is skipped too.
 
-Two ways to branch (``branch``): ``"select"`` computes the inner update and keeps the old
-state with ``jnp.where``: no host round trip for the predicate on GPU, where the update
-fuses with the select; the update still runs on bad gradients (its result is discarded),
-so ``jax_debug_nans`` flags it. ``"cond"`` runs the update under ``lax.cond`` only on
-finite gradients. On XLA:CPU the selects are extra passes over every parameter and
-optimizer state: ``"cond"`` made ResNet-18 CIFAR training steps 1.14x (SGD) and 1.34x
-(AdamW) faster at batch 1, 1.02x at 32, and VGG-11's 1.11x at 16
-(benchmarks/results/skip_branch_cpu.md). The two branches skip the same steps and agree
-to float32 rounding, not bit for bit: XLA fuses the update differently in a conditional.
+Two ways to branch (``branch``): ``"select"`` computes the inner update and keeps the old state with
+``jnp.where``: no host round trip for the predicate on GPU, where the update fuses with the select;
+the update still runs on bad gradients (its result is discarded), so ``jax_debug_nans`` flags it.
+``"cond"`` runs the update under ``lax.cond`` only on finite gradients. On XLA:CPU the selects are
+extra passes over every parameter and optimizer state, so ``"cond"`` is faster there
+(docs/performance/measurements.md#skipping-non-finite-steps). The two branches skip the same steps
+and agree to float32 rounding, not bit for bit: XLA fuses the update differently in a conditional.
 ``fast_defaults.default_skip_branch`` picks ``"cond"`` on CPU and ``"select"`` elsewhere.
 
 A training step calls ``update_and_apply``: it hands its own ``all_finite`` verdict to the
 wrapper (``grads_finite``), so the gradients are checked once, and with ``"cond"`` the
 optimizer update and ``apply_updates`` run in one conditional, where XLA fuses across them.
-Against two conditionals and two checks: ResNet-18 CIFAR 1.09x (SGD) and 1.11x (AdamW)
-faster at batch 1, even at 8 and 32 (benchmarks/results/train_step_b1_avx512_cpu.md).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from flax import nnx
 
 from layoutlab.loss_scale import NoOpLossScale
 
+__all__ = ["ModelDefs", "TrainState", "create_train_state", "split_model"]
+
 
 class TrainState(NamedTuple):
     """``params`` are the model's ``nnx.Param``s; ``model_state`` is everything else the model

@@ -17,6 +17,15 @@ from layoutlab.loss_scale import all_finite
 from layoutlab.train.skip import update_and_apply
 from layoutlab.train.state import ModelDefs, TrainState
 
+__all__ = [
+    "TOP_K",
+    "class_last",
+    "cross_entropy",
+    "make_eval_step",
+    "make_forward",
+    "make_train_step",
+]
+
 
 def class_last(logits: jax.Array, class_axis: int = -1) -> jax.Array:
     """``logits`` in float32 with their class axis last: a segmentation model's per-pixel

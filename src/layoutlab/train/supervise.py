@@ -25,7 +25,15 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["SUPERVISED_ENV", "supervise", "supervised"]
+__all__ = [
+    "OutputFilter",
+    "SUPERVISED_ENV",
+    "fatal_message",
+    "finish",
+    "pass_through",
+    "supervise",
+    "supervised",
+]
 
 SUPERVISED_ENV = "LAYOUTLAB_SUPERVISED_CHILD"
 # glog's log line: "F1125 06:46:42.051416   28951 client.h:80] message" (F: fatal)
@@ -52,7 +60,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _fatal_message(held: bytes) -> str:
+def fatal_message(held: bytes) -> str:
     text = held.decode(errors="replace")
     first = text.split("] ", 1)[-1]
     reason = first.split("absl::Status:", 1)[-1] if "absl::Status:" in first else first
@@ -60,7 +68,7 @@ def _fatal_message(held: bytes) -> str:
     return reason if len(reason) <= _SHOWN_CHARS else reason[: _SHOWN_CHARS - 3] + "..."
 
 
-class _Filter:
+class OutputFilter:
     """Copies the child's stderr line by line (a progress bar's ``\\r`` ends one too) until
     it holds back (module doc)."""
 
@@ -110,10 +118,10 @@ def _line_end(data: bytes) -> int:
     return min(ends) + 1 if ends else 0
 
 
-def _pass_through(stream, out) -> bytes | None:
+def pass_through(stream, out) -> bytes | None:
     """Copies ``stream`` to ``out`` until a fatal log line; returns what came from that line
     on (None without one)."""
-    f = _Filter(out)
+    f = OutputFilter(out)
     f.feed(stream)
     return f.fatal
 
@@ -129,18 +137,18 @@ def supervise(argv: list[str]) -> int:
     # Ctrl-C reaches the child from the terminal; a TERM sent to this process is passed on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    f = _Filter(sys.stderr.buffer)
+    f = OutputFilter(sys.stderr.buffer)
     f.feed(child.stderr)
-    return _finish(f, child.wait())
+    return finish(f, child.wait())
 
 
-def _finish(f: _Filter, code: int) -> int:
+def finish(f: OutputFilter, code: int) -> int:
     """The command's exit status once the child ended with ``code`` (see the module doc)."""
     held = f.held
     if f.error and code in (2, -signal.SIGABRT):  # its own line said why
         return 2
     if f.fatal is not None and code == -signal.SIGABRT:
-        reason = _fatal_message(f.fatal)
+        reason = fatal_message(f.fatal)
         hint = "the first error of the other processes names the cause"
         if "incarnation" in reason:  # the service took a newer registration of this task
             hint = "another process was started with this --process-id: give each its own"

@@ -2,18 +2,12 @@
 
 - ``compile_report(fn, *args, backend=..., flags=..., in_formats=...)`` -> ``CompileReport``
 - ``hlo_report(text)`` -> ``HloReport`` (op counts, fusions, transposes/copies/converts,
-  convolutions with logical and physical layouts, dots); ``diff`` / ``compare_table``
+  convolutions with logical and physical layouts, dots); ``diff`` / ``hlo.compare_table``
 - ``compare_layouts(fn, *args)``: default vs ``Layout.AUTO`` layouts, HLO and timings
-- ``enable_compilation_cache(path)`` / ``disable_compilation_cache()``
+- ``enable_compilation_cache(path)`` / ``cache.disable_compilation_cache()``
 - ``available_backends()`` / ``resolve_backend(name)``
-- ``keep_host_memory()``: freed host memory stays in the process (XLA:CPU's per-call temp
-  buffer stops page-faulting); call before JAX starts, or with per-thread arenas any time;
-  ``release_host_memory()`` undoes the per-thread setting
-- ``huge_pages_environ()`` / ``huge_pages_state()``: glibc's transparent huge pages, which a
-  process gets only when started with them (the ``layoutlab`` command starts itself again
-  with them from 8,192 input pixels per batch)
 - ``inspect_model("resnet18", layout="NCHW", precision="mixed_bf16", mode="train")`` ->
-  ``ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
+  ``inspection.ModelInspection``; ``compare_model_layouts`` (NHWC vs NCHW); ``layoutlab inspect``
 
 
 Names load lazily (``layoutlab.lazy``), so importing the package, as the CLI does
@@ -22,7 +16,25 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.xla.backends import Backend, BackendError, available_backends, resolve_backend
+    from layoutlab.xla.cache import compilation_cache, enable_compilation_cache, watch_compilation
+    from layoutlab.xla.compile import CompileReport, compile_report
+    from layoutlab.xla.flags import CPU_FLAGS, GPU_FLAGS, XlaFlagError, cpu_fast_options
+    from layoutlab.xla.formats import (
+        LayoutUnsupportedError,
+        layout_api,
+        major_to_minor_for,
+        physical_format,
+    )
+    from layoutlab.xla.hlo import HloReport, conv_table, diff, hlo_report
+    from layoutlab.xla.inspect import inspect_model
+    from layoutlab.xla.layout_compare import compare_layouts
+    from layoutlab.xla.model_layout_comparison import ModelLayoutComparison, compare_model_layouts
 
 _EXPORTS = {
     "Backend": "backends",
@@ -30,101 +42,53 @@ _EXPORTS = {
     "available_backends": "backends",
     "resolve_backend": "backends",
     "compilation_cache": "cache",
-    "disable_compilation_cache": "cache",
     "enable_compilation_cache": "cache",
     "watch_compilation": "cache",
     "CompileReport": "compile",
     "compile_report": "compile",
-    "ConvRow": "conv_rows",
-    "CPU_FAST_OPTIONS": "flags",
     "CPU_FLAGS": "flags",
     "GPU_FLAGS": "flags",
     "XlaFlagError": "flags",
     "cpu_fast_options": "flags",
-    "LayoutAPIUnavailable": "formats",
     "LayoutUnsupportedError": "formats",
-    "auto_format": "formats",
     "layout_api": "formats",
     "major_to_minor_for": "formats",
     "physical_format": "formats",
-    "place_in_formats": "formats",
     "HloReport": "hlo",
-    "compare_table": "hlo",
     "conv_table": "hlo",
     "diff": "hlo",
     "hlo_report": "hlo",
-    "decode_dim_labels": "hlo_extract",
-    "ConvOp": "hlo_ops",
-    "DataMoveOp": "hlo_ops",
-    "DotOp": "hlo_ops",
-    "HloParseError": "hlo_parse",
-    "parse_hlo": "hlo_parse",
-    "HostMemoryError": "host_memory",
-    "HostMemoryState": "host_memory",
-    "host_memory_state": "host_memory",
-    "keep_host_memory": "host_memory",
-    "release_host_memory": "host_memory",
-    "HugePagesState": "huge_pages",
-    "huge_pages_environ": "huge_pages",
-    "huge_pages_state": "huge_pages",
     "inspect_model": "inspect",
-    "ModelInspection": "inspection",
-    "LayoutComparison": "layout_compare",
     "compare_layouts": "layout_compare",
-    "time_call": "layout_compare",
     "ModelLayoutComparison": "model_layout_comparison",
     "compare_model_layouts": "model_layout_comparison",
 }
 
 __all__ = [
-    "CPU_FAST_OPTIONS",
     "CPU_FLAGS",
     "GPU_FLAGS",
     "Backend",
     "BackendError",
     "CompileReport",
-    "ConvOp",
-    "ConvRow",
-    "DataMoveOp",
-    "DotOp",
-    "HloParseError",
     "HloReport",
-    "HostMemoryError",
-    "HostMemoryState",
-    "HugePagesState",
-    "LayoutAPIUnavailable",
-    "LayoutComparison",
     "LayoutUnsupportedError",
-    "ModelInspection",
     "ModelLayoutComparison",
     "XlaFlagError",
-    "auto_format",
     "available_backends",
     "compare_layouts",
     "compare_model_layouts",
-    "compare_table",
     "compilation_cache",
     "compile_report",
     "cpu_fast_options",
     "conv_table",
-    "decode_dim_labels",
     "diff",
-    "disable_compilation_cache",
     "enable_compilation_cache",
     "hlo_report",
-    "host_memory_state",
-    "huge_pages_environ",
-    "huge_pages_state",
     "inspect_model",
-    "keep_host_memory",
-    "release_host_memory",
     "layout_api",
     "major_to_minor_for",
-    "parse_hlo",
     "physical_format",
-    "place_in_formats",
     "resolve_backend",
-    "time_call",
     "watch_compilation",
 ]
 

@@ -25,8 +25,10 @@ import numpy as np
 from layoutlab.xla import formats as fmt
 from layoutlab.xla.backends import Backend, resolve_backend
 from layoutlab.xla.cache import watch_compilation
+from layoutlab.xla.custom_call_cost import XLA_FLOPS_PER_CUSTOM_CALL, onednn_flops_in
 from layoutlab.xla.flags import flags_in_force, normalize_flags, translate_compile_error
 from layoutlab.xla.hlo import HloReport, conv_table, hlo_report
+from layoutlab.xla.hlo_extract import ONEDNN_PREFIX
 
 __all__ = ["CompileReport", "compile_report", "cost_summary", "memory_summary"]
 
@@ -47,7 +49,9 @@ _MEMORY_FIELDS = (
 
 def cost_summary(compiled) -> dict:
     """``compiled.cost_analysis()`` as ``{"flops", "bytes_accessed", "transcendentals",
-    "optimal_seconds", "raw"}``; older jax returns a list with one dict per program."""
+    "optimal_seconds", "onednn_flops", "raw"}``; older jax returns a list with one dict per
+    program. ``flops`` includes the convs run as oneDNN calls (``onednn_flops``, counted from
+    their shapes by ``custom_call_cost``), which XLA's analysis cannot see."""
     try:
         raw = compiled.cost_analysis()
     except Exception:  # some backends do not implement it
@@ -57,13 +61,28 @@ def cost_summary(compiled) -> dict:
     if not isinstance(raw, Mapping):
         raw = {}
     clean = {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float | np.number)}
+    flops, onednn = clean.get("flops"), _onednn_flops(compiled)
+    if flops is not None and onednn is not None:
+        extra, calls = onednn
+        flops = flops - calls * XLA_FLOPS_PER_CUSTOM_CALL + extra
     return {
-        "flops": clean.get("flops"),
+        "flops": flops,
+        "onednn_flops": onednn[0] if onednn else None,
         "bytes_accessed": clean.get("bytes accessed"),
         "transcendentals": clean.get("transcendentals"),
         "optimal_seconds": clean.get("optimal_seconds"),
         "raw": clean,
     }
+
+
+def _onednn_flops(compiled) -> tuple[float, int] | None:
+    try:
+        text = compiled.as_text()
+    except Exception:  # an executable without text: nothing to add
+        return None
+    if not isinstance(text, str) or ONEDNN_PREFIX not in text:
+        return None
+    return onednn_flops_in(hlo_report(text).custom_calls)
 
 
 def memory_summary(compiled) -> dict | None:

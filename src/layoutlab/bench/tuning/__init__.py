@@ -12,14 +12,38 @@ Names are imported lazily so ``import layoutlab.bench.tuning`` stays light.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.bench.tuning.cache import AutotuneCache, default_cache_path
+    from layoutlab.bench.tuning.conv_candidates import CandidateResult, check_candidate
+    from layoutlab.bench.tuning.conv_reference import conv_tolerance, reference_conv
+    from layoutlab.bench.tuning.convs import (
+        ConvTuning,
+        TuneResult,
+        autotune_conv,
+        autotune_convs,
+        autotune_model,
+        candidates_for,
+        plan_from_results,
+    )
+    from layoutlab.bench.tuning.layout import (
+        DEFAULT_CANDIDATES,
+        AutotuneResult,
+        autotune,
+        autotune_config,
+        cache_key,
+        candidate_tolerance,
+        parse_candidates,
+    )
+    from layoutlab.bench.tuning.registry_model import autotune_registry_model
+    from layoutlab.bench.tuning.shapes import ShapeChurnWarning, ShapeWatcher
 
 _EXPORTS = {
     "AutotuneCache": "cache",
-    "CACHE_ENV": "cache",
-    "CACHE_FORMAT": "cache",
     "default_cache_path": "cache",
-    "versions": "cache",
     "AutotuneResult": "layout",
     "DEFAULT_CANDIDATES": "layout",
     "autotune": "layout",
@@ -31,10 +55,8 @@ _EXPORTS = {
     "ShapeWatcher": "shapes",
     "conv_tolerance": "conv_reference",
     "reference_conv": "conv_reference",
-    "spec_inputs": "conv_reference",
     "CandidateResult": "conv_candidates",
     "check_candidate": "conv_candidates",
-    "time_candidates": "conv_candidates",
     "ConvTuning": "convs",
     "TuneResult": "convs",
     "autotune_conv": "convs",
@@ -42,11 +64,34 @@ _EXPORTS = {
     "autotune_model": "convs",
     "candidates_for": "convs",
     "plan_from_results": "convs",
-    "summarize_results": "convs",
     "autotune_registry_model": "registry_model",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AutotuneCache",
+    "AutotuneResult",
+    "CandidateResult",
+    "ConvTuning",
+    "DEFAULT_CANDIDATES",
+    "ShapeChurnWarning",
+    "ShapeWatcher",
+    "TuneResult",
+    "autotune",
+    "autotune_config",
+    "autotune_conv",
+    "autotune_convs",
+    "autotune_model",
+    "autotune_registry_model",
+    "cache_key",
+    "candidate_tolerance",
+    "candidates_for",
+    "check_candidate",
+    "conv_tolerance",
+    "default_cache_path",
+    "parse_candidates",
+    "plan_from_results",
+    "reference_conv",
+]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))

@@ -31,7 +31,7 @@ from layoutlab.fast_defaults import compile_options_from_flags
 from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
-__all__ = ["legacy_argv", "register"]
+__all__ = ["autotune_input_shape", "legacy_argv", "register"]
 
 _SUBCOMMANDS = ("layout", "convs")
 
@@ -56,7 +56,7 @@ def legacy_argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _input_shape(args: argparse.Namespace) -> tuple[int, ...] | str:
+def autotune_input_shape(args: argparse.Namespace) -> tuple[int, ...] | str:
     """``--image-size`` and ``--channels`` -> ``(*spatial, channels)``, the model's default
     input for what is not given; the deprecated ``--input-shape HxWxC`` as it was given."""
     if args.input_shape is not None:
@@ -82,7 +82,7 @@ def run_layout(args: argparse.Namespace) -> int:
         result = autotune(
             args.model,
             args.batch_size,
-            _input_shape(args),
+            autotune_input_shape(args),
             candidates=args.candidates,
             backend=args.backend,
             cache=args.cache,
@@ -125,7 +125,7 @@ def run_convs(args: argparse.Namespace) -> int:
     try:
         if args.out:  # before the tuning, whose plan would be lost at the end
             output_file(args.out)
-        shape = _input_shape(args)
+        shape = autotune_input_shape(args)
         fast = {}
         if args.cpu_fast:  # the deprecated --input-shape text gives no size to read
             example = None if isinstance(shape, str) else shape

@@ -135,10 +135,9 @@ def candidates_for(
     ``platform`` (default: JAX's default backend; ``conv_candidates.unusable_reason``: an
     unavailable ``onednn`` is skipped, not failed); ``xla`` first.
 
-    For ``"inference"`` the algorithms whose forward is XLA's own conv (``gemm_dw``,
-    ``col2im_dx``, ``phase_dx``) are left out: they run the same program as ``xla`` there,
-    and timing them could only pick one by noise (at batch 1 such twins read 0.73-1.24x of
-    ``xla``)."""
+    For ``"inference"`` the algorithms whose forward is XLA's own conv (``gemm_dw``, ``col2im_dx``,
+    ``phase_dx``) are left out: they run the same program as ``xla`` there, and timing them could
+    only pick one by noise (docs/performance/measurements.md#benchmark-timing)."""
     names = list(algorithms) if algorithms is not None else list(ca.algorithm_names())
     for name in names:
         ca.get_algorithm(name)  # unknown names raise with the list of known ones

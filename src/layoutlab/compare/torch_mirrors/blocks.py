@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
+__all__ = ["Conv2dNormActivation", "GlobalAvgPool"]
+
 
 class Conv2dNormActivation(nn.Sequential):
     """torchvision.ops.Conv2dNormActivation: conv (no bias), BatchNorm, activation."""

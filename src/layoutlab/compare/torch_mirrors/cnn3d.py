@@ -6,6 +6,8 @@ from torch import nn
 
 from layoutlab.compare.torch_mirrors.blocks import Conv2dNormActivation, GlobalAvgPool
 
+__all__ = ["SmallCNN3D"]
+
 
 class SmallCNN3D(nn.Module):
     def __init__(self, num_classes=10, *, in_channels=3, width=16):

@@ -10,6 +10,8 @@ from layoutlab.compare.torch_mirrors.blocks import Conv2dNormActivation
 # The model's own stage table: the mirror has exactly the model's stages.
 from layoutlab.models.mobilenet import INVERTED_RESIDUAL_SETTINGS, make_divisible
 
+__all__ = ["InvertedResidual", "MobileNetV2"]
+
 
 class InvertedResidual(nn.Module):
     def __init__(self, inp, oup, stride, expand_ratio):

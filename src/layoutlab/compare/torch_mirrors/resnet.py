@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+__all__ = ["BasicBlock", "Bottleneck", "ResNet", "conv1x1", "conv3x3"]
+
 
 def conv3x3(cin, cout, stride=1):
     return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)

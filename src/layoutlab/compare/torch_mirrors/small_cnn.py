@@ -6,6 +6,8 @@ from torch import nn
 
 from layoutlab.compare.torch_mirrors.blocks import Conv2dNormActivation
 
+__all__ = ["SmallCNN"]
+
 
 class SmallCNN(nn.Module):
     def __init__(self, num_classes=10, *, in_channels=1, width=32, hidden=128, dropout=0.1):

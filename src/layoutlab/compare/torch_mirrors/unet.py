@@ -7,6 +7,8 @@ from torch import nn
 
 from layoutlab.compare.torch_mirrors.blocks import Conv2dNormActivation
 
+__all__ = ["UNet", "Up"]
+
 
 def _double_conv(cin, cout):
     return nn.Sequential(Conv2dNormActivation(cin, cout, 3), Conv2dNormActivation(cout, cout, 3))

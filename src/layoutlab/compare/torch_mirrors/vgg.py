@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+__all__ = ["VGG"]
+
+
 _VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 

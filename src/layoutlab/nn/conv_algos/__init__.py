@@ -19,7 +19,31 @@ to build its parser, imports no JAX.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from layoutlab.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from layoutlab.nn.conv_algos.algorithm import Algorithm
+    from layoutlab.nn.conv_algos.dispatch import (
+        Selection,
+        conv2d,
+        conv_spec,
+        planned_algorithm,
+        select_algorithm,
+    )
+    from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry, resolve_geometry
+    from layoutlab.nn.conv_algos.plan import PLAN_FORMAT, ConvPlan, PlanEntry, as_plan, load_plan
+    from layoutlab.nn.conv_algos.registry import (
+        AUTO,
+        XLA,
+        algorithm_names,
+        algorithm_values,
+        get_algorithm,
+        register_algorithm,
+        unregister_algorithm,
+        unsupported_reason,
+    )
 
 _EXPORTS = {
     "Selection": "dispatch",

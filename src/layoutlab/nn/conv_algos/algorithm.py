@@ -36,7 +36,7 @@ class Algorithm(NamedTuple):
 
     ``custom_calls``: the core calls kernels outside XLA (custom calls, e.g. oneDNN's), so a
     program with it runs only where layoutlab registered them; ``layoutlab export`` runs XLA's
-    conv in its place (``conv_config.without_custom_calls``).
+    conv in its place (``configuration.without_custom_calls``).
     """
 
     name: str

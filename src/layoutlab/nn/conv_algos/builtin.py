@@ -117,7 +117,7 @@ BUILTIN = (
     ),
     # oneDNN's forward and input gradient with XLA's weight gradient: oneDNN's weight
     # gradient loses at small batch and spatial sizes where its other two passes win
-    # (benchmarks/results/onednn_table_rules_zen4_cpu.md).
+    # (docs/performance/measurements.md#conv-algorithms).
     Algorithm(
         "onednn_xla_dw",
         onednn_hybrid.onednn_xla_dw_core,

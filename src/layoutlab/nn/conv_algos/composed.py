@@ -13,8 +13,7 @@ training step is computed:
 Kernels are HWIO; activations NHWC or NCHW (``layout``). ``native`` and Winograd read and
 write either layout directly: Winograd's tiling permutes every element anyway, so the
 channel move of an NCHW activation happens inside the fusions that write the tiles rather
-than as a transpose of its own (a ResNet-18 CIFAR NCHW training step measured 2.5% faster,
-``benchmarks/results/ab_winograd_nchw_resnet18_cifar_b128_cpu.md``). The GEMM methods
+than as a transpose of its own (docs/performance/measurements.md#conv-algorithms). The GEMM methods
 compute in NHWC, and NCHW tensors are transposed in and out around them. The backward casts
 the cotangent to the input dtype (as autocast does) and accumulates in
 ``preferred_element_type`` when one is given.
@@ -33,6 +32,8 @@ import layoutlab.nn.conv_algos.phase as phase
 import layoutlab.nn.conv_algos.winograd as winograd
 from layoutlab.nn.conv_algos.geometry import Geometry
 from layoutlab.nn.conv_algos.native import native_conv
+
+__all__ = ["Methods", "composed_conv", "core", "forward", "input_grad", "weight_grad"]
 
 
 class Methods(NamedTuple):

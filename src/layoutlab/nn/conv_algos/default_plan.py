@@ -3,118 +3,18 @@
 Each rule names a conv shape class, the batch sizes it holds for, and the algorithm the
 autotuner measured fastest on it (forward, input and weight gradient together for training;
 the forward for inference), per CPU kind and compute dtype. A shape or batch no rule names
-runs ``xla``, and so does every conv on GPU: nothing is measured there yet. The
-measurements behind the rules, each against ``xla`` in interleaved rounds, float32, NHWC,
-with ``cpu_fast_options``:
+runs ``xla``, and so does every conv on GPU: nothing is measured there yet. The rules follow
+measurements against ``xla`` in interleaved rounds (float32, NHWC, ``cpu_fast_options``;
+docs/performance/measurements.md#the-shipped-conv-table).
+A 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col on every kind.
 
-- AVX2 (2-core AMD EPYC): at batch 128 on an idle machine (2026-11-22,
-  ``benchmarks/results/conv_autotune_resnet18_cifar_b128_train_cpu.md``), Winograd forward
-  and input gradient with XLA's weight gradient on 3x3 stride-1 convs at 16x16 and below
-  with 128+ channels (150 against 184, 122 against 179, 115 against 172 ms); im2col on 1x1
-  stride-2 convs at 16x16 and above (20 against 32, 14 against 17 ms). Across batch 1-256
-  on a shared machine (2026-11-25, ``benchmarks/results/conv_rules_by_batch_avx2_cpu.md``):
-  the same Winograd ran 0.1-0.7x of ``xla`` at batch 1 (7 of 10 shapes; ties on the rest)
-  and 0.3-1.4x at batch 8-64 in training, so training keeps it from batch 128; in
-  inference it won at batch 32 on 8x8 and larger inputs but lost on 4x4 below 128; im2col
-  won or tied at every batch on ResNet-18's 64- and 128-channel shapes, not clearly on
-  ResNet-50's wider ones.
-- AVX2, inference at batch 8 and 16 (2-core AMD EPYC, 2026-11-27, every candidate on every
-  conv of ResNet-18 CIFAR at 8 and ResNet-50 ImageNet-stem at 16, then whole steps,
-  interleaved, ``benchmarks/results/conv_autotune_infer_avx2_cpu.md``): Winograd's forward
-  ran ResNet-50's 28x28x128, 14x14x256 and 7x7x512 convs 1.55-1.77x faster than XLA's at
-  16, and its whole inference step 1.09x [1.05, 1.12] faster with the 7x7-28x28 rule; on
-  ResNet-18 (16x16x128 1.20x, 8x8x256 a tie one by one) the whole step was even at 8 and 16
-  (0.97x, intervals reaching 1.01). So the rule starts at 16 (it used to start at 32 on 8x8
-  to 16x16 inputs).
-- AVX2, training at small batches (2-core AMD EPYC, 2026-11-27, every candidate on every
-  ResNet-18 CIFAR conv at batch 1, then whole steps with candidate tables, interleaved,
-  ``benchmarks/results/train_table_small_batch_avx2_cpu.md``): at batch 1 XLA's conv lost
-  to im2col on the 4x4 512-channel conv (2.1x), the 8x8 stride-2 256-channel one (2.0x),
-  the stem (2.0x) and the 1x1 stride-2 ones (1.2-1.7x), and to Winograd on the 32x32
-  64-channel and 16x16 128-channel convs (2.15x, 1.18x). The AVX-512 training rules with
-  their batch bounds (Winograd kept at 128 and up) plus Winograd on those stage convs up
-  to batch 32 made ResNet-18's step 1.36x faster at batch 1, 1.13x at 8 and 32, ResNet-50's
-  1.08x at 1 and 1.03x at 16; the 4x4 and 8x8 im2col rules stop at 8 because the AVX-512
-  bounds (32) lost ResNet-18's step 0.97x at 32. ``phase_dx`` was even at 1, 8 and 32 on
-  ResNet-18 and 1.02x on ResNet-50 at 16 (within noise) and is kept as on AVX-512, up to
-  the batch measured.
-  ``gemm_dw`` (XLA's forward and input gradient, im2col's weight gradient) on ResNet-18's
-  8x8x256 convs at batch 1: 1.22x one by one, the whole step 1.027x [1.001, 1.060] and
-  1.036x [1.023, 1.048] faster in two runs (either order), ResNet-50's even with it on
-  its 14x14x256 convs too (1.00x [0.98, 1.03]), so only 8x8 has the rule.
-  All three Winograd on the 3x3 stride-1 convs of 256+ channels at 7x7-14x14
-  (ResNet-50's 14x14x256 and 7x7x512, ResNet-18's 8x8x256; 2026-11-27, the next session,
-  whole training steps with and without it, interleaved): ResNet-50's step 1.03x faster at
-  8, 1.05x at 16 and 32 ([1.01, 1.04], [1.03, 1.06], [1.02, 1.10]), ResNet-18's 1.05x at
-  8, 1.03x at 16, 1.11x at 32, 1.13x at 64, every interval above 1; so from 8 to 64, the
-  batch-128 rule (XLA's weight gradient) above that.
-  Between 65 and 127 (2026-11-27, a later session) no Winograd rule held and ResNet-18's
-  step ran XLA's convs: at 96 it ran 1.24x faster with the batch-128 rule from 65, 1.12x
-  with the 8-64 one up to 127 and 1.29x [1.25, 1.37] with both (interleaved, one run),
-  so both reach into that range: the 8-64 one up to 127, the batch-128 one from 65.
-  The depthwise rules: MobileNetV2's step at batch 8 7.1x faster in inference, 3.4x in
-  training. The stem im2col rule and the AVX-512 inference table were even with the AVX2
-  one on ResNet-18's inference step at batch 1 and 8 (0.98-1.00x), so inference keeps it.
-- AVX-512 (2-core AMD EPYC with AVX-512 and bf16, 2026-11-24,
-  ``benchmarks/results/conv_defaults_resnet18_cifar_b128_cpu.md``): all three Winograd
-  (``winograd4_full``) on those 3x3 convs, because YNNPACK's dots use AVX-512 and Eigen's
-  convs do not; im2col on every 1x1 stride-2 conv and on the 3-channel stem at 32x32 and
-  above, at batch 128. At batch 1, 8 and 32 (2-core Sapphire Rapids, 2026-11-26, every
-  candidate on every ResNet-18 CIFAR conv,
-  ``benchmarks/results/conv_autotune_small_batch_avx512_cpu.md``): the same Winograd won
-  on all three shapes at 32 in training (1.14-1.59x) and on two of three in inference
-  (1.09-1.43x; the third 1.55x, a tie), and tied or lost at 1 and 8, so it starts at 32;
-  im2col won on the stem (2.1x at 1 and 8 in training, 1.3x at 8 in inference) and on the
-  1x1 stride-2 convs (1.3-2.7x), and in training on the 8x8 256-channel stride-2 conv up
-  to batch 32 (1.10-1.62x; 0.88x at 128) and on the 4x4 512-channel conv at 1 and 8
-  (1.17-1.60x, where Winograd lost 2-3x). On ResNet-50 ImageNet-stem at batch 1 and 16
-  (same file) im2col won or tied on every 1x1 stride-2 conv (1.17-1.56x) and, in
-  training, on the 1x1 stride-1 convs (1.01-1.64x; one 0.93x tie at 16). The whole
-  ResNet-50 training step with and without im2col on those 1x1 stride-1 convs, in one
-  interleaved run: 1.23x [1.21, 1.26] faster at batch 1, 0.98x [0.95, 0.99] at 16, so that
-  rule holds at batch 1 only. At 16 the same Winograd won on the 28x28 and 14x14 3x3 convs
-  (1.23-1.36x in both objectives) and tied on the 7x7 one (1.15-1.30x), so from 16 it
-  covers 7x7 to 28x28 in inference (the whole training step did not gain:
-  ``_WINOGRAD_MID``). After im2col's weight gradient became one GEMM at small work sizes,
-  ResNet-50 at batch 1 again (``benchmarks/results/train_step_b1_avx512_cpu.md``): im2col
-  won on the 7x7 512-channel 3x3 conv (2.6x) and the 14x14 and 28x28 stride-2 ones
-  (1.7-2.6x), and the whole training step with each rule against without it was 1.05x and
-  1.04x faster; Winograd on the 28x28-56x56 64-128-channel convs (1.5x each) was even on
-  ResNet-50's step and 0.94x on ResNet-18's (its 32x32 convs), so it has no rule.
-  On ResNet-18's 4x4 512-channel convs at batch 32 the Winograd rule pays a kernel
-  transform of 2.4 M weights per pass (forward, input gradient, weight gradient) for 32
-  tiles of 4x4; im2col there made the whole training step 1.02x faster in two interleaved
-  runs (1.02 [1.01, 1.03] and 1.02 [1.00, 1.03]) and tied at 16 (1.005 [0.97, 1.01]), so
-  im2col holds to 32 and Winograd takes over above it
-  (``python benchmarks/ab_table_rules.py --batch 32 --drop 4x4_512``;
-  ``benchmarks/results/table_4x4_512_avx512_cpu.md``).
-  ``phase_dx`` (a stride-2 conv's input gradient by stride phases instead of XLA's conv
-  over a zero-dilated gradient) ran 1.06-1.82x XLA's conv on every 3x3 stride-2 conv of
-  ResNet-18 and ResNet-50 at batch 1, 16 and 128 (training; inference never runs it), and
-  the whole step with it 1.05x faster on ResNet-50 at 16, 1.02x on ResNet-18 at 128, even
-  on ResNet-18 at 8 and 32, ResNet-50 at 1 and MobileNetV2 at 16; where an im2col rule
-  holds, im2col keeps the conv (it won at batch 1).
-- AVX-512, inference on whole steps (2026-11-26,
-  ``benchmarks/results/winograd_inference_by_batch_avx512_cpu.md``): with Winograd on its
-  4x4 convs ResNet-18's inference step ran 0.92x at batch 32 and 0.98x at 64, 1.03x at
-  128, so inference gives 4x4 inputs Winograd from 128; with Winograd on its 8x8 and 16x16
-  convs (the 7x7-28x28 rule) 0.88x at 16 and 1.04x at 32, where ResNet-50 gained 1.01x at
-  16, so that rule starts at 32.
-- AVX-512, depthwise (2026-11-26, ``benchmarks/results/depthwise_avx512_cpu.md``): every
-  3x3 depthwise conv runs ``depthwise`` (shifted multiply-adds) in both objectives at every
-  batch: MobileNetV2's whole step 3.4-9.1x faster in inference and 2.2-3.8x in training at
-  batch 1, 8, 32 and 128. The first measurement of MobileNetV2 beside plain XLA found it: there
-  XLA:CPU's grouped conv had made the defaults slower than plain XLA.
-- Both kinds: a 3x3 conv on an input smaller than its kernel (``_TINY_INPUT``) runs im2col.
-
-Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16
-only the im2col rules apply; they were measured in float32 only, so those dtypes get none,
-but for bfloat16 on an AVX-512 CPU with bfloat16 units (the kind ``avx512_bf16``:
-``fast_defaults.table_cpu_kind``): there oneDNN multiplies bfloat16 in hardware where XLA:CPU
-widens the conv to float32, and ``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's
-convs (``benchmarks/results/onednn_table_rules_zen4_cpu.md``, the ``_ONEDNN`` rules). Other
-kinds keep XLA's bfloat16 convs: without those units oneDNN widens them too. ``table_key``
-keys every other dtype by the kind without its ``_bf16`` suffix.
+Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 and float16 only the
+im2col rules apply; they were measured in float32 only, so those dtypes get none, but for bfloat16
+on an AVX-512 CPU with bfloat16 units (the kind ``avx512_bf16``: ``fast_defaults.table_cpu_kind``):
+there oneDNN multiplies bfloat16 in hardware where XLA:CPU widens the conv to float32, and
+``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's convs (the ``_ONEDNN`` rules). Other
+kinds keep XLA's bfloat16 convs: without those units oneDNN widens them too. ``table_key`` keys
+every other dtype by the kind without its ``_bf16`` suffix.
 """
 
 from __future__ import annotations
@@ -179,27 +79,21 @@ _WINOGRAD_STAGES = dict(kernel=(3, 3), strides=(1, 1), min_in=64, max_in=128, mi
 # ResNet-50's 14x14x256 and 7x7x512 stage convs and ResNet-18 CIFAR's 8x8x256 ones, training
 # from batch 8 (on AVX2 at batch 1 the 8x8x256 convs take gemm_dw).
 _WINOGRAD_WIDE = dict(kernel=(3, 3), strides=(1, 1), min_in=256, min_size=7, max_size=14)
-# The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with
-# it (benchmarks/results/digits_train_defaults_cpu.md), so smaller inputs keep ``xla``. It
-# won with 64 out-channels (ResNet-18, VGG-11); U-Net's 16-channel stem lost the whole
-# training step 7% at batch 32 and tied at 1 and 8 (conv_autotune_small_batch_avx512_cpu.md),
-# so fewer channels keep ``xla``.
+# The stem rule was measured at 32x32x3 only; the digits job's 8x8x1 stem ran slower with it, so
+# smaller inputs keep ``xla``. It won with 64 out-channels (ResNet-18, VGG-11), not with U-Net's 16,
+# so fewer channels keep ``xla`` (docs/performance/measurements.md#the-shipped-conv-table).
 _IM2COL_STEM = dict(kernel=(3, 3), strides=(1, 1), max_in=4, min_size=32, min_out=64)
-# XLA rewrites a conv whose input is smaller than its kernel (a 3x3 conv on 2x2 or 1x1:
-# VGG-11's last block or an ImageNet-stem ResNet's layer4 on 32x32 images) into one with
-# input and kernel swapped (``dim_labels=01fb_o01i->f01b``), which XLA:CPU runs 5-100x
-# slower than im2col's dot at batch 16 and 128, in both strides and objectives, 64 to 512
-# channels (benchmarks/results/conv_tiny_inputs_cpu.md; batch 1 ties at 64 channels, 10x
-# at 512). The rewrite is XLA's, before any CPU-specific code, so both kinds get the rule.
+# XLA rewrites a conv whose input is smaller than its kernel (a 3x3 conv on 2x2 or 1x1: VGG-11's
+# last block or an ImageNet-stem ResNet's layer4 on 32x32 images) into one with input and kernel
+# swapped (``dim_labels=01fb_o01i->f01b``), which XLA:CPU runs far slower than im2col's dot
+# (docs/performance/measurements.md#the-shipped-conv-table). The rewrite is XLA's, before any
+# CPU-specific code, so both kinds get the rule.
 _TINY_INPUT = (
     Rule("im2col", (3, 3), (1, 1), max_size=2),
     Rule("im2col", (3, 3), (2, 2), max_size=2),
 )
-# MobileNetV2's 3x3 depthwise convs, both strides: XLA:CPU's grouped conv ran them 3-15x
-# slower than the shifted multiply-adds in inference and 2.4-20x in training, one by one at
-# batch 8; the whole step with the rules 3.4-9.1x faster in inference and 2.2-3.8x in
-# training at batch 1-128 (benchmarks/results/depthwise_avx512_cpu.md); on AVX2 7.1x and
-# 3.4x at batch 8 (train_table_small_batch_avx2_cpu.md).
+# MobileNetV2's 3x3 depthwise convs, both strides: XLA:CPU's grouped conv runs them many
+# times slower than the shifted multiply-adds, on both kinds and in both objectives.
 _DEPTHWISE = (
     Rule("depthwise", (3, 3), (1, 1), depthwise=True),
     Rule("depthwise", (3, 3), (2, 2), depthwise=True),
@@ -209,15 +103,17 @@ _DEPTHWISE = (
 _ONEDNN_SHAPES = (((3, 3), (1, 1)), ((3, 3), (2, 2)), ((1, 1), (2, 2)), ((1, 1), (1, 1)))
 
 
+# A stem conv's few input channels: XLA's weight gradient beat oneDNN's there.
+_FEW_CHANNELS = 15
+
+
 def _onednn(algorithm: str, **bounds) -> tuple[Rule, ...]:
     return tuple(Rule(algorithm, k, s, **bounds) for k, s in _ONEDNN_SHAPES)
 
 
-# (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 from
-# benchmarks/results/conv_rules_by_batch_avx2_cpu.md (batch 1 to 256) and
-# train_table_small_batch_avx2_cpu.md (1, 8, 32), AVX-512 from
-# conv_autotune_small_batch_avx512_cpu.md (1, 8, 32) and the batch-128 run. A batch between
-# two measured ones where they disagree (the 4x4 conv at 9-31) runs ``xla``.
+# (cpu kind, objective, dtype) -> rules, first match wins. Batch bounds: AVX2 measured at batch 1 to
+# 256, AVX-512 at 1, 8, 32 and 128 (docs/performance/measurements.md#the-shipped-conv-table). A
+# batch between two measured ones where they disagree (the 4x4 conv at 9-31) runs ``xla``.
 DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx2", "train", "float32"): (
         *_TINY_INPUT,
@@ -297,11 +193,15 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         Rule("im2col", **_IM2COL_STEM),
     ),
     # bfloat16 on AVX-512 with bf16 units, where XLA widens bf16 convs to float32: oneDNN's
-    # forward and input gradient with XLA's weight gradient. ResNet-18 CIFAR's mixed_bf16
-    # training step 1.30x faster at batch 1, 1.55x and 2.28x at 32 (two runs), 1.37x at 128,
-    # 1.54x at 8 (interval to 0.94, between two clear wins); with oneDNN's weight gradient
-    # too it ran 0.58-0.84x (loaded machine, paired ratios: onednn_table_rules_zen4_cpu.md).
-    ("avx512_bf16", "train", "bfloat16"): _onednn("onednn_xla_dw", max_batch=128),
+    # convs, and its weight gradient too once its slow bfloat16 kernels were routed to
+    # float32 (onednn.choice): ResNet-18 CIFAR's weight gradients 1.3-2.5x XLA's one by one at
+    # batch 8 and 32, but the 3-channel stem's (0.16x and 0.73x), which keeps XLA's
+    # (docs/performance/onednn_kernels.md; whole steps before that change: the
+    # onednn_xla_dw rule measured in onednn_table_rules_zen4_cpu.md).
+    ("avx512_bf16", "train", "bfloat16"): (
+        Rule("onednn_xla_dw", (3, 3), (1, 1), max_in=_FEW_CHANNELS, max_batch=128),
+        *_onednn("onednn", max_batch=128),
+    ),
     # Its inference step 1.26x faster at batch 1, 2.59x at 8, 2.47-2.89x at 32, 2.43x at 128.
     # (Float32: onednn gained ResNet-18's inference step 1.26x at batch 1 and 1.23x at 8, and
     # was even at 32 and in training; no float32 rule yet: its class would also take

@@ -4,8 +4,7 @@
 one kernel tap per channel, which XLA fuses into one elementwise loop over the output. JAX
 differentiates it directly: the input gradient is the taps' padded ``dy * w`` summed, the
 weight gradient one reduction of ``slice_ij(x) * dy`` per tap. XLA:CPU's own grouped conv
-ran MobileNetV2's 3-15x slower in inference and 2.4-20x in training at batch 8
-(``benchmarks/results/depthwise_avx512_cpu.md``).
+is many times slower (docs/performance/measurements.md#conv-algorithms).
 
 It reads and writes NHWC or NCHW as given (``layouts``): the taps broadcast over the
 channel axis wherever it is, so a channels-first model pays no transpose for it.
@@ -17,6 +16,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+
+__all__ = ["depthwise_conv", "supports"]
 
 
 def supports(spec: ConvSpec) -> str | None:

@@ -12,6 +12,9 @@ from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name, get_algorithm
 from layoutlab.nn.padding import Padding
 
+__all__ = ["Selection", "conv2d", "conv_spec", "planned_algorithm", "select_algorithm"]
+
+
 _DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
 
 

@@ -8,6 +8,9 @@ import numpy as np
 
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple, same_padding
 
+__all__ = ["ConvSpec", "Geometry", "Pairs", "make_spec", "resolve_geometry"]
+
+
 Pairs = tuple[tuple[int, int], ...]
 
 

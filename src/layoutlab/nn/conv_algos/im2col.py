@@ -19,6 +19,18 @@ from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import Geometry
 
+__all__ = [
+    "col2im",
+    "im2col_forward",
+    "input_grad",
+    "one_gemm_weight_grad",
+    "pad_input",
+    "patches",
+    "per_offset_weight_grad",
+    "rows_gemm_weight_grad",
+    "weight_grad",
+]
+
 
 def pad_input(x, padding):
     """Zero-pad the spatial axes of an NHWC array; negative pads crop."""
@@ -62,9 +74,8 @@ def weight_grad(x, g, geom: Geometry, w_shape, preferred):
     maps), else one GEMM per kernel offset.
 
     The single GEMM writes ``dW`` in place, while the per-offset GEMMs are stacked
-    afterwards, a copy of the whole kernel gradient: on ResNet-18's 3x3x512x512 kernels at
-    batch 1 the copies cost more than the GEMMs (11 of a 70 ms step,
-    benchmarks/results/train_step_b1_avx512_cpu.md). Past that size the patches would be
+    afterwards, a copy of the whole kernel gradient, which at batch 1 cost more than the
+    GEMMs (docs/performance/measurements.md#conv-algorithms). Past that size the patches would be
     the larger copy.
     """
     if geom.kernel_size == (1, 1):
@@ -89,7 +100,7 @@ def one_gemm_weight_grad(x, g, geom: Geometry, w_shape, preferred):
     """``dW = P^T dY``, with ``P^T`` (``kh * kw * C`` rows of ``N * Ho * Wo``) gathered from
     a channel-major copy of the input, so the GEMM reads both operands row-major and XLA:CPU
     hands it to YNNPACK (``P`` contracted over its rows went to Eigen's dot; the whole
-    batch-1 step measured even, 1.01x [0.99, 1.04])."""
+    batch-1 step measured even: docs/performance/measurements.md#conv-algorithms)."""
     g2 = g.reshape(-1, g.shape[-1])
     return _matmul(
         _channel_major_slices(x, geom, g.shape[1:3], concat=True), g2, preferred

@@ -7,6 +7,8 @@ from jax import lax
 
 from layoutlab.nn.conv_algos.geometry import Geometry
 
+__all__ = ["native_conv", "supports_all", "xla_conv"]
+
 
 def xla_conv(x: jax.Array, w: jax.Array, preferred=None, **conv) -> jax.Array:
     """``lax.conv_general_dilated(x, w, **conv)`` with a ``preferred`` (float32) result

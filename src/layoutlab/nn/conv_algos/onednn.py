@@ -2,17 +2,16 @@
 primitives called through XLA FFI custom calls (``native/``), with a custom VJP.
 
 Activations are NHWC, kernels HWIO, XLA's buffers as they are. ``onednn_conv`` also takes NCHW
-activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, which
-ran 1.5-2.5x slower than its NHWC ones plus XLA's two transposes (3x3 convs, N1 and N32,
-float32 and bfloat16, forward and training, on a loaded 2-core Zen 4). So the registry core
-takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse the
-transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
+activations, but with plain NCHW tensors oneDNN 3.2 has only its GEMM-based kernels, slower than its
+NHWC ones plus XLA's two transposes (docs/performance/measurements.md#conv-algorithms). So the
+registry core takes NHWC only and ``conv2d`` transposes an NCHW conv in and out, where XLA can fuse
+the transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
 Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
-``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands'
-dtype. The backward casts the cotangent to the operands' dtype, as autocast does, writes the
-input gradient in that dtype and the weight gradient in the accumulation dtype. Which
-primitive variant a call runs (the kernel read or written as HWIO, or a bfloat16 weight
-gradient computed by the float32 primitive) follows ``choice``, by the call's shape.
+``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands' dtype.
+The backward casts the cotangent to the operands' dtype, as autocast does, writes the input gradient
+in that dtype and the weight gradient in the accumulation dtype. Which primitive variant a call runs
+(the kernel read or written as HWIO, or a bfloat16 weight gradient computed by the float32
+primitive) follows ``choice``, by the call's shape.
 
 ``supports`` refuses a conv (so XLA's conv runs, with the reason) when the extension is not
 available, for dtypes other than float32 and bfloat16, for negative padding, and where oneDNN
@@ -134,7 +133,12 @@ PLAIN_WEIGHT_GRADIENT_MAX_PIXELS = {"float32": 32, "bfloat16": 64}
 # weight-gradient kernel (without AMX) is several times slower there, and faster beyond.
 F32_WEIGHT_GRADIENT_MAX_PIXELS = 1024
 F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS = 64
-# The measurements behind all four: docs/performance/onednn_kernels.md.
+# At any size for a strided conv with a spatial kernel, or one with fewer input channels per
+# group than this: oneDNN 3.2's direct bfloat16 weight-gradient kernel blocks channels by 16
+# and walks a strided input one output pixel at a time, and ran 5-35x slower than float32
+# there (a stem conv of 3 channels, ResNet-18's stride-2 3x3s).
+F32_WEIGHT_GRADIENT_MIN_CHANNELS = 16
+# The measurements behind all five: docs/performance/onednn_kernels.md.
 
 
 def plain_weights(dtype: str, out_pixels: int) -> bool:
@@ -143,9 +147,19 @@ def plain_weights(dtype: str, out_pixels: int) -> bool:
     return dtype == "float32" and out_pixels <= PLAIN_WEIGHTS_MAX_PIXELS
 
 
-def choice(op: int, dtype: str, batch: int, out_pixels: int) -> tuple[bool, bool]:
+def slow_bf16_weight_gradient(geom: Geometry, in_channels: int) -> bool:
+    """Whether ``geom`` with ``in_channels`` input channels is a shape oneDNN's direct
+    bfloat16 weight-gradient kernel runs far slower than its float32 one."""
+    strided = geom.strides != (1, 1) and geom.kernel_size != (1, 1)
+    return strided or in_channels // geom.groups < F32_WEIGHT_GRADIENT_MIN_CHANNELS
+
+
+def choice(
+    op: int, dtype: str, batch: int, out_pixels: int, slow_bf16: bool = False
+) -> tuple[bool, bool]:
     """``(plain_weights, f32_compute)`` of primitive ``op`` for a conv of ``dtype``
-    activations with ``out_pixels`` output pixels (batch * Ho * Wo)."""
+    activations with ``out_pixels`` output pixels (batch * Ho * Wo); ``slow_bf16``: the
+    shape is one of ``slow_bf16_weight_gradient``'s."""
     if op == _FWD:
         return plain_weights(dtype, out_pixels), False
     if op != _BWD_WEIGHTS:
@@ -153,7 +167,8 @@ def choice(op: int, dtype: str, batch: int, out_pixels: int) -> tuple[bool, bool
     if out_pixels <= PLAIN_WEIGHT_GRADIENT_MAX_PIXELS.get(dtype, 0):
         return True, False
     f32 = dtype == "bfloat16" and (
-        out_pixels <= F32_WEIGHT_GRADIENT_MAX_PIXELS
+        slow_bf16
+        or out_pixels <= F32_WEIGHT_GRADIENT_MAX_PIXELS
         or out_pixels <= F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS * batch
     )
     return False, f32
@@ -181,7 +196,9 @@ def supports(spec: ConvSpec) -> str | None:
     ho, wo = spec.out_size
     pixels = spec.batch * ho * wo
     for what, op, dts in _queries(spec.dtype):
-        info = impl_info(_params(op, dts, spec, choice(op, spec.dtype, spec.batch, pixels)))
+        slow = slow_bf16_weight_gradient(spec.geometry, spec.in_features)
+        how = choice(op, spec.dtype, spec.batch, pixels, slow)
+        info = impl_info(_params(op, dts, spec, how))
         if isinstance(info, str):
             return f"its {what}: {info}"
         if "ref" in info[0]:
@@ -200,7 +217,9 @@ def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
     call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
     y = {"fwd": shape, "bwd_data": a.shape, "bwd_weights": b.shape}[target]  # y or dy
     pixels = math.prod(y) // y[1 if layout == "NCHW" else 3]
-    how = choice(_OPS[target], a.dtype.name, y[0], pixels)
+    channel_axis = 1 if layout == "NCHW" else 3
+    slow = target == "bwd_weights" and slow_bf16_weight_gradient(geom, a.shape[channel_axis])
+    how = choice(_OPS[target], a.dtype.name, y[0], pixels, slow)
     return call(a, b, **_attrs(geom, layout, how))
 
 

@@ -2,7 +2,7 @@
 
 oneDNN 3.2's weight-gradient primitive is its weak pass at small batch and spatial sizes,
 and in bfloat16 it lost whole training steps that its forward and input gradient won
-(``benchmarks/results/onednn_table_rules_zen4_cpu.md``), so this keeps the two passes that
+(docs/performance/measurements.md#conv-algorithms), so this keeps the two passes that
 win and takes the third from XLA, as ``winograd4_xla_dw`` does for Winograd.
 
 Both oneDNN passes come through ``onednn.onednn_core``: the forward as it is, the input

@@ -20,6 +20,8 @@ from jax import lax
 from layoutlab.nn.conv_algos.geometry import Geometry
 from layoutlab.nn.conv_algos.native import xla_conv
 
+__all__ = ["phase_input_grad"]
+
 
 def _axis_plan(n: int, n_out: int, k: int, s: int, lo: int):
     """For one spatial axis: the phase range ``[q0, q1]`` and, per phase ``p``, the taps

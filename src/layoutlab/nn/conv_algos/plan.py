@@ -20,6 +20,9 @@ from typing import Any, NamedTuple
 
 from layoutlab.nn.conv_names import AUTO
 
+__all__ = ["PLAN_FORMAT", "ConvPlan", "PlanEntry", "as_plan", "load_plan"]
+
+
 PLAN_FORMAT = "layoutlab.conv_plan/1"
 
 

@@ -12,6 +12,8 @@ from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 from layoutlab.nn.conv_algos.im2col import pad_input
 
+__all__ = ["pointwise_conv", "supports"]
+
 
 def supports(spec: ConvSpec) -> str | None:
     reason = plain_2d(spec)

@@ -16,6 +16,8 @@ from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
 from layoutlab.nn.conv_algos.im2col import pad_input
 from layoutlab.nn.conv_algos.native import native_conv
 
+__all__ = ["space_to_depth_conv", "supports"]
+
 
 def supports(spec: ConvSpec) -> str | None:
     reason = plain_2d(spec)

@@ -33,6 +33,21 @@ from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 from layoutlab.nn.conv_algos.im2col import pad_input
 
+__all__ = [
+    "ACCURATE_DTYPES",
+    "TRANSFORMS",
+    "dtype_reason",
+    "input_tiles",
+    "kernel_tiles",
+    "matrices",
+    "output_tiles",
+    "shape_reason",
+    "supports_for",
+    "winograd_forward",
+    "winograd_weight_grad",
+]
+
+
 # Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (2016).
 _F2 = {
     "BT": [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],

@@ -1,22 +1,16 @@
 """Transparent huge pages for the heaps that keep XLA:CPU's buffers.
 
-With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc's malloc asks the kernel for
-transparent huge pages (``madvise(MADV_HUGEPAGE)``) on the memory it maps for its heaps. A
-kernel whose THP mode is ``madvise`` (``/sys/kernel/mm/transparent_hugepage/enabled``, a
-common default) gives them only when asked. With host memory kept (``xla.host_memory``),
-this made heavy steps faster in ABBA-ordered process pairs on a 2-core Zen 4 EPYC
-(``benchmarks/results/huge_pages_zen4_cpu.md``): VGG-11-BN's training step 1.44x at batch 8,
-ResNet-50 ImageNet's 1.13x at 16, ResNet-18 CIFAR's 1.12x at 8; the other steps from
-ResNet-18's batch 8 up were even (the small CNN at batch 256 0.98x, within its pairs'
-spread). It made the small CNN's 8x8 digits step 0.92x and the
-whole digits job 0.87-0.96x (1.4 s of system time against 0.7 s; why the small step itself
-is slower was not found), hence the commands' size threshold
-(``host_memory_flag.HUGE_PAGES_MIN_PIXELS``). Peak memory grew 0-18%.
+With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` glibc's malloc asks the kernel for transparent huge
+pages (``madvise(MADV_HUGEPAGE)``) on the memory it maps for its heaps. A kernel whose THP mode is
+``madvise`` (``/sys/kernel/mm/transparent_hugepage/enabled``, a common default) gives them only when
+asked. With host memory kept (``host.memory``), this made heavy steps faster and the small
+digits job slower (docs/performance/measurements.md#huge-pages), hence the commands' size threshold
+(``host.flag.HUGE_PAGES_MIN_PIXELS``).
 
 glibc reads the tunable only when a process starts, so nothing can turn it on in a running
 process. Instead, the ``layoutlab`` command starts itself again with it
 (``restart_with_huge_pages``) before anything else runs, where it keeps host memory
-(``host_memory_flag.huge_pages_wanted``) and the tunable would change something
+(``host.flag.huge_pages_wanted``) and the tunable would change something
 (``huge_pages_environ``). A script or notebook kernel gets the same by being started with
 it: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python train.py``. A ``GLIBC_TUNABLES`` that
 already names ``glibc.malloc.hugetlb`` is the user's choice, and is kept as it is; ``=0``

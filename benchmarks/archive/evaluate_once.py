@@ -1,6 +1,6 @@
 """`layoutlab evaluate` with one program against the forward and the eval step side by side.
 
-    python benchmarks/evaluate_once.py --model resnet18 --stem cifar --test-images 2000 \
+    python benchmarks/archive/evaluate_once.py --model resnet18 --stem cifar --test-images 2000 \
         --rounds 6 --out benchmarks/results/evaluate_once_zen4_cpu/resnet18_cifar
 
 ``infer.evaluate.evaluate_run`` now takes the confusion matrix and the top-5 count from the
@@ -34,7 +34,7 @@ from flax import nnx
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import OtherLoad, dispersion, median_interval, paired_ratio
 from layoutlab.bench.timing import interleaved_rounds
-from layoutlab.infer.evaluate import _on_current_eval_plan, evaluate_run
+from layoutlab.infer.evaluate import evaluate_run, on_current_eval_plan
 from layoutlab.infer.load import open_run
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.evaluation import eval_sums, jit_eval_step, record_metrics
@@ -43,7 +43,7 @@ from layoutlab.train.sharding import make_shardings
 from layoutlab.train.steps import TOP_K, make_forward
 
 
-def _old_eval_step(defs):
+def old_eval_step(defs):
     """The eval step as it was: loss, correct and count only."""
 
     def step(state, images, labels):
@@ -64,8 +64,8 @@ def evaluate_before(run) -> dict:
     """``evaluate_run`` as it was: the eval step, and the forward beside it for the logits the
     extras come from (computed on the host)."""
     shard = make_shardings(run.config.data_parallel)
-    run = _on_current_eval_plan(run, shard.num_devices)
-    eval_step = jit_eval_step(_old_eval_step(run.eval_defs), run.spec, shard)
+    run = on_current_eval_plan(run, shard.num_devices)
+    eval_step = jit_eval_step(old_eval_step(run.eval_defs), run.spec, shard)
     forward = jit_eval_step(make_forward(run.eval_defs), run.spec, shard)
     logits, labels = [], []
 

@@ -21,7 +21,7 @@ a thread's heap: when a free leaves a secondary heap empty, glibc unmaps it what
 threshold says, unless the pad (at least a whole heap) asks it to stay. Without the pad a
 temp buffer alone in its heap was mapped fresh again on up to half of the calls. The commands
 choose per-thread arenas for small batches, where one arena measured slower
-(``layoutlab.xla.host_memory_flag``).
+(``layoutlab.host.flag``).
 
 The price is that the process keeps its peak heap until it exits, which is what a training or
 benchmark process wants. The settings are process-wide: PyTorch running in the same process
@@ -30,7 +30,7 @@ gets them too (its large tensors are mapped fresh the same way).
 Threads keep the arena they first allocated from, so one arena must come before JAX starts
 its backend; afterwards it raises ``HostMemoryError``. Per-thread arenas come and go at any
 time: ``release_host_memory()`` sets the three parameters back to what glibc's defaults reach
-in a long-running process (``benchmarks/host_memory_switch.py`` compares both in one
+in a long-running process (``benchmarks/archive/host_memory_switch.py`` compares both in one
 process; a bench sweep across batch sizes runs a process per setting instead,
 ``layoutlab.bench.host_memory_parts``). The same settings can be given before
 Python starts, through the environment (``GLIBC_TUNABLES``, see ``ENV_SETTING``).
@@ -73,7 +73,7 @@ ARENAS = tuple(_SETTINGS)
 # dynamic mmap threshold, which starts at 128 KiB and rises to each freed mapped block's size
 # up to 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit), the trim threshold following at twice
 # that. With the cap, PyTorch's ResNet-18 batch-256 inference step took what it took under
-# the true defaults (1.69-1.71 against 1.72 s; benchmarks/host_memory_switch.py). The mmap
+# the true defaults (1.69-1.71 against 1.72 s; benchmarks/archive/host_memory_switch.py). The mmap
 # count limit and the top pad are glibc's defaults (DEFAULT_MMAP_MAX, DEFAULT_TOP_PAD).
 _RELEASED = (
     (_M_MMAP_MAX, 65536),

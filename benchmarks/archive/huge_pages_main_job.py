@@ -1,7 +1,7 @@
 """The main job (``layoutlab train``: digits, the README's first command) with and without
 transparent huge pages, whole processes timed in ABBA-ordered pairs.
 
-    python benchmarks/huge_pages_main_job.py --pairs 3 --out benchmarks/results/DIR
+    python benchmarks/archive/huge_pages_main_job.py --pairs 3 --out benchmarks/results/DIR
 
 ``huge``: started with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``; ``default``: with
 ``glibc.malloc.hugetlb=0``, the documented way out (either way the command keeps the
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.xla.huge_pages import TUNABLE
+from layoutlab.host.huge_pages import TUNABLE
 
 SIDES = {"huge": TUNABLE, "default": "glibc.malloc.hugetlb=0"}
 

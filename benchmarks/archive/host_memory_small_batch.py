@@ -1,8 +1,8 @@
 """One malloc arena (``keep_host_memory``) at a small batch, with PyTorch in the process.
 
-    python benchmarks/host_memory_small_batch.py --mode train --batch 8 --keep
-    python benchmarks/host_memory_small_batch.py --mode train --batch 8 --keep per_thread
-    python benchmarks/host_memory_small_batch.py --mode train --batch 8
+    python benchmarks/archive/host_memory_small_batch.py --mode train --batch 8 --keep
+    python benchmarks/archive/host_memory_small_batch.py --mode train --batch 8 --keep per_thread
+    python benchmarks/archive/host_memory_small_batch.py --mode train --batch 8
 
 Sets the malloc settings or not (``--keep``: one arena; ``--keep per_thread``: per-thread
 arenas; or run any of them under ``GLIBC_TUNABLES``), then
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.keep:
-        from layoutlab.xla import keep_host_memory
+        from layoutlab.host import keep_host_memory
 
         keep_host_memory(args.keep)  # before JAX starts
     from interleaved_steps import bench_options, runner, workload

@@ -1,7 +1,7 @@
 """glibc's transparent huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``) against its
 default, whole steps, in process pairs.
 
-    python benchmarks/hugetlb_pairs.py --cells resnet18:train:8,resnet18:infer:32 \
+    python benchmarks/archive/hugetlb_pairs.py --cells resnet18:train:8,resnet18:infer:32 \
         --pairs 4 --out benchmarks/results/DIR
 
 glibc reads the tunable only when a process starts, so one process cannot time both sides.
@@ -28,10 +28,10 @@ from pathlib import Path
 from interleaved_steps import workload
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.xla.host_memory_flag import HOST_MEMORY_MIN_PIXELS
-from layoutlab.xla.huge_pages import TUNABLE
+from layoutlab.host.flag import HOST_MEMORY_MIN_PIXELS
+from layoutlab.host.huge_pages import TUNABLE
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/, where step_variants.py is
 
 
 def _arenas(model: str, mode: str, batch: int) -> str:

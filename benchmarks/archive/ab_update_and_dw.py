@@ -1,8 +1,9 @@
 """A training step now against the same step without this round's two small-batch changes.
 
-    python benchmarks/ab_update_and_dw.py --batch 1 --optimizer pytorch
-    python benchmarks/ab_update_and_dw.py --batch 32 --optimizer train
-    python benchmarks/ab_update_and_dw.py --model resnet50 --batch 1 --variants channel_major_1x1
+    python benchmarks/archive/ab_update_and_dw.py --batch 1 --optimizer pytorch
+    python benchmarks/archive/ab_update_and_dw.py --batch 32 --optimizer train
+    python benchmarks/archive/ab_update_and_dw.py --model resnet50 --batch 1 \\
+        --variants channel_major_1x1
 
 The changes (ResNet-18 CIFAR or ``--model resnet50`` on ImageNet, NHWC, fp32, the shipped
 conv table, the step's own compile options):

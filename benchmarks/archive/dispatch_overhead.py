@@ -1,6 +1,6 @@
 """What calling a compiled step costs apart from its work, for batch-1 steps.
 
-    python benchmarks/dispatch_overhead.py
+    python benchmarks/archive/dispatch_overhead.py
 
 A ResNet-18 CIFAR state has about 160 arrays (parameters, batch statistics and, in
 training, the optimizer's momenta). On trivial programs taking (and, for a training step,

@@ -1,6 +1,6 @@
 """A run's eval step on its training conv plan and on its eval plan, interleaved.
 
-    python benchmarks/eval_step_plan.py --model mobilenet_v2 --stem none --rounds 10 \
+    python benchmarks/archive/eval_step_plan.py --model mobilenet_v2 --stem none --rounds 10 \
         --out benchmarks/results/eval_step_plan_zen3_cpu/mobilenet_v2
 
 A training run on the shipped table's plan stores, besides ``conv_plan`` (the table's

@@ -1,6 +1,6 @@
 """Does timing layoutlab and PyTorch step by step in one process slow either of them?
 
-    python benchmarks/interleaving_bias.py --cases unet:infer:8,resnet18:infer:1 \
+    python benchmarks/archive/interleaving_bias.py --cases unet:infer:8,resnet18:infer:1 \
         --out benchmarks/results/interleaving_bias_avx512_cpu
 
 ``bench --torch`` runs one step of each configuration per round (A B A B ...), so both see

@@ -1,8 +1,8 @@
 """Training-mode BatchNorm's two forms against each other, alone and in whole steps.
 
-    python benchmarks/batch_norm_passes.py [--shape 16,56,56,256] [--rounds 15]
-    python benchmarks/batch_norm_passes.py --model resnet50 --batch 16 [--time-budget 60]
-    taskset -c 0 python benchmarks/batch_norm_passes.py ...   # on one core
+    python benchmarks/archive/batch_norm_passes.py [--shape 16,56,56,256] [--rounds 15]
+    python benchmarks/archive/batch_norm_passes.py --model resnet50 --batch 16 [--time-budget 60]
+    taskset -c 0 python benchmarks/archive/batch_norm_passes.py ...   # on one core
 
 ``centred`` (``nn.norm.batch_norm_train_centred``, what every BatchNorm ran before the
 affine form) computes the forward ``(x - mean) * (rstd * scale) + bias``, with ``x - mean``

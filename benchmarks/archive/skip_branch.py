@@ -1,7 +1,7 @@
 """A training step whose non-finite skip branches with ``lax.cond`` against ``jnp.where``.
 
-    python benchmarks/skip_branch.py --model resnet18 --batch 1 --optimizer pytorch
-    python benchmarks/skip_branch.py --model vgg11_bn --batch 16
+    python benchmarks/archive/skip_branch.py --model resnet18 --batch 1 --optimizer pytorch
+    python benchmarks/archive/skip_branch.py --model vgg11_bn --batch 16
 
 Both programs are the same training step (NHWC, fp32, the shipped conv table, the step's
 own compile options), but for how a step with non-finite gradients keeps the params and

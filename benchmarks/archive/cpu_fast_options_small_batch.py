@@ -1,8 +1,8 @@
 """A small-batch CPU training step with and without the XLA:CPU options of ``--cpu-fast``.
 
-    python benchmarks/cpu_fast_options_small_batch.py --batch-sizes 1 --optimizer pytorch
-    python benchmarks/cpu_fast_options_small_batch.py --batch-sizes 8,32 --time-budget 30
-    python benchmarks/cpu_fast_options_small_batch.py --batch-sizes 1 --optimizer train
+    python benchmarks/archive/cpu_fast_options_small_batch.py --batch-sizes 1 --optimizer pytorch
+    python benchmarks/archive/cpu_fast_options_small_batch.py --batch-sizes 8,32 --time-budget 30
+    python benchmarks/archive/cpu_fast_options_small_batch.py --batch-sizes 1 --optimizer train
 
 ResNet-18 CIFAR (or ``--model resnet50``: ImageNet stem at 224x224) training steps (NHWC,
 fp32, HWIO kernels), interleaved per batch size with

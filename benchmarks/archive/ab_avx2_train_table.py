@@ -1,13 +1,13 @@
 """The AVX2 training table before its small-batch rules against the shipped one, whole steps;
 inference tables too.
 
-    python benchmarks/ab_avx2_train_table.py --model resnet18 --batch 1 \
+    python benchmarks/archive/ab_avx2_train_table.py --model resnet18 --batch 1 \
         --cases before+eltwise,shipped+eltwise,shipped,no_phase
-    python benchmarks/ab_avx2_train_table.py --model resnet50 --batch 16 \
+    python benchmarks/archive/ab_avx2_train_table.py --model resnet50 --batch 16 \
         --cases before,shipped,no_phase --time-budget 90
-    python benchmarks/ab_avx2_train_table.py --model mobilenet_v2 --batch 8 \
+    python benchmarks/archive/ab_avx2_train_table.py --model mobilenet_v2 --batch 8 \
         --cases no_depthwise,shipped
-    python benchmarks/ab_avx2_train_table.py --model resnet50 --batch 16 --mode infer \
+    python benchmarks/archive/ab_avx2_train_table.py --model resnet50 --batch 16 --mode infer \
         --cases before,shipped --time-budget 120
 
 Each case is one step (training by default: NHWC, fp32, SGD with momentum, HWIO kernels;

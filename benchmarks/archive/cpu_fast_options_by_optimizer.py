@@ -7,9 +7,9 @@ fusions (ELTWISE), for AdamW (``layoutlab train``'s optimizer) and SGD with mome
 (``bench.sweep.run_group``). Models: ``interleaved_steps.workload`` (ResNet-18 CIFAR,
 ResNet-50 ImageNet, any other at its default input).
 
-    python benchmarks/cpu_fast_options_by_optimizer.py --batch-sizes 1,8,32,128 \
+    python benchmarks/archive/cpu_fast_options_by_optimizer.py --batch-sizes 1,8,32,128 \
         --out benchmarks/results/cpu_fast_options_by_optimizer_avx512_cpu
-    python benchmarks/cpu_fast_options_by_optimizer.py --models unet,mobilenet_v2 \
+    python benchmarks/archive/cpu_fast_options_by_optimizer.py --models unet,mobilenet_v2 \
         --batch-sizes 8,32 --optimizers pytorch --out DIR
 """
 

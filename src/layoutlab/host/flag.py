@@ -19,31 +19,16 @@ __all__ = [
 KEEP_HOST_MEMORY_COMMANDS = ("train", "bench", "autotune convs", "conv-autotune")
 
 # Below this many input pixels per batch the commands keep host memory with per-thread malloc
-# arenas, from it up with one arena for every thread. One arena keeps every freed block,
-# however large, but every thread then takes its lock: the built-in digits job (32 x 8 x 8 =
-# 2,048 pixels per batch) took 15.1-16.1 s with it against 13.1-14.6 s without, and
-# MobileNetV2 CIFAR's training step at batch 8 (8,192) 125-162 against 61-72 ms
-# (benchmarks/results/host_memory_small_batch_avx512_cpu.md). Per-thread arenas keep blocks up
-# to 64 MiB: ResNet-18 CIFAR's batch-1 training step (a 53 MiB temp buffer) ran 43 ms with
-# them, 46-48 ms with one arena and 54-55 ms with glibc's defaults, which map it fresh every
-# call; the digits job and batch-1 and batch-8 inference were even. The pixel count does not
-# see the temp buffer, so ResNet-18's batch-8 training step (102 MiB) gets per-thread arenas
-# although one arena ran it 5-10% faster (benchmarks/results/host_memory_arenas_avx512_cpu.md).
-# From the threshold up: the ResNet-18 CIFAR step at batch 128 (131,072) gained about 0.5 s a
-# step with one arena on the AVX2 machine; ResNet-50's at batch 16 ran 1.5-2% faster with it
-# than with per-thread arenas, 15-18% with PyTorch's steps alternating in the same process.
-# One process cannot have both, so a bench sweep across the threshold runs a process per
-# side (bench.host_memory_parts); its parent process keeps per-thread arenas, and runs no step.
+# arenas, from it up with one arena for every thread. One arena keeps every freed block, however
+# large, but every thread then takes its lock, which small steps pay for; per-thread arenas keep
+# blocks up to 64 MiB (docs/performance/measurements.md#host-memory). One process cannot have both,
+# so a bench sweep across the threshold runs a process per side (bench.host_memory_parts); its
+# parent process keeps per-thread arenas, and runs no step.
 HOST_MEMORY_MIN_PIXELS = 32 * 32 * 32
 # From this many input pixels per batch up, the commands that keep host memory also start with
-# transparent huge pages (xla.huge_pages). ResNet-18 CIFAR's training step at batch 8 (8,192)
-# ran 1.12x faster with them, VGG-11-BN's 1.44x, ResNet-50's at 16 1.13x, and no step from
-# this size was clearly slower (the small CNN at 16,384 read 0.98x, its pairs 0.92-1.01);
-# below it ResNet-18's batch-1 steps (1,024) were even and the small CNN's digits step
-# (32 x 8 x 8 = 2,048) ran 0.92x, the whole digits job 0.87-0.96x
-# (benchmarks/results/huge_pages_zen4_cpu.md). On AVX2 (Zen 3) the batch-8 ResNet-18 and
-# VGG-11-BN training steps gained 1.20x and 1.18x, the other steps from the size were even
-# (the small CNN at 16,384 1.05x) (huge_pages_zen3_cpu.md).
+# transparent huge pages (host.huge_pages): heavy steps from this size ran faster with them, and
+# none clearly slower; below it the digits job ran slower
+# (docs/performance/measurements.md#huge-pages).
 HUGE_PAGES_MIN_PIXELS = 8 * 32 * 32
 
 
@@ -65,7 +50,7 @@ def add_keep_host_memory(subparsers) -> None:
             action=argparse.BooleanOptionalAction,
             default=None,
             help="keep freed host memory in the process with one malloc arena for every "
-            "thread (glibc malloc settings, see layoutlab.xla.keep_host_memory): XLA:CPU "
+            "thread (glibc malloc settings, see layoutlab.host.keep_host_memory): XLA:CPU "
             "stops page-faulting its temp buffer on every call; process-wide, so PyTorch in "
             "the same process gets it too. Default: on, with per-thread arenas where the flags "
             "show any batch under 32,768 input pixels, else one arena, and from 8,192 pixels "
@@ -119,7 +104,7 @@ def _keep_host_memory(asked: bool, arenas: str) -> int | None:
     default of the commands that run steps over and over. Only an explicit
     ``--keep-host-memory`` that comes too late (JAX already started in this process, as
     when ``main`` is called from Python) is an error; the default then changes nothing."""
-    from layoutlab.xla.host_memory import HostMemoryError, backend_started, keep_host_memory
+    from layoutlab.host.memory import HostMemoryError, backend_started, keep_host_memory
 
     # Per-thread arenas could still be set, but a process that started JAX before the command
     # (``main`` called from a notebook) keeps its malloc as it was unless asked.
@@ -154,7 +139,7 @@ def host_memory_arenas(args: argparse.Namespace) -> str | None:
 def huge_pages_wanted(args: argparse.Namespace) -> bool:
     """Whether a parsed command line keeps host memory (``host_memory_arenas``) and shows
     only batches of at least ``HUGE_PAGES_MIN_PIXELS`` input pixels, which then come with
-    transparent huge pages (``xla.huge_pages``). Batches the flags do not show get none (no
+    transparent huge pages (``host.huge_pages``). Batches the flags do not show get none (no
     evidence), nor does ``--no-keep-host-memory`` or a command without the flag. A bench
     sweep with batches on both sides runs a process per group (``batch_groups``), each of
     which decides for itself."""

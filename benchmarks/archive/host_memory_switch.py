@@ -1,7 +1,7 @@
 """Host memory kept or left to glibc's defaults, beside PyTorch: what each malloc setting does
 to both sides of a bench comparison.
 
-    python benchmarks/host_memory_switch.py --cases resnet18:train:1,resnet18:train:128 \
+    python benchmarks/archive/host_memory_switch.py --cases resnet18:train:1,resnet18:train:128 \
         --out benchmarks/results/every_batch_zen4_cpu/host_memory_switch
 
 A bench sweep keeps one malloc setting for the whole process, and it is process-wide: PyTorch's
@@ -28,7 +28,7 @@ from layoutlab.bench.cases import TorchCase
 from layoutlab.bench.machine import machine_info
 from layoutlab.bench.sweep import run_group
 from layoutlab.bench.torch_runner import TorchRunner
-from layoutlab.xla.host_memory import (
+from layoutlab.host.memory import (
     ENV_SETTING,
     ENV_SETTING_PER_THREAD,
     keep_host_memory,
@@ -76,7 +76,8 @@ def phases(case: str, budget: float) -> list[dict]:
 def fresh(case: str, budget: float, setting: str) -> list[dict]:
     """The pair in a new process with ``FRESH[setting]`` given through the environment."""
     code = (
-        "import json, sys; sys.path.insert(0, 'benchmarks'); import host_memory_switch as h\n"
+        "import json, sys; sys.path[:0] = ['benchmarks', 'benchmarks/archive']\n"
+        "import host_memory_switch as h\n"
         f"print('ROWS', json.dumps(h._rows({case!r}, h._group({case!r}, {budget}), "
         f"{setting!r})))"
     )

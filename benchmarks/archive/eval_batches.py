@@ -1,6 +1,6 @@
 """A whole evaluation of a test split, in equal batches against full batches plus a remainder.
 
-    python benchmarks/eval_batches.py --model mobilenet_v2 --test-images 10000 --rounds 9 \
+    python benchmarks/archive/eval_batches.py --model mobilenet_v2 --test-images 10000 --rounds 9 \
         --out benchmarks/results/eval_batches_zen4_cpu/mobilenet_v2
 
 ``train.evaluation.evaluate`` now splits the test split into the fewest batches of one size

@@ -1,6 +1,6 @@
 """What the confusion matrix and top-5 sums cost the training loop's evaluations.
 
-    python benchmarks/eval_step_extras.py --model small_cnn --stem none --image 8x8x1 \
+    python benchmarks/archive/eval_step_extras.py --model small_cnn --stem none --image 8x8x1 \
         --classes 10 --test-images 400 --rounds 9 --out benchmarks/results/DIR/small_cnn
 
 The eval step (``train.steps.make_eval_step``) sums the confusion matrix and, past 5
@@ -8,7 +8,7 @@ classes, the top-5 hits beside loss and accuracy, so that ``layoutlab evaluate``
 training loop's own program once per image. The training loop does not record those sums;
 this times what they add to its evaluations: a one-step run on synthetic images (made as
 ``train_and_evaluate`` makes it), then its whole test split through ``eval_sums`` with the
-eval step as it was (three sums, ``evaluate_once._old_eval_step``) and as it is, jitted as
+eval step as it was (three sums, ``evaluate_once.old_eval_step``) and as it is, jitted as
 the loop jits it, in interleaved rounds whose order rotates (the first round unmeasured:
 the compiles). ``this / before`` is the median of the per-round ratios with its 95%
 interval (above 1: the sums cost time).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from evaluate_once import _old_eval_step
+from evaluate_once import old_eval_step
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
 from layoutlab.bench.stats import OtherLoad, median_interval, paired_ratio
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     shard = make_shardings(False)
     state = jax.device_put(run.state(), shard.replicated)
     steps = {
-        "three sums (before)": _old_eval_step(run.eval_defs),
+        "three sums (before)": old_eval_step(run.eval_defs),
         "with confusion and top-5 (now)": make_eval_step(run.eval_defs, class_axis(run.spec)),
     }
     calls = {}

@@ -1,6 +1,6 @@
 """Per-thread malloc arenas with and without glibc's top pad: does the temp buffer stay mapped?
 
-    python benchmarks/host_memory_top_pad.py --runs 10 --load
+    python benchmarks/archive/host_memory_top_pad.py --runs 10 --load
 
 Runs the probe of ``tests/host_memory_probe.py`` (a jitted product through a 36 MB float32
 intermediate, 48 calls, minor page faults per call) in fresh processes, alternating three
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 # The probe is the test suite's (tests/host_memory_probe.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from host_memory_probe import probe  # noqa: E402
 
 _LOAD = """
@@ -34,7 +34,7 @@ while True:
 
 
 def _settings() -> dict[str, str | None]:
-    from layoutlab.xla.host_memory import ENV_SETTING_PER_THREAD
+    from layoutlab.host.memory import ENV_SETTING_PER_THREAD
 
     with_pad = ENV_SETTING_PER_THREAD.split("=", 1)[1]
     without = ":".join(i for i in with_pad.split(":") if not i.startswith("glibc.malloc.top_pad"))

@@ -6,7 +6,7 @@ gradient at its output and at its input in the backward); then one BatchNorm's b
 alone, layoutlab's VJP and PyTorch's, fed exact inputs, the PyTorch float32 run's or
 layoutlab's own jitted forward's.
 
-    PYTHONPATH=src python3 benchmarks/grad_numerics_batch_norm.py [model [seed [width]]]
+    PYTHONPATH=src python3 benchmarks/archive/grad_numerics_batch_norm.py [model [seed [width]]]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import grad_audit as ga  # noqa: E402
 import jax  # noqa: E402

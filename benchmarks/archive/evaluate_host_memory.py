@@ -1,14 +1,14 @@
 """Whole `layoutlab evaluate` processes under glibc's malloc defaults, with host memory kept
 in one arena, and kept with transparent huge pages, in rotated triples.
 
-    python benchmarks/evaluate_host_memory.py --test-images 10000 --triples 2 \
+    python benchmarks/archive/evaluate_host_memory.py --test-images 10000 --triples 2 \
         --out benchmarks/results/DIR
 
 `evaluate` keeps glibc's defaults (it is not among ``KEEP_HOST_MEMORY_COMMANDS``); its eval
 step runs batches of up to 500 images, whose temp buffer glibc maps fresh on every call.
 glibc reads its tunables only when a process starts, so each setting is a process of its
-own, started with ``GLIBC_TUNABLES`` (``xla.host_memory.ENV_SETTING`` for one arena, plus
-``xla.huge_pages.TUNABLE``). The script first trains a ResNet-18 CIFAR run for one step on
+own, started with ``GLIBC_TUNABLES`` (``host.memory.ENV_SETTING`` for one arena, plus
+``host.huge_pages.TUNABLE``). The script first trains a ResNet-18 CIFAR run for one step on
 synthetic 32x32x3 images, then evaluates it ``--triples`` times per setting, the order
 rotating triple by triple so that a drift of the machine falls on every setting. Each
 process's wall time (interpreter start, restore, compile and evaluation), user and system
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.xla.host_memory import ENV_SETTING
-from layoutlab.xla.huge_pages import TUNABLE
+from layoutlab.host.huge_pages import TUNABLE
+from layoutlab.host.memory import ENV_SETTING
 
 # ENV_SETTING is the whole `GLIBC_TUNABLES=...` assignment the docs show.
 _ONE_ARENA = ENV_SETTING.split("=", 1)[1]
