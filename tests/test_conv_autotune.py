@@ -11,6 +11,8 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.bench import tuning as cat
 from layoutlab.bench.tuning import convs as tune_convs
+from layoutlab.bench.tuning.cache import CACHE_ENV
+from layoutlab.bench.tuning.conv_reference import spec_inputs
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos.algorithm import plain_2d
 from layoutlab.nn.conv_algos.native import native_conv
@@ -34,7 +36,7 @@ def test_reference_gradients_match_torch_float64_autograd(layout, stride, paddin
     torch = pytest.importorskip("torch")
     xs, ws = ((2, 7, 8, 3), (3, 3, 3, 4)) if layout == "NHWC" else ((2, 3, 7, 8), (4, 3, 3, 3))
     spec = ca.conv_spec(xs, ws, strides=stride, padding=padding, layout=layout)
-    x, w, dy = cat.spec_inputs(spec, seed=5)
+    x, w, dy = spec_inputs(spec, seed=5)
     refs = cat.reference_conv(x, w, dy, spec)
     to_cf = (lambda a: np.transpose(a, (0, 3, 1, 2))) if layout == "NHWC" else (lambda a: a)
     w_oihw = np.transpose(w, (3, 2, 0, 1)) if layout == "NHWC" else w
@@ -226,10 +228,10 @@ def test_malformed_cache_files_raise(tmp_path):
 
 
 def test_default_cache_path_follows_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path / "tuned.json"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "tuned.json"))
     assert cat.default_cache_path() == tmp_path / "tuned.json"
     assert cat.AutotuneCache().path == tmp_path / "tuned.json"
-    monkeypatch.setenv(cat.CACHE_ENV, str(tmp_path))  # a directory holds autotune.json
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # a directory holds autotune.json
     assert cat.default_cache_path() == tmp_path / "autotune.json"
 
 
