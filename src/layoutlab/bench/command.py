@@ -61,7 +61,9 @@ _fraction = _checked(float, lambda v: 0 < v < 1, "a fraction in (0, 1) such as 0
 _non_negative = _checked(int, lambda v: v >= 0, "an integer >= 0")
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """``layoutlab bench``; ``argv``: its command line, which a sweep across the host-memory
+    threshold runs again per part (None: ``layoutlab bench`` with ``args``' own flags)."""
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -103,12 +105,12 @@ def run_bench(args: argparse.Namespace) -> int:
             optimizer=args.optimizer,
         )
         output_dir(args.out)  # before the sweep, whose results would be lost at the end
-        parts = host_memory_parts(args)
+        parts = host_memory_parts(args, argv)
         if parts is None:
             results = run_sweep(config, log=print_progress)
         else:
             validate(config)  # bad flags fail here, before a part starts
-            results = run_parts(args.argv, parts, args.out)
+            results = run_parts(argv, parts, args.out)
     except ValueError as err:
         print_error(str(err))
         return 2

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from layoutlab.arguments import (
@@ -301,36 +302,58 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
 
         tiny = models.spec(config.model).tiny
         config = dataclasses.replace(config, model_kwargs={**tiny, **config.model_kwargs})
-    if not args.workdir:
+    workdir = args.workdir
+    if not workdir:
         from layoutlab.train.distributed import agree_on, wall_clock
 
-        # Decided once (every process takes process 0's clock) and kept in args, so the
-        # autotune steps before training and the run itself name the same directory.
+        # Every process takes process 0's clock, so all of them name the same directory.
         now = time.localtime(agree_on(wall_clock()))
-        args.workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
-    return config, Path(args.workdir)
+        workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
+    return config, Path(workdir)
+
+
+def _with_choice(config: TrainConfig, choice: tuple[str, str], sets: list[str]) -> TrainConfig:
+    """``config`` with ``--autotune``'s ``(layout, precision)`` in place of the flags' (a
+    ``--set`` of either still has the last word, as it has over every flag)."""
+    layout, precision = choice
+    kept = [s for s in sets if s.partition("=")[0].strip() in ("layout", "precision")]
+    return apply_overrides(config, [f"layout={layout}", f"precision={precision}", *kept])
 
 
 # How long a process whose collective failed waits for another process's named failure.
 _CAUSE_WAIT_S = 3.0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    autotune: Callable[[TrainConfig], tuple[str, str]] | None = None,
+    conv_planner: Callable[[str], Callable] | None = None,
+) -> int:
+    """``layoutlab train``. ``autotune(config) -> (layout, precision)``: what ``--autotune``
+    measures; ``conv_planner(conv_tune)``: the planner of ``"auto"`` convs that
+    ``train_and_evaluate`` takes (both live in ``bench/``, above ``train/`` in the repository
+    map, so the ``layoutlab`` command passes them in; None: no tuning)."""
     start = time.perf_counter()
     with sigterm_interrupts():
-        return _run(args, start)
+        return _run(args, start, autotune, conv_planner)
 
 
-def _run(args: argparse.Namespace, start: float) -> int:
+def _run(args: argparse.Namespace, start: float, autotune, conv_planner) -> int:
     from layoutlab.train.loop import train_and_evaluate
 
     try:
         config, workdir = build_config(args)
+        if args.autotune:
+            if autotune is None:
+                raise ValueError("--autotune needs the `layoutlab` command (it tunes in bench/).")
+            # layout and precision first: the conv shapes follow
+            config = _with_choice(config, autotune(config), args.set)
+        planner = None if conv_planner is None else conv_planner(args.conv_tune)
         from layoutlab.train.distributed import main_process
 
         main = main_process()  # the other processes of a distributed run print only errors
         quiet = args.quiet or not main
-        planner = getattr(args, "conv_planner", None)
         record = train_and_evaluate(
             config, workdir, resume=args.resume, quiet=quiet, conv_planner=planner
         )
