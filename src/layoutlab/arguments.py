@@ -143,7 +143,7 @@ def add_conv_options(parser: argparse.ArgumentParser, activation_storages: tuple
     """``--kernel-storage``, ``--activation-storage`` (one of ``activation_storages``,
     ``nn.conv_names.ACTIVATION_STORAGES``), ``--xla-option`` and ``--cpu-fast`` of the
     commands that time layoutlab's steps (``bench``, ``autotune convs``);
-    ``fast_defaults.compile_options_from_flags`` turns the last two into XLA options."""
+    ``train.fast_config.compile_options`` turns the last two into XLA options."""
     parser.add_argument(
         "--kernel-storage",
         default="auto",

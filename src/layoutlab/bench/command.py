@@ -12,12 +12,12 @@ from layoutlab.arguments import (
     add_image_size,
     add_model_options,
     output_dir,
+    parse_assignments,
     parse_comma_list,
     print_error,
     print_progress,
 )
 from layoutlab.bench.stats import AUTO_BUDGET_S
-from layoutlab.fast_defaults import compile_options_from_flags
 from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
 
@@ -63,7 +63,7 @@ _non_negative = _checked(int, lambda v: v >= 0, "an integer >= 0")
 
 def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """``layoutlab bench``; ``argv``: its command line, which a sweep across the host-memory
-    threshold runs again per part (None: ``layoutlab bench`` with ``args``' own flags)."""
+    threshold runs again per part (None: one process, as parts need the command line)."""
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -97,7 +97,7 @@ def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             conv_algorithms=parse_comma_list(args.conv_algos),
             kernel_storage=args.kernel_storage,
             activation_storage=args.activation_storage,
-            xla_options=compile_options_from_flags(args),
+            xla_options=parse_assignments(args.xla_option, "--xla-option"),
             cpu_fast=args.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
             conv_tune=args.conv_tune,

@@ -245,14 +245,13 @@ def _compare(args, model, x, options, tolerance):
 
 
 def _compiler_options(args) -> dict:
-    from layoutlab.models import example_shape, model_compile_options
+    from layoutlab.models import example_shape
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.train.spec import config_for
 
-    if not args.cpu_fast:
-        return {}
+    run = config_for(model=args.model, model_kwargs=model_kwargs(args), cpu_fast=args.cpu_fast)
     shape = example_shape(args.model, args.image_size)
-    return model_compile_options(
-        args.model, model_kwargs(args), args.mode, batch=args.batch_size, input_shape=shape
-    )
+    return compile_options(run, args.mode, batch=args.batch_size, input_shape=shape)
 
 
 def _conv_settings(model, specs: dict) -> dict:

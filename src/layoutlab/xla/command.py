@@ -42,14 +42,27 @@ def _inspect(args: argparse.Namespace):
         resolve_activation_storage,
         resolve_kernel_storage,
     )
-    from layoutlab.models import example_shape, model_compile_options
+    from layoutlab.models import example_shape
     from layoutlab.nn.conv_algos import load_plan
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.train.spec import config_for
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
     from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
     platform = resolve_backend(args.backend).platform
     storage = resolve_kernel_storage(args.kernel_storage, platform)
+    run = config_for(
+        args.optimizer,
+        model=args.model,
+        model_kwargs=_model_kwargs(args),
+        xla_options=parse_assignments(args.xla_option, "--xla-option"),
+        cpu_fast=args.cpu_fast,
+    )
+    shape = example_shape(args.model, args.image_size)
+    options = compile_options(
+        run, args.mode, backend=platform, batch=args.batch_size, input_shape=shape
+    )
     common = dict(
         precision=args.precision,
         mode=args.mode,
@@ -57,23 +70,7 @@ def _inspect(args: argparse.Namespace):
         image_size=args.image_size,
         stem=args.stem,
         backend=args.backend,
-        flags={
-            **(
-                model_compile_options(
-                    args.model,
-                    _model_kwargs(args),
-                    args.mode,
-                    platform,
-                    args.optimizer,
-                    args.batch_size,
-                    example_shape(args.model, args.image_size),
-                )
-                if args.cpu_fast
-                else {}
-            ),
-            **parse_assignments(args.xla_option, "--xla-option"),
-        }
-        or None,
+        flags=options or None,
         model_kwargs=_model_kwargs(args),
         auto_layout=args.auto_layout,
         conv_algorithm=args.conv_algo,

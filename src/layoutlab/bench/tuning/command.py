@@ -22,12 +22,12 @@ from layoutlab.arguments import (
     add_model_options,
     deprecated,
     output_file,
+    parse_assignments,
     parse_comma_list,
     parse_mode,
     print_error,
     print_progress,
 )
-from layoutlab.fast_defaults import compile_options_from_flags
 from layoutlab.models.command import model_kwargs
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES
 
@@ -120,18 +120,24 @@ def _names(text: str | None) -> list[str] | None:
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
-    from layoutlab.models import model_compile_options
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.train.spec import config_for
 
     try:
         if args.out:  # before the tuning, whose plan would be lost at the end
             output_file(args.out)
         shape = _input_shape(args)
-        fast = {}
-        if args.cpu_fast:  # the deprecated --input-shape text gives no size to read
-            example = None if isinstance(shape, str) else shape
-            fast = model_compile_options(args.model, model_kwargs(args), args.mode, args.backend,
-                                         getattr(args, "optimizer", None), args.batch_size,
-                                         example)  # fmt: skip
+        run = config_for(
+            model=args.model,
+            model_kwargs=model_kwargs(args),
+            xla_options=parse_assignments(args.xla_option, "--xla-option"),
+            cpu_fast=args.cpu_fast,
+        )
+        # the deprecated --input-shape text gives no size to read
+        example = None if isinstance(shape, str) else shape
+        options = compile_options(
+            run, args.mode, backend=args.backend, batch=args.batch_size, input_shape=example
+        )
         tuning = autotune_registry_model(
             args.model,
             args.batch_size,
@@ -141,7 +147,7 @@ def run_convs(args: argparse.Namespace) -> int:
             objective="train" if args.mode == "train" else "inference",
             kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
             activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
-            compiler_options={**fast, **compile_options_from_flags(args)},
+            compiler_options=options,
             model_kwargs=model_kwargs(args),
             num_classes=args.num_classes,
             backend=args.backend,
