@@ -31,12 +31,12 @@ from layoutlab.xla.flags import normalize_flags, translate_compile_error
 __all__ = [
     "MEMORY_FORMATS",
     "SweepConfig",
+    "base_config",
     "check_compile_options",
     "config_dict",
     "defaults_label",
     "options_for",
     "resolve_input",
-    "run_config",
     "validate",
 ]
 
@@ -251,7 +251,7 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
     return opts
 
 
-def run_config(config: SweepConfig) -> TrainConfig:
+def base_config(config: SweepConfig) -> TrainConfig:
     """The ``TrainConfig`` every configuration of the sweep shares (``train.spec.config_for``):
     its model, conv storages, XLA options, ``cpu_fast`` and train step's optimizer; the
     layouts, precisions, batch sizes, modes and conv algorithms are the sweep's axes."""
@@ -270,7 +270,7 @@ def options_for(
     config: SweepConfig, mode: str, backend: str | None = None, batch: int | None = None
 ) -> dict:
     """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``:
-    ``train.fast_config.compile_options`` of the sweep's ``run_config`` on its input."""
+    ``train.fast_config.compile_options`` of the sweep's ``base_config`` on its input."""
     from layoutlab.train.fast_config import compile_options
 
     shape = None
@@ -279,7 +279,7 @@ def options_for(
             config.model, dict(config.model_kwargs), config.image_size, config.channels
         )
     return compile_options(
-        run_config(config), mode, backend=backend, batch=batch, input_shape=shape
+        base_config(config), mode, backend=backend, batch=batch, input_shape=shape
     )
 
 
