@@ -319,23 +319,18 @@ def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
     from layoutlab.bench.host_memory_parts import host_memory_parts
 
     def bench(*batches, keep=None, image_size=(32,)):
-        return argparse.Namespace(
-            command="bench",
-            image_size=image_size,
-            batch_sizes=list(batches),
-            keep_host_memory=keep,
-            argv=["bench"],
-        )
+        flags = dict(image_size=image_size, batch_sizes=list(batches), keep_host_memory=keep)
+        return argparse.Namespace(command="bench", **flags), ["bench"]  # and the command line
 
     # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold; from 8 x 32 x 32
     # the small side runs with huge pages, in a process of its own (test_huge_pages.py).
-    assert host_memory_parts(bench(1, 8, 32, 128, 256)) == [[1], [8], [32, 128, 256]]
-    assert host_memory_parts(bench(256, 1, 7)) == [[1, 7], [256]]  # the order given
-    assert host_memory_parts(bench(1, 2, 4)) is None  # all small: one process
-    assert host_memory_parts(bench(32, 128)) is None  # all large
-    assert host_memory_parts(bench(1, 128, keep=False)) is None  # the user chose a setting
-    assert host_memory_parts(bench(1, 128, keep=True)) is None
-    assert host_memory_parts(bench(1, 128, image_size=None)) is None  # input not shown
+    assert host_memory_parts(*bench(1, 8, 32, 128, 256)) == [[1], [8], [32, 128, 256]]
+    assert host_memory_parts(*bench(256, 1, 7)) == [[1, 7], [256]]  # the order given
+    assert host_memory_parts(*bench(1, 2, 4)) is None  # all small: one process
+    assert host_memory_parts(*bench(32, 128)) is None  # all large
+    assert host_memory_parts(*bench(1, 128, keep=False)) is None  # the user chose a setting
+    assert host_memory_parts(*bench(1, 128, keep=True)) is None
+    assert host_memory_parts(*bench(1, 128, image_size=None)) is None  # input not shown
 
 
 def test_a_failing_part_stops_the_sweep_with_its_exit_status(tmp_path):

@@ -131,8 +131,7 @@ def test_a_sweep_runs_a_process_per_setting():
     from layoutlab.bench.host_memory_parts import host_memory_parts
 
     def parts(*batches, image_size=(32,)):
-        return host_memory_parts(argparse.Namespace(**vars(_bench(*batches, image_size=image_size)),
-                                                    argv=["bench"]))  # fmt: skip
+        return host_memory_parts(_bench(*batches, image_size=image_size), ["bench"])
 
     # Per-thread arenas; the same with huge pages; one arena with huge pages.
     assert parts(1, 8, 32, 128, 256) == [[1], [8], [32, 128, 256]]

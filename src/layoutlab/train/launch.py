@@ -1,17 +1,14 @@
 """What ``layoutlab train`` does between parsing its flags and training, in the order JAX
 needs: run as a supervised child when distributed, then pick the backend and join the other
-processes before JAX starts, then decide layout, precision and the conv planner.
-
-The tuning that ``--autotune`` and ``auto`` convs ask for lives in ``bench/`` (above
-``train/`` in the repository map), so ``start`` takes it as two callables, which the
-``layoutlab`` command passes in (``bench.tuning.train_run``).
+processes before JAX starts. The tuning that ``--autotune`` and ``auto`` convs ask for
+lives in ``bench/`` (above ``train/`` in the repository map): the ``layoutlab`` command passes
+it to ``train.command.run`` as arguments (``bench.tuning.train_run``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 __all__ = [
     "DATA_PIXELS",
@@ -126,27 +123,14 @@ def use_backend(name: str) -> int | None:
     return None
 
 
-def start(
-    args: argparse.Namespace,
-    *,
-    autotune: Callable[[argparse.Namespace], None],
-    conv_planner: Callable[[argparse.Namespace], Callable],
-) -> int | None:
-    """Backend, the distributed join, then ``autotune(args)`` (``--autotune``: sets
-    ``args.layout`` and ``args.precision``) and ``args.conv_planner``; an exit status where
-    one of them failed, else None."""
+def start(args: argparse.Namespace) -> int | None:
+    """Backend, then the distributed join: an exit status where one of them failed, else
+    None. ``--autotune`` and the conv planner are the train command's own (``train.command.run``
+    takes them as arguments)."""
     if args.backend:  # before the distributed join, which picks collectives per platform
         import jax
 
         jax.config.update("jax_platforms", gpu_platform() if args.backend == "gpu" else "cpu")
     if (failed := join_run(args)) or (args.backend and (failed := use_backend(args.backend))):
         return failed
-    try:
-        if args.autotune:
-            autotune(args)  # layout and precision first: the conv shapes follow
-        args.conv_planner = conv_planner(args)
-    except (ValueError, FileNotFoundError) as e:
-        from layoutlab.train.liveness import stop_with
-
-        return stop_with(str(e))  # the other processes of a distributed run stop too
     return None
