@@ -12,10 +12,10 @@ from layoutlab import models
 from layoutlab.train import TrainConfig, train_and_evaluate
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import validate
-from layoutlab.train.loop import _program
-from layoutlab.train.program import INIT_COMPILER_OPTIONS
+from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
 from layoutlab.train.run_data import load_run_data
 from layoutlab.train.sharding import make_shardings, state_shardings
+from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.step_schedule import make_step_schedule
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
@@ -32,7 +32,9 @@ BASE = TrainConfig(model_kwargs=models.spec("small_cnn").tiny, batch_size=16, nu
 def _per_device_bytes(config):
     config = validate(config, jax.device_count())
     dataset = load_run_data(config)
-    program = _program(config, dataset, make_step_schedule(config, dataset))
+    total_steps = make_step_schedule(config, dataset).total_steps
+    spec = resolve_spec(config, total_steps, jax.device_count())
+    program = build_program(spec, InputSpec.of(dataset, spec.batch_size))
     shard = make_shardings(True)
     shardings = state_shardings(jax.eval_shape(program.init), shard, config.param_sharding)
     # Compiled as the loop compiles a fresh run's init (the run's options at optimization
