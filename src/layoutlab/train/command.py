@@ -257,8 +257,22 @@ def _saved_config(workdir: Path) -> TrainConfig:
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """``config_from_flags(args)`` and the run's workdir (``--workdir``, else one named after
+    the model and the time, kept in ``args`` so every later step names the same one)."""
+    config = config_from_flags(args)
+    if not args.workdir:
+        from layoutlab.train.distributed import agree_on, wall_clock
+
+        # Decided once (every process takes process 0's clock) and kept in args, so the
+        # autotune steps before training and the run itself name the same directory.
+        now = time.localtime(agree_on(wall_clock()))
+        args.workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
+    return config, Path(args.workdir)
+
+
+def config_from_flags(args: argparse.Namespace) -> TrainConfig:
     """The config from defaults (or the workdir's config.json on --resume), then the fields
-    of ``--config FILE``, then the flags and ``--set`` (last wins)."""
+    of ``--config FILE``, then the flags and ``--set`` (last wins); reads files only."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
@@ -301,14 +315,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
 
         tiny = models.spec(config.model).tiny
         config = dataclasses.replace(config, model_kwargs={**tiny, **config.model_kwargs})
-    if not args.workdir:
-        from layoutlab.train.distributed import agree_on, wall_clock
-
-        # Decided once (every process takes process 0's clock) and kept in args, so the
-        # autotune steps before training and the run itself name the same directory.
-        now = time.localtime(agree_on(wall_clock()))
-        args.workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
-    return config, Path(args.workdir)
+    return config
 
 
 # How long a process whose collective failed waits for another process's named failure.
