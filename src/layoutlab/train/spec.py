@@ -190,7 +190,9 @@ class RunSpec:
 
 
 def _plan_record(plan) -> dict | None:
-    return None if plan is None else as_plan(plan).to_dict()
+    """What a run records of ``plan``: a dict as given (a decided or saved plan), a
+    ``ConvPlan``'s JSON form."""
+    return plan if plan is None or isinstance(plan, Mapping) else as_plan(plan).to_dict()
 
 
 def _plan_value(record: dict | None) -> ConvPlan | None:
