@@ -94,9 +94,12 @@ def test_a_failed_restart_goes_on_without(qualifying, monkeypatch):
 
 
 def _train(**kw):
-    base = dict(command="train", config=None, resume=None, data="cifar10", image_size=None,
-                batch_size=8, keep_host_memory=None)  # fmt: skip
-    return argparse.Namespace(**{**base, **kw})
+    from layoutlab.cli import build_parser
+
+    args = build_parser().parse_args(["train"])
+    for name, value in {"data": "cifar10", "batch_size": 8, **kw}.items():
+        setattr(args, name, value)  # as the flag of that name sets it
+    return args
 
 
 def _bench(*batches, keep=None, image_size=(32,)):

@@ -22,8 +22,8 @@ from layoutlab.fast_defaults import (
     resolve_kernel_storage,
 )
 from layoutlab.nn.conv_config import check_conv_options
+from layoutlab.precision import get_policy
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.run_precision import resolve_policy
 from layoutlab.train.spec import config_for
 from layoutlab.xla import resolve_backend
 from layoutlab.xla.flags import normalize_flags, translate_compile_error
@@ -144,7 +144,7 @@ def validate(config: SweepConfig) -> SweepConfig:
     if not precisions:
         raise ValueError("precisions is empty; give at least one, e.g. fp32.")
     for p in precisions:
-        resolve_policy(p)  # unknown precision: ValueError listing the presets
+        get_policy(p)  # unknown precision: ValueError listing the presets
     modes = tuple(dict.fromkeys(config.modes))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:

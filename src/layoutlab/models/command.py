@@ -8,7 +8,7 @@ import json
 from layoutlab.arguments import add_json
 from layoutlab.models.catalog import BUILTIN_MODELS
 
-__all__ = ["model_kwargs", "register"]
+__all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:

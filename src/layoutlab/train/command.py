@@ -199,8 +199,23 @@ def _saved_config(workdir: Path) -> TrainConfig:
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """``config_from_flags(args)`` and the run's workdir (``--workdir``, else one named after
+    the model and process 0's clock, so every process names the same one); returned, never
+    written into ``args``."""
+    config = config_from_flags(args)
+    workdir = args.workdir
+    if not workdir:
+        from layoutlab.train.distributed import agree_on, wall_clock
+
+        # Every process takes process 0's clock, so all of them name the same directory.
+        now = time.localtime(agree_on(wall_clock()))
+        workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
+    return config, Path(workdir)
+
+
+def config_from_flags(args: argparse.Namespace) -> TrainConfig:
     """The config from defaults (or the workdir's config.json on --resume), then the fields
-    of ``--config FILE``, then the flags and ``--set`` (last wins)."""
+    of ``--config FILE``, then the flags and ``--set`` (last wins); reads files only."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
@@ -222,15 +237,7 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
                 f"--set {name} cannot be used with --resume: a run keeps the conv plans it was "
                 "trained with (its config.json); drop it, or start a new workdir."
             )
-    config = run_config(args, config, overrides + list(args.set))
-    workdir = args.workdir
-    if not workdir:
-        from layoutlab.train.distributed import agree_on, wall_clock
-
-        # Every process takes process 0's clock, so all of them name the same directory.
-        now = time.localtime(agree_on(wall_clock()))
-        workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
-    return config, Path(workdir)
+    return run_config(args, config, overrides + list(args.set))
 
 
 def _with_choice(config: TrainConfig, choice: tuple[str, str], sets: list[str]) -> TrainConfig:
