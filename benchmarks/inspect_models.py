@@ -21,9 +21,9 @@ import platform
 import time
 from pathlib import Path
 
+from layoutlab.arguments import parse_assignments
 from layoutlab.bench.machine import cpu_model
 from layoutlab.xla import inspect_model
-from layoutlab.xla.command import parse_assignments
 from layoutlab.xla.model_layout_comparison import format_total
 
 RESULTS = Path(__file__).resolve().parent / "results"

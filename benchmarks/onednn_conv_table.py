@@ -13,7 +13,9 @@ pass is its own jitted program: ``fwd`` the conv, ``dx`` and ``dw`` the VJP with
 one operand (the other's gradient and the forward are dead code). layoutlab's convs are
 compiled with the XLA:CPU options a run of that mode uses (``cpu_fast_options``). bfloat16 is
 mixed precision as ``mixed_bf16`` runs it: bf16 operands, float32 accumulation and output;
-PyTorch gets bf16 channels_last tensors (autocast's conv, without its casts). Per conv,
+PyTorch gets bf16 channels_last tensors (autocast's conv, without its casts); its ``dx`` and
+``dw`` are ``torch.autograd.grad`` of one kept forward graph, so they time the backward pass
+alone (before 2026-12-06 they ran the forward too, which roughly doubled them). Per conv,
 batch, dtype and pass, the three cases are compiled and warmed up, then timed round by round
 (A B C A B C ...), a block of calls each, so they share the machine's load. A row gives each
 median in ms and GF/s, and the paired per-round ratios ``xla / onednn`` and
@@ -119,11 +121,20 @@ def _torch_case(spec, pass_, dtype, arrays):
             x, w, stride=g.strides, padding=(plh, plw), dilation=g.dilation, groups=g.groups
         )
 
-    def run():
-        if pass_ == "fwd":
+    if pass_ == "fwd":
+
+        def run():
             with torch.no_grad():
                 return conv()
-        return torch.autograd.grad(conv(), x if pass_ == "dx" else w, dy)
+
+        return run
+    # The backward pass alone, as on the JAX side (where the forward is dead code): the graph
+    # of one forward, kept, differentiated on every call.
+    y = conv()
+    wrt = x if pass_ == "dx" else w
+
+    def run():
+        return torch.autograd.grad(y, wrt, dy, retain_graph=True)
 
     return run
 

@@ -166,10 +166,11 @@ def test_resume_keeps_where_the_run_computed(tmp_path):
 def test_a_run_saved_before_the_option_resumes_computing_in_its_layout(tmp_path):
     from layoutlab.train.config import validate
     from layoutlab.train.resume import check_resume
+    from layoutlab.train.spec import resolve_spec
 
-    config = validate(TrainConfig(layout="NCHW"), 1)
-    assert config.activation_storage == "channels_last"  # the CPU default
-    old = {k: v for k, v in config.to_dict().items() if k != "activation_storage"}
+    spec = resolve_spec(validate(TrainConfig(layout="NCHW"), 1))
+    assert spec.activation_storage == "channels_last"  # the CPU default
+    old = {k: v for k, v in spec.config.to_dict().items() if k != "activation_storage"}
     (tmp_path / "config.json").write_text(json.dumps(old))
-    resumed = check_resume(config, tmp_path, tmp_path / "checkpoints")
-    assert resumed.activation_storage == "layout"
+    resumed = check_resume(spec, tmp_path, tmp_path / "checkpoints")
+    assert resumed.activation_storage == resumed.config.activation_storage == "layout"

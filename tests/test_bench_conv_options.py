@@ -280,15 +280,14 @@ def test_cpu_fast_flag_merges_with_explicit_options():
             "xla_cpu_enable_fast_math=false",
         ]  # fmt: skip
     )
-    from layoutlab.fast_defaults import compile_options_from_flags
+    from layoutlab.arguments import parse_assignments
+    from layoutlab.bench.sweep_config import options_for
     from layoutlab.xla import cpu_fast_options
 
     fast_math_off = {"xla_cpu_enable_fast_math": False}
-    assert compile_options_from_flags(args) == fast_math_off  # the sweep adds the per-mode ones
-    assert compile_options_from_flags(args, "train") == {
-        **cpu_fast_options("train"),
-        **fast_math_off,
-    }
+    config = SweepConfig(model="small_cnn", xla_options=parse_assignments(args.xla_option, "x"))
+    assert config.xla_options == fast_math_off  # the sweep adds the per-mode ones
+    assert options_for(config, "infer", "cpu") == {**cpu_fast_options("infer"), **fast_math_off}
     assert args.cpu_fast
 
 

@@ -137,3 +137,36 @@ def test_autotune_image_size_and_channels_replace_input_shape(capsys):
     assert shape("--input-shape", "8x6x1") == "8x6x1"  # as given, with a warning
     with pytest.raises(ValueError, match="old spelling of --image-size with --channels"):
         shape("--input-shape", "8x6x1", "--image-size", "8")
+
+
+def test_a_runs_flags_are_declared_in_one_place(monkeypatch):
+    """``--precision`` (and every other flag of what a run is) is declared by one line of
+    ``train.run_flags.add_run_flags`` in every command that takes it: the full parser is
+    built with ``add_argument`` watched, and each declaration's caller is counted (issue 68:
+    ``--precision`` was declared five times, with different defaults)."""
+    import inspect
+
+    from layoutlab.train import run_flags
+
+    calls = {}
+    add_argument = argparse._ActionsContainer.add_argument
+
+    def watched(self, *names, **kwargs):
+        caller = inspect.stack(context=0)[1]
+        for name in names:
+            calls.setdefault(name, []).append((caller.filename, caller.lineno))
+        return add_argument(self, *names, **kwargs)
+
+    monkeypatch.setattr(argparse._ActionsContainer, "add_argument", watched)
+    cli.build_parser()
+    # (--batch-size is a run flag too, but evaluate's and export's batch is the program's
+    # they read back or write, not a run's.)
+    run = ["--precision", "--model", "--layout", "--conv-algo", "--xla-option", "--stem"]
+    run += ["--kernel-storage", "--activation-storage", "--cpu-fast", "--tiny", "--model-arg"]
+    run += ["--precisions", "--layouts", "--batch-sizes", "--conv-algos"]
+    for flag in run:
+        places = set(calls[flag])
+        assert len(places) == 1, (flag, sorted(places))
+        assert places.pop()[0] == run_flags.__file__, flag
+    # train, inspect, compare, autotune convs and its old name conv-autotune; bench's list
+    assert (len(calls["--precision"]), len(calls["--precisions"])) == (5, 1)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from layoutlab import cli
-from layoutlab.models.command import model_kwargs
 from layoutlab.train.command import build_config
+from layoutlab.train.run_flags import run_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -89,12 +89,12 @@ def test_model_arg_is_one_form(capsys):
     bench, _ = _parse(
         capsys, "bench", "--model", "small_cnn", "--out", "o", "--model-arg", "width=8"
     )
-    assert model_kwargs(bench) == {"width": 8}
+    assert run_config(bench).model_kwargs == {"width": 8}
     tune, _ = _parse(
         capsys, "autotune", "convs", "--model", "small_cnn", "--batch-size", "2",
         "--model-arg", "width=8",
     )  # fmt: skip
-    assert model_kwargs(tune) == {"width": 8}
+    assert run_config(tune).model_kwargs == {"width": 8}
 
 
 @pytest.mark.parametrize(

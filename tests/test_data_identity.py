@@ -149,10 +149,13 @@ def test_the_agreement_compares_the_fingerprint_instead_of_hashing_again():
     from flax import nnx
 
     from layoutlab.train.config import validate
-    from layoutlab.train.loop import build_model, make_step_schedule
+    from layoutlab.train.loop import make_step_schedule
+    from layoutlab.train.program import build_model
+    from layoutlab.train.spec import InputSpec, resolve_spec
 
     config = validate(TrainConfig(model_kwargs={"width": 4, "hidden": 16}), 1)
     dataset = get_dataset("digits")
-    model = nnx.eval_shape(lambda: build_model(config, dataset))
-    fields = run_fingerprint(config, dataset, make_step_schedule(config, dataset), model)
+    spec = resolve_spec(config)
+    model = nnx.eval_shape(lambda: build_model(spec, InputSpec.of(dataset, spec.batch_size)))
+    fields = run_fingerprint(spec, dataset, make_step_schedule(config, dataset), model)
     assert fields["data.contents"] == dataset.fingerprint["sha256"]

@@ -48,6 +48,7 @@ def digits_program():
     dataset = get_dataset("digits")
     config = validate(TrainConfig(model_kwargs=models.spec("small_cnn").tiny), 1)
     program = programs.build_program(resolve_spec(config), InputSpec.of(dataset, 32), "cpu")
+    config = program.spec.config  # resolved
     state = jax.jit(program.init)()
     images, labels = dataset.split("test")
     logits = np.asarray(jax.jit(program.forward)(state, images), np.float64)
@@ -78,6 +79,7 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
     )
     shard = make_shardings(data_parallel)
     assert shard.num_devices == (4 if data_parallel else 1)
+    spec = resolve_spec(config, num_devices=shard.num_devices)
     shapes = []
 
     def eval_step(state, images, labels):
@@ -87,11 +89,11 @@ def test_evaluate_counts_every_image_once_in_batches_of_one_shape(
         return jitted(state, images, labels)
 
     jitted = jax.jit(program.eval_step, out_shardings=shard.replicated)
-    sums = eval_sums(eval_step, jax.device_put(state, shard.replicated), dataset, config, shard)
+    sums = eval_sums(eval_step, jax.device_put(state, shard.replicated), dataset, spec, shard)
     got = record_metrics(sums)
 
     steps, batch = eval_batches(359, eval_batch_size, shard.num_devices)
-    assert batch == run_eval_batch(dataset, config, shard.num_devices)
+    assert batch == run_eval_batch(dataset, spec, shard.num_devices)
     # Padding rows: 1 at 64 and 100 on one device, 1, 9 and 1 on four; none at 512 alone.
     padding = {(64, 1): 1, (100, 1): 1, (512, 1): 0, (64, 4): 1, (100, 4): 9, (512, 4): 1}
     assert steps * batch - 359 == padding[eval_batch_size, shard.num_devices]
@@ -135,21 +137,21 @@ def _batches(plan) -> set[str]:
 
 def test_an_eval_plan_for_another_batch_is_made_again_for_this_one():
     dataset = get_dataset("digits")
-    config = validate(TrainConfig(model_kwargs=models.spec("small_cnn").tiny), 1)
+    spec = resolve_spec(validate(TrainConfig(model_kwargs=models.spec("small_cnn").tiny), 1))
     inputs = InputSpec.of(dataset, 32)
-    model = abstract_model(config, inputs)
-    at_16 = planned(config, inputs, 1, None, None, model, 16)
-    assert _batches(at_16.eval_conv_plan) == {"n16"}
-    layout = resolve_spec(config).layout
+    model = abstract_model(spec, inputs)
+    at_16 = planned(spec, inputs, 1, None, None, model, 16)
+    assert _batches(at_16.config.eval_conv_plan) == {"n16"}
+    layout = spec.layout
     images_16, images_40 = (inputs.batch(layout, n)[0] for n in (16, 40))
     # It fits the batch it was made for: kept as it is.
-    assert current_eval_plan(at_16, model, images_16) is at_16.eval_conv_plan
+    assert current_eval_plan(at_16, model, images_16) is at_16.config.eval_conv_plan
     # At 40 none of its entries fits: what planning at 40 makes instead of it.
     again = current_eval_plan(at_16, model, images_40)
-    assert again == planned(config, inputs, 1, None, None, model, 40).eval_conv_plan
+    assert again == planned(spec, inputs, 1, None, None, model, 40).config.eval_conv_plan
     assert _batches(again) == {"n40"}
     # A run that stores none (a given conv_plan, or one from before eval plans) keeps none.
-    bare = dataclasses.replace(at_16, eval_conv_plan=None)
+    bare = at_16.with_plan(at_16.conv_plan, None)
     assert current_eval_plan(bare, model, images_40) is None
 
 

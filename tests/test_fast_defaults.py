@@ -60,9 +60,10 @@ def test_default_train_run_records_the_fast_configuration(tmp_path, capsys):
 def test_each_opt_out_turns_off_its_part_only(tmp_path, flags, field, value):
     from layoutlab.train.command import build_config
     from layoutlab.train.config import validate
+    from layoutlab.train.spec import resolve_spec
 
     argv = ["train", *_TINY, "--workdir", str(tmp_path), *flags]
-    config = validate(build_config(cli.build_parser().parse_args(argv))[0], 1)
+    config = resolve_spec(validate(build_config(cli.build_parser().parse_args(argv))[0], 1)).config
     fast = {"cpu_fast": True, "kernel_storage": "channels_last", "conv_algorithm": "auto",
             "activation_storage": "channels_last"}  # fmt: skip
     assert {k: getattr(config, k) for k in fast} == {**fast, field: value}

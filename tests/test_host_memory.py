@@ -230,17 +230,37 @@ def test_each_batch_falls_on_its_side_of_the_threshold():
     assert host_memory_arenas(bench(15, image_size=(64, 32))) == "per_thread"  # H x W: 30,720
     assert host_memory_arenas(bench(16, image_size=(64, 32))) == "one"  # 32,768
     assert host_memory_arenas(bench(1, image_size=None)) == "one"  # the model's default input
-    train = argparse.Namespace(
-        command="train", config=None, resume=None, data="cifar10", image_size=None,
-        batch_size=32, keep_host_memory=None,
-    )  # fmt: skip
-    assert host_memory_arenas(train) == "one"  # 32 x 1,024 CIFAR pixels
-    assert host_memory_arenas(argparse.Namespace(**{**vars(train), "batch_size": 31})) == (
-        "per_thread"
-    )
-    assert host_memory_arenas(argparse.Namespace(**{**vars(train), "config": "run.json"})) == (
-        "one"
-    )
+
+    def train(*argv):
+        return cli.build_parser().parse_args(["train", "--data", "cifar10", *argv])
+
+    assert host_memory_arenas(train("--batch-size", "32")) == "one"  # 32 x 1,024 CIFAR pixels
+    assert host_memory_arenas(train("--batch-size", "31")) == "per_thread"
+    # A config that cannot be read: the batch is unknown here (the run's checks say why).
+    assert host_memory_arenas(train("--batch-size", "1", "--config", "run.json")) == "one"
+
+
+def test_a_train_runs_arenas_follow_the_batch_and_data_of_its_config(tmp_path):
+    # The batch and data a run trains on, however they are set (a flag, --set, --config),
+    # read from the config the flags make (train.command.config_from_flags): --set
+    # batch_size= and --set data= were read from the flags alone, and so ignored.
+    from layoutlab.cli import build_parser
+    from layoutlab.host.flag import host_memory_arenas
+
+    def arenas(*argv):
+        return host_memory_arenas(build_parser().parse_args(["train", *argv]))
+
+    assert arenas("--data", "cifar10", "--batch-size", "1") == "per_thread"  # 1 x 1,024
+    assert arenas("--data", "cifar10", "--set", "batch_size=1") == "per_thread"
+    assert arenas("--set", "data=cifar10", "--batch-size", "32") == "one"  # 32 x 1,024
+    assert arenas("--batch-size", "32") == "per_thread"  # digits: 32 x 64 pixels
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"data": "cifar10", "batch_size": 64}))
+    assert arenas("--config", str(config)) == "one"
+    assert arenas("--config", str(config), "--set", "batch_size=2") == "per_thread"
+    assert arenas("--data", "folder:/nowhere", "--image-size", "64") == "one"  # 32 x 64 x 64
+    # A resumed run's config is the workdir's, read only once JAX may start: no batch shown.
+    assert arenas("--workdir", str(tmp_path), "--resume", "--batch-size", "1") == "one"
 
 
 def test_evaluate_predict_and_export_keep_glibcs_malloc():
@@ -279,11 +299,10 @@ def test_the_flags_choose_the_arenas():
     # A batch-1 training run on 32x32 images gets per-thread arenas, as a batch-1 bench
     # (docs/performance/cpu.md: the batch-1 training cell of a sweep across the threshold
     # runs without them).
-    train = argparse.Namespace(
-        command="train", config=None, resume=None, data="synthetic:32x32x3:10:64",
-        image_size=None, batch_size=1, keep_host_memory=None,
-    )  # fmt: skip
-    assert host_memory_arenas(train) == "per_thread"
+    from layoutlab.cli import build_parser
+
+    argv = ["train", "--data", "synthetic:32x32x3:10:64", "--batch-size", "1"]
+    assert host_memory_arenas(build_parser().parse_args(argv)) == "per_thread"
 
 
 @glibc_only
@@ -319,23 +338,18 @@ def test_a_bench_sweep_across_the_threshold_runs_a_process_per_side():
     from layoutlab.bench.host_memory_parts import host_memory_parts
 
     def bench(*batches, keep=None, image_size=(32,)):
-        return argparse.Namespace(
-            command="bench",
-            image_size=image_size,
-            batch_sizes=list(batches),
-            keep_host_memory=keep,
-            argv=["bench"],
-        )
+        flags = dict(image_size=image_size, batch_sizes=list(batches), keep_host_memory=keep)
+        return argparse.Namespace(command="bench", **flags), ["bench"]  # and the command line
 
     # 32 x 32 x 32 = 32,768 pixels is the first batch over the threshold; from 8 x 32 x 32
     # the small side runs with huge pages, in a process of its own (test_huge_pages.py).
-    assert host_memory_parts(bench(1, 8, 32, 128, 256)) == [[1], [8], [32, 128, 256]]
-    assert host_memory_parts(bench(256, 1, 7)) == [[1, 7], [256]]  # the order given
-    assert host_memory_parts(bench(1, 2, 4)) is None  # all small: one process
-    assert host_memory_parts(bench(32, 128)) is None  # all large
-    assert host_memory_parts(bench(1, 128, keep=False)) is None  # the user chose a setting
-    assert host_memory_parts(bench(1, 128, keep=True)) is None
-    assert host_memory_parts(bench(1, 128, image_size=None)) is None  # input not shown
+    assert host_memory_parts(*bench(1, 8, 32, 128, 256)) == [[1], [8], [32, 128, 256]]
+    assert host_memory_parts(*bench(256, 1, 7)) == [[1, 7], [256]]  # the order given
+    assert host_memory_parts(*bench(1, 2, 4)) is None  # all small: one process
+    assert host_memory_parts(*bench(32, 128)) is None  # all large
+    assert host_memory_parts(*bench(1, 128, keep=False)) is None  # the user chose a setting
+    assert host_memory_parts(*bench(1, 128, keep=True)) is None
+    assert host_memory_parts(*bench(1, 128, image_size=None)) is None  # input not shown
 
 
 def test_a_failing_part_stops_the_sweep_with_its_exit_status(tmp_path):

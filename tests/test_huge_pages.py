@@ -94,9 +94,12 @@ def test_a_failed_restart_goes_on_without(qualifying, monkeypatch):
 
 
 def _train(**kw):
-    base = dict(command="train", config=None, resume=None, data="cifar10", image_size=None,
-                batch_size=8, keep_host_memory=None)  # fmt: skip
-    return argparse.Namespace(**{**base, **kw})
+    from layoutlab.cli import build_parser
+
+    args = build_parser().parse_args(["train"])
+    for name, value in {"data": "cifar10", "batch_size": 8, **kw}.items():
+        setattr(args, name, value)  # as the flag of that name sets it
+    return args
 
 
 def _bench(*batches, keep=None, image_size=(32,)):
@@ -131,8 +134,7 @@ def test_a_sweep_runs_a_process_per_setting():
     from layoutlab.bench.host_memory_parts import host_memory_parts
 
     def parts(*batches, image_size=(32,)):
-        return host_memory_parts(argparse.Namespace(**vars(_bench(*batches, image_size=image_size)),
-                                                    argv=["bench"]))  # fmt: skip
+        return host_memory_parts(_bench(*batches, image_size=image_size), ["bench"])
 
     # Per-thread arenas; the same with huge pages; one arena with huge pages.
     assert parts(1, 8, 32, 128, 256) == [[1], [8], [32, 128, 256]]

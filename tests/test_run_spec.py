@@ -3,7 +3,7 @@ flags of a ``train`` run is the step that run trains, and a conv algorithm is a 
 model carries, not a name looked up while tracing."""
 
 import hashlib
-from pathlib import Path
+import sys
 
 import jax
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 from layoutlab.bench.cases import JaxCase, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.fast_defaults import table_cpu_kind
+from layoutlab.loss_scale import DynamicLossScale
 from layoutlab.nn import conv_algos as ca
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.program import INIT_COMPILER_OPTIONS, build_program
@@ -21,7 +22,6 @@ from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.step_schedule import make_step_schedule
 from layoutlab.xla.inspect import build_abstract, inspect_spec
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
 # A pure-float16 run: a dynamic loss scale ("auto") and float32 optimizer state (AdamW's
 # squared gradients underflow float16), the two rules inspect and bench used to write apart.
 KWARGS = {"width": 4}
@@ -63,10 +63,11 @@ def _train_run():
     config = validate(config, 1)
     dataset = load_run_data(config)
     schedule = make_step_schedule(config, dataset)
-    inputs = InputSpec.of(dataset, config.batch_size)
-    model = abstract_model(config, inputs)  # what the loop's dataset check builds
-    config = planned(config, inputs, schedule.total_steps, None, None, model)
-    program = build_program(resolve_spec(config, schedule.total_steps), inputs)
+    spec = resolve_spec(config, schedule.total_steps)
+    inputs = InputSpec.of(dataset, spec.batch_size)
+    model = abstract_model(spec, inputs)  # what the loop's dataset check builds
+    spec = planned(spec, inputs, schedule.total_steps, None, None, model)
+    program = build_program(spec, inputs)
     images, labels = program.batch()
     return program.spec, _fingerprint(
         program.train_step, jax.eval_shape(program.init), images, labels
@@ -75,7 +76,7 @@ def _train_run():
 
 def test_inspect_and_bench_build_the_step_train_runs(train_step):
     spec, fingerprint = train_step
-    assert spec.loss_scale == "dynamic" and spec.optimizer.name == "adamw"
+    assert isinstance(spec.loss_scale, DynamicLossScale) and spec.optimizer.name == "adamw"
     assert spec.optimizer.float32_state and spec.conv_algorithm == "auto"
     options = spec.compile_options("train")
 
@@ -158,20 +159,43 @@ def test_a_reregistered_algorithm_reaches_only_steps_built_after_it():
     assert not np.allclose(y_after, y_before, rtol=1e-3, atol=1e-3)
 
 
-def test_precision_is_resolved_in_one_place():
-    """``get_policy`` and the "auto" loss-scale rule (``needs_loss_scaling``) are called in
-    ``train/run_precision.py`` alone among the packages that build runs; below them in the
-    map, the ``nn/`` layers and ``models.create`` take a ``Policy`` or its name (identity
-    for a ``Policy``, which is what every run passes them)."""
-    found: dict[str, set[str]] = {"get_policy(": set(), "needs_loss_scaling": set()}
-    for path in SRC.rglob("*.py"):
-        text = path.read_text()
-        for word, where in found.items():
-            if word in text:
-                where.add(path.relative_to(SRC).as_posix())
-    leaves = {"precision.py", "train/run_precision.py"}
-    assert found["get_policy("] == leaves | {"nn/base.py", "nn/linear.py", "models/registry.py"}
-    assert found["needs_loss_scaling"] == leaves
+def _spy(monkeypatch, module, name: str, counted=lambda *a, **k: True) -> list:
+    """Wraps ``module.name`` wherever ``layoutlab`` has bound it (its own module and every
+    ``from ... import name`` already made; later imports take the wrapper from ``module``)
+    and returns the list of the calls that ``counted`` accepts, as their arguments."""
+    original, calls = getattr(module, name), []
+
+    def spy(*args, **kwargs):
+        if counted(*args, **kwargs):
+            calls.append(args)
+        return original(*args, **kwargs)
+
+    for loaded in list(sys.modules.values()):
+        if getattr(loaded, "__name__", "").startswith("layoutlab"):
+            if loaded.__dict__.get(name) is original:
+                monkeypatch.setattr(loaded, name, spy)
+    return calls
+
+
+def test_a_train_run_resolves_once_and_parses_its_precision_at_most_twice(
+    monkeypatch, tmp_path, capsys
+):
+    """One ``layoutlab train`` run (its planner's conv plan included) resolves its
+    ``RunSpec`` once, and reads the precision text at most twice: once when the config is
+    checked, once when it is resolved; the model and every layer get the ``Policy`` value.
+    Counted by wrapping the functions, so a call under any name or path counts."""
+    from layoutlab import cli, precision
+    from layoutlab.train import spec as spec_module
+
+    resolved = _spy(monkeypatch, spec_module, "resolve_spec")
+    parsed = _spy(monkeypatch, precision, "get_policy", lambda p, *a, **k: isinstance(p, str))
+    argv = ["train", "--tiny", "--steps", "1", "--batch-size", "8", "--conv-tune", "never"]
+    argv += ["--precision", "mixed_bf16", "--workdir", tmp_path / "run", "--quiet"]
+    argv += ["--set", "eval_batch_size=8", "--set", "log_every=0", "--set", "tensorboard=false"]
+    argv += ["--xla-option", "xla_backend_optimization_level=0"]  # compiles faster
+    assert cli.main([str(a) for a in argv]) == 0, capsys.readouterr().err
+    assert len(resolved) == 1, resolved
+    assert 1 <= len(parsed) <= 2, parsed
 
 
 @pytest.mark.parametrize(

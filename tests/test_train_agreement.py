@@ -125,13 +125,16 @@ def _fingerprint(*overrides, data="synthetic:8x8x1:10:64"):
     from flax import nnx
 
     from layoutlab.train.config import TrainConfig, apply_overrides, validate
-    from layoutlab.train.loop import build_model, make_step_schedule
+    from layoutlab.train.loop import make_step_schedule
+    from layoutlab.train.program import build_model
     from layoutlab.train.run_data import load_run_data
+    from layoutlab.train.spec import InputSpec, resolve_spec
 
     config = validate(apply_overrides(TrainConfig(data=data), list(overrides)), 1)
     dataset = load_run_data(config)
-    model = nnx.eval_shape(lambda: build_model(config, dataset))
-    return run_fingerprint(config, dataset, make_step_schedule(config, dataset), model)
+    spec = resolve_spec(config)
+    model = nnx.eval_shape(lambda: build_model(spec, InputSpec.of(dataset, spec.batch_size)))
+    return run_fingerprint(spec, dataset, make_step_schedule(config, dataset), model)
 
 
 def test_fingerprint_compares_resolved_values():

@@ -130,12 +130,20 @@ def test_batch_divisibility_only_matters_when_data_parallel():
 
 
 def test_resolve_fills_automatic_fields():
-    assert validate(TrainConfig(precision="mixed_fp16"), NDEV).loss_scale == "dynamic"
-    assert validate(TrainConfig(precision="mixed_bf16"), NDEV).loss_scale == "none"
-    assert validate(TrainConfig(), 1).data_parallel is False
-    resolved = validate(TrainConfig(batch_size=36), NDEV)
-    assert resolved.data_parallel is True and resolved.eval_batch_size == 512
-    assert validate(TrainConfig(remat=True, model="resnet18"), NDEV).remat is True
+    from layoutlab.train.spec import resolve_spec
+
+    def resolved(config, devices=NDEV):
+        checked = validate(config, devices)
+        assert checked == config  # validate checks; resolve_spec fills in
+        return resolve_spec(checked, num_devices=devices)
+
+    assert resolved(TrainConfig(precision="mixed_fp16")).config.loss_scale == "dynamic"
+    assert resolved(TrainConfig(precision="mixed_bf16")).config.loss_scale == "none"
+    assert resolved(TrainConfig(), 1).data_parallel is False
+    spec = resolved(TrainConfig(batch_size=36))
+    assert spec.data_parallel is True and spec.eval_batch_size == 512 and spec.batch_size == 36
+    assert (spec.config.data_parallel, spec.config.eval_batch_size) == (True, 512)
+    assert resolved(TrainConfig(remat=True, model="resnet18")).remat is True
 
 
 @pytest.mark.parametrize(
@@ -151,7 +159,7 @@ def test_bad_configs_fail_before_building_or_compiling(tmp_path, monkeypatch, ch
     def must_not_run(*args, **kwargs):
         raise AssertionError("built a model or compiled before validating the config")
 
-    monkeypatch.setattr(loop, "build_model", must_not_run)
+    monkeypatch.setattr(loop, "_check_dataset", must_not_run)
     monkeypatch.setattr(loop, "compile_train_step", must_not_run)
     with pytest.raises(ValueError, match=message):
         loop.train_and_evaluate(TrainConfig(**changes), tmp_path / "run", quiet=True)

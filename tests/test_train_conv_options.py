@@ -31,6 +31,8 @@ from layoutlab.nn.conv_config import conv_settings
 from layoutlab.train import loop
 from layoutlab.train.checkpoint import read_checkpoint
 from layoutlab.train.config import TrainConfig, apply_overrides, validate
+from layoutlab.train.program import build_model
+from layoutlab.train.spec import InputSpec, resolve_spec
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
@@ -147,8 +149,9 @@ def test_im2col_channels_last_matches_the_default_trajectory(conv_run, tmp_path)
     # The default run also shows that a valid XLA option reaches the compile and runs
     # (fast math is off by default on CPU, so the numerics are unchanged).
     loop.train_and_evaluate(_config(xla_options=FAST_MATH_OFF), tmp_path, quiet=True)
-    config = validate(_config(**CONV), 1)  # build_model takes a resolved config
-    model = nnx.eval_shape(lambda: loop.build_model(config, get_dataset(config.data)))
+    spec = resolve_spec(validate(_config(**CONV), 1))
+    inputs = InputSpec.of(get_dataset(spec.data), spec.batch_size)
+    model = nnx.eval_shape(lambda: build_model(spec, inputs))
     assert conv_settings(model) == {"conv": ("im2col", "HWIO")}
     want, got = _records(tmp_path), _records(conv_run)
     assert [r["step"] for r in got] == [1, 2, 3]
@@ -311,23 +314,22 @@ def test_a_tuned_plan_keeps_its_shapes_and_the_table_plans_the_eval_batch():
     from layoutlab.nn.conv_algos import ConvPlan, as_plan
     from layoutlab.nn.conv_config import default_conv_plan
     from layoutlab.train import run_plan
-    from layoutlab.train.spec import InputSpec
 
-    config = _config(conv_algorithm="auto")
+    spec = resolve_spec(_config(conv_algorithm="auto"))
     inputs = InputSpec(image_shape=(8, 8, 3), num_classes=4, batch_size=8)
-    model = run_plan.abstract_model(config, inputs)
+    model = run_plan.abstract_model(spec, inputs)
 
     def tuned(model, images, steps, options):
         table = default_conv_plan(model, images, "train", "avx2")
         return ConvPlan({p: e._replace(algorithm="im2col") for p, e in table.items()},
                         {p: {"source": "autotune"} for p in table})  # fmt: skip
 
-    other = run_plan.planned(config, inputs, 3, None, tuned, model, eval_batch=16)
+    other = run_plan.planned(spec, inputs, 3, None, tuned, model, eval_batch=16).config
     train_plan, eval_plan = as_plan(other.conv_plan), as_plan(other.eval_conv_plan)
     assert train_plan["conv"].algorithm == "im2col" and ":n8:" in train_plan["conv"].spec_key
     assert ":n16:" in eval_plan["conv"].spec_key
     assert eval_plan.evidence("conv")["source"].startswith("default table")
-    same = run_plan.planned(config, inputs, 3, None, tuned, model, eval_batch=8)
+    same = run_plan.planned(spec, inputs, 3, None, tuned, model, eval_batch=8).config
     assert same.eval_conv_plan is None and as_plan(same.conv_plan) == train_plan
 
 

@@ -32,9 +32,9 @@ BASE = TrainConfig(model_kwargs=models.spec("small_cnn").tiny, batch_size=16, nu
 def _per_device_bytes(config):
     config = validate(config, jax.device_count())
     dataset = load_run_data(config)
-    schedule = make_step_schedule(config, dataset)
-    spec = resolve_spec(config, schedule.total_steps)
-    program = build_program(spec, InputSpec.of(dataset, config.batch_size))
+    total_steps = make_step_schedule(config, dataset).total_steps
+    spec = resolve_spec(config, total_steps, jax.device_count())
+    program = build_program(spec, InputSpec.of(dataset, spec.batch_size))
     shard = make_shardings(True)
     shardings = state_shardings(jax.eval_shape(program.init), shard, config.param_sharding)
     # Compiled as the loop compiles a fresh run's init (the run's options at optimization

@@ -84,16 +84,24 @@ def run_dir(guarantees_run):
 
 
 def test_loss_scale_none_stays_none_for_float16_compute(capsys):
-    assert validate(TrainConfig(precision="mixed_fp16", loss_scale=None), 4).loss_scale == "none"
-    assert validate(TrainConfig(precision="mixed_fp16", loss_scale="none"), 4).loss_scale == "none"
-    assert validate(TrainConfig(precision="mixed_fp16"), 4).loss_scale == "dynamic"  # auto
+    from layoutlab.loss_scale import DynamicLossScale, NoOpLossScale
+    from layoutlab.train.spec import resolve_spec
+
+    def resolved(config):
+        spec = resolve_spec(validate(config, 4), num_devices=4)
+        return spec.config.loss_scale, type(spec.loss_scale)
+
+    none = ("none", NoOpLossScale)
+    assert resolved(TrainConfig(precision="mixed_fp16", loss_scale=None)) == none
+    assert resolved(TrainConfig(precision="mixed_fp16", loss_scale="none")) == none
+    assert resolved(TrainConfig(precision="mixed_fp16")) == ("dynamic", DynamicLossScale)  # auto
     parser = cli.build_parser()
     from layoutlab.train.command import build_config
 
     args = parser.parse_args(["train", "--precision", "mixed_fp16", "--loss-scale", "none"])
-    assert validate(build_config(args)[0], 4).loss_scale == "none"
+    assert resolved(build_config(args)[0]) == none
     args = parser.parse_args(["train", "--precision", "mixed_fp16", "--set", "loss_scale=none"])
-    assert validate(build_config(args)[0], 4).loss_scale == "none"
+    assert resolved(build_config(args)[0]) == none
 
 
 # -- item 3 and the resume comparison ------------------------------------------------------

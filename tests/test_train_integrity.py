@@ -25,6 +25,7 @@ from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.resume import check_resume
+from layoutlab.train.spec import resolve_spec
 
 # A resume of ``guarantees_run`` and the evaluations repeat its programs: they read them back
 # from the cache this module shares with test_train_guarantees. The first test uses no run,
@@ -151,7 +152,8 @@ def test_equivalent_spellings_resume(run_dir):
     argv = ["train", "--workdir", str(run_dir), "--resume", "--layout", "nhwc"]
     argv += ["--precision", "p=f32,c=f32,o=f32", "--model", "Small_CNN"]
     asked, _ = build_config(cli.build_parser().parse_args(argv))
-    config = check_resume(validate(asked, 4), run_dir, run_dir / "checkpoints", asked)
+    spec = resolve_spec(validate(asked, 4), num_devices=4)
+    config = check_resume(spec, run_dir, run_dir / "checkpoints", asked).config
     got = (config.layout, config.precision, config.model)
     assert got == ("NHWC", "fp32", "small_cnn")  # the run's own spelling is kept
 

@@ -101,12 +101,14 @@ def test_auto_layout_and_cache(tmp_path, capsys):
         (["--model", "resnet19"], "Unknown model 'resnet19'"),
         (["--precision", "fp8"], "Unknown precision policy 'fp8'"),
         (["--layout", "NWHC"], "Unknown layout 'NWHC'"),
-        (["--xla-option", "xla_cpu_enable_fast_math"], "--xla-option expects name=value"),
+        (
+            ["--xla-option", "xla_cpu_enable_fast_math"],
+            "--xla-option 'xla_cpu_enable_fast_math' is not of the form NAME=VALUE",
+        ),
         (["--xla-option", "xla_no_such_flag=1"], "XLA does not know the flag"),
         (["--xla-option", "xla_cpu_enable_fast_math=maybe"], "Bad value for XLA flag"),
         (["--model-arg", "depth=3"], "unknown options \\['depth'\\]"),
         (["--conv-algo", "fastest"], "Unknown conv algorithm 'fastest'; choose one of: auto, xla"),
-        (["--kernel-storage", "HWIO"], "Unknown kernel_storage 'HWIO'; use 'layout'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
@@ -116,6 +118,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, match, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert re.search(match, lines[0]), lines[0]
     assert "Traceback" not in err and out == ""
+
+
+def test_a_kernel_storage_not_offered_is_one_line(capsys):
+    """Every command offers the same kernel storages (train.run_flags): another is argparse's
+    one line through the ``layoutlab`` parser, exit 2."""
+    from layoutlab import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["inspect", *TINY, "--kernel-storage", "HWIO"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'HWIO'" in err
 
 
 def test_gpu_without_gpu(capsys):

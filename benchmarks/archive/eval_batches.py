@@ -43,11 +43,11 @@ from layoutlab.train.sharding import assemble, make_shardings
 from layoutlab.train.spec import InputSpec, resolve_spec
 
 
-def evaluate_before(eval_step, state, dataset, config, shard) -> dict:
+def evaluate_before(eval_step, state, dataset, spec, shard) -> dict:
     """``evaluate`` as it was (one device): full batches of ``eval_batch_size``, then the
     remainder at its own size."""
-    total, size = None, config.eval_batch_size
-    batches = epoch_batches(dataset, "test", size, layout=config.layout, shuffle=False,
+    total, size = None, spec.eval_batch_size
+    batches = epoch_batches(dataset, "test", size, layout=spec.config.layout, shuffle=False,
                             drop_last=False)  # fmt: skip
     for local in batches:
         out = jax.device_get(eval_step(state, *assemble(shard.batch, local, local[1].shape[0])))
@@ -57,11 +57,10 @@ def evaluate_before(eval_step, state, dataset, config, shard) -> dict:
             "test_accuracy": int(total["correct"]) / count}  # fmt: skip
 
 
-def _variant(config, dataset, inputs, eval_batch, shard):
-    """The eval step and state of ``config`` planned as a run is, its eval plan at
+def _variant(spec, dataset, inputs, eval_batch, shard):
+    """The eval step and state of ``spec`` planned as a run is, its eval plan at
     ``eval_batch``."""
-    config = planned(config, inputs, 1, None, None, abstract_model(config, inputs), eval_batch)
-    spec = resolve_spec(config)
+    spec = planned(spec, inputs, 1, None, None, abstract_model(spec, inputs), eval_batch)
     program = build_program(spec, inputs, "cpu")
     state = jax.jit(program.init, compiler_options=INIT_COMPILER_OPTIONS)()
     step = jit_eval_step(program.eval_step, spec, shard)
@@ -86,17 +85,18 @@ def main(argv=None) -> None:
                                   data_parallel=False), 1)  # fmt: skip
     inputs = InputSpec.of(dataset, 32)
     shard = make_shardings(False)
-    now_batch = run_eval_batch(dataset, config)
+    spec = resolve_spec(config)
+    now_batch = run_eval_batch(dataset, spec)
     made = {
         "before": (evaluate_before, args.eval_batch),
         "equal batches": (evaluate, now_batch),
     }
     calls, first, metrics = {}, {}, {}
     for name, (fn, eval_batch) in made.items():
-        step, state = _variant(config, dataset, inputs, eval_batch, shard)
+        step, state = _variant(spec, dataset, inputs, eval_batch, shard)
 
         def call(fn=fn, step=step, state=state):
-            return fn(step, state, dataset, config, shard)
+            return fn(step, state, dataset, spec, shard)
 
         t0 = time.perf_counter()
         metrics[name] = call()

@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     calls = {}
     for name, step in steps.items():
         jitted = jit_eval_step(step, run.spec, shard)
-        calls[name] = lambda s=jitted: eval_sums(s, state, run.dataset, run.config, shard)
+        calls[name] = lambda s=jitted: eval_sums(s, state, run.dataset, run.spec, shard)
     meter = OtherLoad()
     rounds = interleaved_rounds(calls, args.rounds, warmup=1, rotate=True)
     others = meter.cores()

@@ -61,9 +61,9 @@ def main(argv=None) -> None:
     config = TrainConfig(model=args.model, model_kwargs=kwargs, data="synthetic:32x32x3:10:64",
                          batch_size=32, eval_batch_size=args.eval_batch)  # fmt: skip
     inputs = InputSpec(image_shape=(32, 32, 3), num_classes=10, batch_size=32)
-    config = planned(config, inputs, 1, None, None, abstract_model(config, inputs),
-                     args.eval_batch)  # fmt: skip
     spec = resolve_spec(config)
+    spec = planned(spec, inputs, 1, None, None, abstract_model(spec, inputs), args.eval_batch)
+    config = spec.config
     defs = split_model(nnx.eval_shape(lambda: build_model(spec, inputs)))[0]
     params, model_state = jax.jit(
         lambda: split_model(build_model(spec, inputs))[1:], compiler_options=INIT_COMPILER_OPTIONS

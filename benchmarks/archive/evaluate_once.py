@@ -77,7 +77,7 @@ def evaluate_before(run) -> dict:
         return eval_step(state, images, batch_labels)
 
     state = jax.device_put(run.state(), shard.replicated)
-    metrics = record_metrics(eval_sums(step_and_logits, state, run.dataset, run.config, shard))
+    metrics = record_metrics(eval_sums(step_and_logits, state, run.dataset, run.spec, shard))
     logits, labels = np.concatenate(logits), np.concatenate(labels)
     classes = run.dataset.num_classes
     confusion = np.zeros((classes, classes), np.int64)

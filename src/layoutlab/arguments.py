@@ -21,8 +21,6 @@ __all__ = [
     "OneLineParser",
     "STDOUT",
     "UsageError",
-    "add_activation_storage",
-    "add_conv_options",
     "add_conv_tune",
     "add_deprecated_flag",
     "add_json",
@@ -88,23 +86,6 @@ def add_conv_tune(parser: argparse.ArgumentParser, weighed_against: str) -> None
     )
 
 
-def add_activation_storage(
-    parser: argparse.ArgumentParser, storages: tuple[str, ...], default: str | None = "auto"
-) -> None:
-    """``--activation-storage``: where a channels-first model computes, one of ``storages``
-    (``nn.conv_names.ACTIVATION_STORAGES``) or auto (``None`` default: the command's config
-    decides, and says "auto" in the help)."""
-    parser.add_argument(
-        "--activation-storage",
-        choices=("auto", *storages),
-        default=default,
-        help="where an NCHW model computes: auto (default: channels_last on CPU, layout "
-        "elsewhere); channels_last runs its layers in NHWC, inputs and outputs staying NCHW "
-        "(one transpose of the input), like PyTorch's channels_last memory format; layout "
-        "runs them in NCHW",
-    )
-
-
 def add_image_size(parser: argparse.ArgumentParser, help: str) -> None:
     """``--image-size N|HxW|H,W``, read by ``parse_image_size``."""
     parser.add_argument("--image-size", type=parse_image_size, metavar="N|HxW|H,W", help=help)
@@ -113,21 +94,10 @@ def add_image_size(parser: argparse.ArgumentParser, help: str) -> None:
 def add_model_options(
     parser: argparse.ArgumentParser, *, num_classes: int | None = None, backend: bool = True
 ) -> None:
-    """``--model`` (required), ``--stem``, ``--tiny``, ``--model-arg``, ``--num-classes``
-    (default ``num_classes``; None: by the stem) and, with ``backend``, ``--backend`` of the
-    commands that build one registry model (``bench``, ``autotune``, ``compare``);
-    ``models.command.model_kwargs`` turns them into the model's keyword arguments."""
-    parser.add_argument(
-        "--model", required=True, help="registry name, e.g. resnet18 (see `models`)"
-    )
-    parser.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem")
-    parser.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
-    parser.add_argument(
-        "--model-arg",
-        action="append",
-        metavar="NAME=VALUE",
-        help="model option, e.g. width=8 (repeatable; JSON values)",
-    )
+    """``--num-classes`` (default ``num_classes``; None: by the stem) and, with ``backend``,
+    ``--backend``: what the commands that build one registry model on synthetic input
+    (``bench``, ``autotune``, ``compare``) take besides the run's own flags
+    (``train.run_flags.add_run_flags``: the model, its layout, precision and conv options)."""
     parser.add_argument(
         "--num-classes",
         type=int,
@@ -137,38 +107,6 @@ def add_model_options(
     )
     if backend:
         parser.add_argument("--backend", help="cpu or gpu (default: jax's default backend)")
-
-
-def add_conv_options(parser: argparse.ArgumentParser, activation_storages: tuple[str, ...]) -> None:
-    """``--kernel-storage``, ``--activation-storage`` (one of ``activation_storages``,
-    ``nn.conv_names.ACTIVATION_STORAGES``), ``--xla-option`` and ``--cpu-fast`` of the
-    commands that time layoutlab's steps (``bench``, ``autotune convs``);
-    ``fast_defaults.compile_options_from_flags`` turns the last two into XLA options."""
-    parser.add_argument(
-        "--kernel-storage",
-        default="auto",
-        choices=("auto", "layout", "channels_last"),
-        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
-        "the layout's, or HWIO in every layout, which saves NCHW models a kernel transpose "
-        "per conv per call on CPU",
-    )
-    add_activation_storage(parser, activation_storages)
-    parser.add_argument(
-        "--xla-option",
-        action="append",
-        metavar="NAME=VALUE",
-        help="XLA compile option for layoutlab's steps, e.g. "
-        "xla_cpu_enable_fast_math=false (repeatable; overrides --cpu-fast)",
-    )
-    parser.add_argument(
-        "--cpu-fast",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
-        "fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also reductions and, "
-        "but for Adam(W) on AVX-512, elementwise fusions); on by default, --no-cpu-fast turns "
-        "it off",
-    )
 
 
 def _value(text: str) -> bool | int | float | str:

@@ -105,16 +105,17 @@ def _main(argv: list[str] | None) -> int:
     train = args.command == "train"
     if train and (supervised := launch.supervise_distributed(args, argv)) is not None:
         return supervised
-    if args.command == "bench":
-        args.argv = argv  # a sweep across the host-memory threshold reruns it per part
     if failed := apply_keep_host_memory(args):
         return failed
     if train:
         # bench/ sits above train/ in the repository map, so its tuning is joined here.
         from layoutlab.bench.tuning.train_run import autotune_train, conv_planner
 
-        if failed := launch.start(args, autotune=autotune_train, conv_planner=conv_planner):
+        if failed := launch.start(args):
             return failed
+        return int(args.func(args, autotune=autotune_train, conv_planner=conv_planner) or 0)
+    if args.command == "bench":  # a sweep across the host-memory threshold reruns it per part
+        return int(args.func(args, argv=argv) or 0)
     return int(args.func(args) or 0)
 
 

@@ -31,7 +31,6 @@ __all__ = [
     "ELTWISE_MIN_ACTIVATION",
     "accepted_cpu_options",
     "cpu_fast_options",
-    "compile_options_from_flags",
     "cpu_has_bf16",
     "cpu_kind",
     "default_activation_storage",
@@ -230,17 +229,3 @@ def table_cpu_kind(platform: str) -> str | None:
         return None
     kind = cpu_kind()
     return kind + BF16_SUFFIX if kind == "avx512" and cpu_has_bf16() else kind
-
-
-def compile_options_from_flags(args, mode: str | None = None) -> dict:
-    """``--xla-option`` values, over the fast CPU options of ``mode`` unless
-    ``--no-cpu-fast`` (only on CPU: other backends never get them). The options of a
-    registered model's step, which depend on the model, are
-    ``models.model_compile_options``'s."""
-    from layoutlab.arguments import parse_assignments
-
-    backend, optimizer = getattr(args, "backend", None), getattr(args, "optimizer", None)
-    fast = args.cpu_fast and mode is not None
-    batch = getattr(args, "batch_size", None)
-    base = fast_compile_options(mode, backend, optimizer, batch) if fast else {}
-    return {**base, **parse_assignments(args.xla_option, "--xla-option")}

@@ -7,7 +7,6 @@ import argparse
 import os
 
 from layoutlab.arguments import (
-    add_conv_options,
     add_conv_tune,
     add_image_size,
     add_model_options,
@@ -17,18 +16,10 @@ from layoutlab.arguments import (
     print_progress,
 )
 from layoutlab.bench.stats import AUTO_BUDGET_S
-from layoutlab.fast_defaults import compile_options_from_flags
-from layoutlab.models.command import model_kwargs
-from layoutlab.nn.conv_names import ACTIVATION_STORAGES, BUILTIN_ALGORITHMS  # names, no JAX
+from layoutlab.nn.conv_names import BUILTIN_ALGORITHMS  # names, no JAX
+from layoutlab.train.run_flags import REQUIRED, add_run_flags, run_axes, run_config
 
 __all__ = ["register"]
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(t) for t in parse_comma_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
 
 
 def _repeats(text: str):
@@ -61,7 +52,9 @@ _fraction = _checked(float, lambda v: 0 < v < 1, "a fraction in (0, 1) such as 0
 _non_negative = _checked(int, lambda v: v >= 0, "an integer >= 0")
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """``layoutlab bench``; ``argv``: its command line, which a sweep across the host-memory
+    threshold runs again per part (None: one process, as parts need the command line)."""
     if args.torch or args.torch_compile:
         # XLA would otherwise take 75% of the GPU up front and leave PyTorch too little.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -73,13 +66,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from layoutlab.bench.sweep import SweepConfig, run_sweep, validate
 
     try:
+        run = run_config(args)
         config = SweepConfig(
-            model=args.model,
-            layouts=parse_comma_list(args.layouts),
-            precisions=parse_comma_list(args.precisions),
-            batch_sizes=args.batch_sizes,
+            model=run.model,
+            **run_axes(args),
             modes=parse_comma_list(args.modes),
-            model_kwargs=model_kwargs(args),
+            model_kwargs=dict(run.model_kwargs),
             image_size=args.image_size,
             num_classes=args.num_classes,
             backend=args.backend,
@@ -92,23 +84,22 @@ def run_bench(args: argparse.Namespace) -> int:
             torch_compile=args.torch_compile,
             max_step_s=args.max_step_seconds,
             note=args.note,
-            conv_algorithms=parse_comma_list(args.conv_algos),
-            kernel_storage=args.kernel_storage,
-            activation_storage=args.activation_storage,
-            xla_options=compile_options_from_flags(args),
-            cpu_fast=args.cpu_fast,
+            kernel_storage=run.kernel_storage,
+            activation_storage=run.activation_storage,
+            xla_options=dict(run.xla_options),
+            cpu_fast=run.cpu_fast,
             conv_tune_repeats=args.conv_tune_repeats,
             conv_tune=args.conv_tune,
             baseline_plain=args.baseline_plain,
             optimizer=args.optimizer,
         )
         output_dir(args.out)  # before the sweep, whose results would be lost at the end
-        parts = host_memory_parts(args)
+        parts = host_memory_parts(args, argv)
         if parts is None:
             results = run_sweep(config, log=print_progress)
         else:
             validate(config)  # bad flags fail here, before a part starts
-            results = run_parts(args.argv, parts, args.out)
+            results = run_parts(argv, parts, args.out)
     except ValueError as err:
         print_error(str(err))
         return 2
@@ -143,19 +134,28 @@ def register(subparsers) -> None:
             "ratio_vs_torch_best is layoutlab's speed over the best PyTorch eager one."
         ),
     )
+    add_run_flags(
+        p,
+        {
+            "model": REQUIRED,
+            "layout": "NHWC,NCHW",
+            "precision": "fp32,mixed_bf16",
+            "batch_size": [32],
+            "conv_algo": "auto",
+            "kernel_storage": "auto",
+            "activation_storage": "auto",
+            "cpu_fast": True,
+        },
+        multi=True,
+        notes={
+            "conv_algo": "auto: a plan per conv shape from the autotune cache, a tuning "
+            "(--conv-tune) or the shipped table; one of: " + _algorithm_list(),
+            "xla_option": "for layoutlab's steps",
+        },
+    )
     add_model_options(p)
     add_image_size(p, "spatial size; N: every spatial axis (default: the model's; 224 ImageNet)")
-    p.add_argument("--layouts", default="NHWC,NCHW")
-    p.add_argument("--precisions", default="fp32,mixed_bf16", help="policy presets or specs")
-    p.add_argument("--batch-sizes", type=_ints, default=[32], metavar="N,N")
     p.add_argument("--modes", default="infer,train", help="infer, train or infer,train (default)")
-    p.add_argument(
-        "--conv-algos",
-        default="auto",
-        help="layoutlab conv algorithms to compare, e.g. xla,auto (default auto: a plan per "
-        "conv shape from the autotune cache, a tuning (--conv-tune) or the shipped table); "
-        "one of: " + _algorithm_list(),
-    )
     add_conv_tune(p, "the measured steps (so a benchmark uses the cache or the shipped table)")
     p.add_argument(
         "--baseline-plain",
@@ -167,7 +167,6 @@ def register(subparsers) -> None:
     p.add_argument(
         "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"
     )
-    add_conv_options(p, ACTIVATION_STORAGES)
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
     p.add_argument(
         "--optimizer",

@@ -22,17 +22,17 @@ from layoutlab.bench.results import BenchResults, load_results
 __all__ = ["host_memory_parts", "run_parts"]
 
 
-def host_memory_parts(args: argparse.Namespace) -> list[list[int]] | None:
+def host_memory_parts(args: argparse.Namespace, argv: list[str] | None) -> list[list[int]] | None:
     """The batch sizes of each process a parsed ``bench`` command line runs in: one per
     host-memory setting among its batches (``host.flag.batch_groups``: per-thread
     arenas, the same with huge pages, one arena with huge pages), where the flags show more
     than one and leave the setting to layoutlab (no ``--keep-host-memory`` or
-    ``--no-keep-host-memory``) and ``args.argv`` holds the command line (``cli.main``); else
+    ``--no-keep-host-memory``) and ``argv`` is the command line (``cli.main``'s); else
     None (one process)."""
     from layoutlab.host.flag import batch_groups
 
     # Without the command line (a parser used directly) a part cannot be rerun.
-    if getattr(args, "keep_host_memory", None) is not None or getattr(args, "argv", None) is None:
+    if getattr(args, "keep_host_memory", None) is not None or argv is None:
         return None
     groups = batch_groups(args)
     if groups is None or len(groups) < 2:

@@ -115,9 +115,9 @@ def precision_class(precision: str) -> str:
         return "half"
     if precision == "fp32":
         return "fp32"
-    from layoutlab.train.run_precision import resolve_policy
+    from layoutlab.precision import get_policy
 
-    return "half" if resolve_policy(precision).is_half else "fp32"
+    return "half" if get_policy(precision).is_half else "fp32"
 
 
 def variant(row: dict) -> str:

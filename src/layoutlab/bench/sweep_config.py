@@ -22,13 +22,16 @@ from layoutlab.fast_defaults import (
     resolve_kernel_storage,
 )
 from layoutlab.nn.conv_config import check_conv_options
-from layoutlab.train.run_precision import resolve_policy
+from layoutlab.precision import get_policy
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.spec import config_for
 from layoutlab.xla import resolve_backend
 from layoutlab.xla.flags import normalize_flags, translate_compile_error
 
 __all__ = [
     "MEMORY_FORMATS",
     "SweepConfig",
+    "base_config",
     "check_compile_options",
     "config_dict",
     "defaults_label",
@@ -141,7 +144,7 @@ def validate(config: SweepConfig) -> SweepConfig:
     if not precisions:
         raise ValueError("precisions is empty; give at least one, e.g. fp32.")
     for p in precisions:
-        resolve_policy(p)  # unknown precision: ValueError listing the presets
+        get_policy(p)  # unknown precision: ValueError listing the presets
     modes = tuple(dict.fromkeys(config.modes))
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
@@ -248,19 +251,36 @@ def check_compile_options(options: dict | None, backend: str | None = None) -> d
     return opts
 
 
+def base_config(config: SweepConfig) -> TrainConfig:
+    """The ``TrainConfig`` every configuration of the sweep shares (``train.spec.config_for``):
+    its model, conv storages, XLA options, ``cpu_fast`` and train step's optimizer; the
+    layouts, precisions, batch sizes, modes and conv algorithms are the sweep's axes."""
+    return config_for(
+        _optimizer(config),
+        model=config.model,
+        model_kwargs=dict(config.model_kwargs),
+        kernel_storage=config.kernel_storage,
+        activation_storage=config.activation_storage,
+        xla_options=dict(config.xla_options),
+        cpu_fast=config.cpu_fast,
+    )
+
+
 def options_for(
     config: SweepConfig, mode: str, backend: str | None = None, batch: int | None = None
 ) -> dict:
-    """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``."""
-    base = {}
+    """The XLA compile options of layoutlab's ``mode`` steps at ``batch`` on ``backend``:
+    ``train.fast_config.compile_options`` of the sweep's ``base_config`` on its input."""
+    from layoutlab.train.fast_config import compile_options
+
+    shape = None
     if config.cpu_fast:
         shape, _ = resolve_input(
             config.model, dict(config.model_kwargs), config.image_size, config.channels
         )
-        base = models.model_compile_options(
-            config.model, config.model_kwargs, mode, backend, _optimizer(config), batch, shape
-        )
-    return {**base, **config.xla_options}
+    return compile_options(
+        base_config(config), mode, backend=backend, batch=batch, input_shape=shape
+    )
 
 
 def defaults_label(config: SweepConfig, algo: str, backend: str) -> str:

@@ -13,14 +13,13 @@ import sys
 from layoutlab.arguments import (
     MODES,
     STDOUT,
-    add_activation_storage,
     add_image_size,
     add_json,
     add_model_options,
     parse_mode,
 )
-from layoutlab.models.command import model_kwargs
-from layoutlab.nn.conv_names import ACTIVATION_STORAGES, AUTO, KERNEL_STORAGES
+from layoutlab.nn.conv_names import AUTO
+from layoutlab.train.run_flags import REQUIRED, add_run_flags, run_config
 
 __all__ = ["register", "run"]
 
@@ -39,10 +38,31 @@ def register(subparsers) -> None:
         ),
     )
     # compare runs on jax's default backend, and any classifier size serves a comparison.
+    add_run_flags(
+        parser,
+        {
+            "model": REQUIRED,
+            "layout": "NHWC",
+            "precision": "fp32",
+            "batch_size": 8,
+            "conv_algo": AUTO,
+            "kernel_storage": "auto",
+            "activation_storage": "auto",
+            "cpu_fast": True,
+        },
+        omit=("xla_option",),
+        notes={
+            "precision": "of the model under test",
+            "layout": "of the model under test",
+            "batch_size": "examples in the input (train-mode BatchNorm over very few values "
+            "per channel is ill-conditioned)",
+            "conv_algo": "of the model under test; auto: the shipped table's plan, as a short "
+            "run of train or bench gets (compare does not autotune)",
+            "cpu_fast": "compiles the model under test with the options train and bench use",
+        },
+    )
     add_model_options(parser, num_classes=10, backend=False)
     parser.add_argument("--against", required=True, choices=AGAINST, help="the reference")
-    parser.add_argument("--precision", default="fp32", help="policy of the model under test")
-    parser.add_argument("--layout", default="NHWC", help="layout of the model under test")
     parser.add_argument("--layerwise", action="store_true", help="compare every layer's output")
     parser.add_argument("--grads", action="store_true", help="compare every parameter gradient")
     parser.add_argument(
@@ -58,38 +78,8 @@ def register(subparsers) -> None:
         default=None,
         help="load these PyTorch weights into the model first",
     )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=8,
-        help="examples in the input (default 8; train-mode BatchNorm over very few values "
-        "per channel is ill-conditioned)",
-    )
     add_image_size(
         parser, "input height and width (one number: square; default: the model's default input)"
-    )
-    parser.add_argument(
-        "--conv-algo",
-        default=AUTO,
-        metavar="NAME",
-        help="algorithm of every 2D conv of the model under test: auto (default: the shipped "
-        "table's plan, as a short run of train or bench gets; compare does not autotune), xla "
-        "or a name from layoutlab.nn.conv_algos",
-    )
-    parser.add_argument(
-        "--kernel-storage",
-        choices=("auto", *KERNEL_STORAGES),
-        default="auto",
-        help="conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
-        "layout (OIHW for NCHW) or channels_last (HWIO)",
-    )
-    add_activation_storage(parser, ACTIVATION_STORAGES)
-    parser.add_argument(
-        "--cpu-fast",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on CPU, compile the model under test with the XLA:CPU options train and bench "
-        "use (layoutlab.xla.cpu_fast_options(mode); default on, --no-cpu-fast turns it off)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and input seed")
     parser.add_argument(
@@ -159,23 +149,12 @@ def _build(args):
     from layoutlab.train.program import configure_model, create_model
     from layoutlab.train.spec import InputSpec, config_for, resolve_spec
 
-    spec = models.spec(args.model)
-    options = model_kwargs(args)
-    check_conv_options(args.conv_algo)
-    layout = models.resolve_layout(args.layout, spec.num_spatial)
-    run = resolve_spec(
-        config_for(
-            model=spec.name,
-            model_kwargs=options,
-            layout=layout.value,
-            precision=args.precision,
-            seed=args.seed,
-            conv_algorithm=args.conv_algo,
-            kernel_storage=args.kernel_storage,
-            activation_storage=args.activation_storage,
-            cpu_fast=args.cpu_fast,
-        )
-    )
+    config = run_config(args, config_for(seed=args.seed))
+    spec = models.spec(config.model)
+    options = dict(config.model_kwargs)
+    check_conv_options(config.conv_algorithm)
+    layout = models.resolve_layout(config.layout, spec.num_spatial)
+    run = resolve_spec(dataclasses.replace(config, model=spec.name, layout=layout.value))
     _check_args(args, run.policy)
     given = None
     if args.input is not None:  # checked before the model is built and initialized
@@ -198,7 +177,7 @@ def _build(args):
         objective = "train" if args.mode == "train" else "inference"
         kind = table_cpu_kind(default_backend())
         run = run.with_plan(default_conv_plan(model, x, objective, kind, specs))
-    return configure_model(model, run), x, options, specs
+    return configure_model(model, run), x, options, specs, config
 
 
 def _read_input(path: str, shape: tuple[int, ...], channel_axis: int):
@@ -218,7 +197,7 @@ def _read_input(path: str, shape: tuple[int, ...], channel_axis: int):
     return x.astype(np.float32)
 
 
-def _compare(args, model, x, options, tolerance):
+def _compare(args, config, model, x, options, tolerance):
     from layoutlab.compare import references as refs
     from layoutlab.compare import torch_reference
 
@@ -226,7 +205,7 @@ def _compare(args, model, x, options, tolerance):
         train=args.mode == "train",
         layerwise=args.layerwise,
         tolerance=tolerance,
-        compiler_options=_compiler_options(args),
+        compiler_options=_compiler_options(args, config),
     )
     if args.against == "layout":
         return refs.against_layout(model, x, grads=args.grads, **kw)
@@ -244,15 +223,12 @@ def _compare(args, model, x, options, tolerance):
     )
 
 
-def _compiler_options(args) -> dict:
-    from layoutlab.models import example_shape, model_compile_options
+def _compiler_options(args, config) -> dict:
+    from layoutlab.models import example_shape
+    from layoutlab.train.fast_config import compile_options
 
-    if not args.cpu_fast:
-        return {}
-    shape = example_shape(args.model, args.image_size)
-    return model_compile_options(
-        args.model, model_kwargs(args), args.mode, batch=args.batch_size, input_shape=shape
-    )
+    shape = example_shape(config.model, args.image_size)
+    return compile_options(config, args.mode, batch=config.batch_size, input_shape=shape)
 
 
 def _conv_settings(model, specs: dict) -> dict:
@@ -287,8 +263,8 @@ def run(args: argparse.Namespace) -> int:
             from layoutlab.compare.torch_weights import require_torch
 
             require_torch()
-        model, x, options, specs = _build(args)
-        report = _compare(args, model, x, options, tolerance)
+        model, x, options, specs, config = _build(args)
+        report = _compare(args, config, model, x, options, tolerance)
     except bad_input as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2

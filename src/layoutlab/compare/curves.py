@@ -26,7 +26,8 @@ from layoutlab.compare.references import with_policy
 from layoutlab.layout import parse_layout
 from layoutlab.loss_scale import get_loss_scale
 from layoutlab.nn.convert import convert_layout
-from layoutlab.train.run_precision import AUTO_LOSS_SCALE, resolve_loss_scale, resolve_policy
+from layoutlab.precision import get_policy
+from layoutlab.train.run_precision import AUTO_LOSS_SCALE, resolve_loss_scale
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -54,7 +55,7 @@ class RunConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "layout", parse_layout(self.layout).value)
-        resolve_policy(self.policy)  # validate early
+        get_policy(self.policy)  # validate early
 
     @property
     def label(self) -> str:
@@ -62,7 +63,7 @@ class RunConfig:
 
     def loss_scale_spec(self) -> str | None:
         """The loss scale this side trains with (``train.run_precision``'s rule for None)."""
-        return resolve_loss_scale(self.loss_scale or AUTO_LOSS_SCALE, resolve_policy(self.policy))
+        return resolve_loss_scale(self.loss_scale or AUTO_LOSS_SCALE, get_policy(self.policy))
 
 
 def parse_config(text: str) -> RunConfig:

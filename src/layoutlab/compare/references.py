@@ -48,8 +48,7 @@ from layoutlab.layout import Layout, to_layout
 from layoutlab.nn import conv_config
 from layoutlab.nn.configuration import configure
 from layoutlab.nn.convert import convert_layout
-from layoutlab.precision import Policy
-from layoutlab.train.run_precision import resolve_policy
+from layoutlab.precision import Policy, get_policy
 
 __all__ = [
     "EPS_FACTOR",
@@ -98,13 +97,13 @@ def model_policy(model: nnx.Module) -> Policy:
     for _, node in nnx.iter_modules(model):
         if isinstance(getattr(node, "policy", None), Policy):
             return node.policy
-    return resolve_policy(None)
+    return get_policy(None)
 
 
 def with_policy(model: nnx.Module, policy: Policy | str) -> nnx.Module:
     """A copy of ``model`` running under ``policy``, with the same weights (params cast to
     the policy's param dtype; batch statistics stay float32)."""
-    policy = resolve_policy(policy)
+    policy = get_policy(policy)
     new = nnx.clone(model)
     for _, node in nnx.iter_modules(new):
         if isinstance(getattr(node, "policy", None), Policy):
@@ -331,7 +330,7 @@ def against_policy(
     """
     reference = _xla_convs(with_policy(model, reference_policy))
     return _against_model(
-        "fp32" if resolve_policy(reference_policy) == resolve_policy("fp32") else "policy",
+        "fp32" if get_policy(reference_policy) == get_policy("fp32") else "policy",
         model,
         reference,
         x,

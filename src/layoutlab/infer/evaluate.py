@@ -31,12 +31,12 @@ __all__ = ["TOP_K", "evaluate_run", "on_current_eval_plan", "plot_confusion"]
 
 def evaluate_run(run: Run) -> dict:
     """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
-    shard = make_shardings(run.config.data_parallel)
+    shard = make_shardings(run.spec.data_parallel)
     run = on_current_eval_plan(run, shard.num_devices)
     # The run's own eval plan, jitted as the loop jits it: the metrics are the run's to the bit.
     eval_step = jit_eval_step(make_eval_step(run.eval_defs, class_axis(run.spec)), run.spec, shard)
     state = jax.device_put(run.state(), shard.replicated)
-    sums = eval_sums(eval_step, state, run.dataset, run.config, shard)
+    sums = eval_sums(eval_step, state, run.dataset, run.spec, shard)
     return {
         "workdir": str(run.workdir),
         "step": run.step,
@@ -51,11 +51,11 @@ def on_current_eval_plan(run: Run, devices: int) -> Run:
     """``run`` with the eval plan its evaluation on ``devices`` runs: the stored one, unless it
     was made for another eval batch (``train.run_plan.current_eval_plan``), as a resume of
     the run would replan it."""
-    batch = run_eval_batch(run.dataset, run.config, devices)
+    batch = run_eval_batch(run.dataset, run.spec, devices)
     inputs = InputSpec.of(run.dataset, batch)
     # The restored model, not an abstract one built again: the plan needs only conv shapes.
-    config = replan_stale_eval_plan(run.config, inputs, run.model(), batch)
-    return run if config is run.config else dataclasses.replace(run, config=config)
+    spec = replan_stale_eval_plan(run.spec, inputs, run.model(), batch)
+    return run if spec is run.spec else dataclasses.replace(run, config=spec.config)
 
 
 def _extras(sums: dict) -> dict:

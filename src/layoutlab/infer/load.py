@@ -242,12 +242,15 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     checkpoint, and ``ValueError`` for a checkpoint of another model or mismatched data.
     """
     workdir = Path(workdir)
-    config = read_config(workdir)
+    # The record with any field it lacks (a run from before that field) filled in, as
+    # train_and_evaluate resolves it.
+    spec = resolve_spec(read_config(workdir), num_devices=jax.device_count())
+    config = spec.config
     arrays, meta = _read(workdir, step, config.run_id)
     dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
         dataset = _other_data(data, dataset, config)
-    spec, inputs = resolve_spec(config), InputSpec.of(dataset, config.batch_size)
+    inputs = InputSpec.of(dataset, spec.batch_size)
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))  # train's builder
     defs, params, model_state = split_model(abstract)
     where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))

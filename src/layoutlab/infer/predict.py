@@ -107,7 +107,7 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
     forward = run.logits
     # Equal chunks of at most the eval batch size, the last padded with zero images whose
     # logits are dropped: one batch shape, so one compile and one conv plan.
-    chunk = eval_batches(len(images), run.config.eval_batch_size)[1]
+    chunk = eval_batches(len(images), run.spec.eval_batch_size)[1]
     logits = np.concatenate(
         [
             np.asarray(jax.device_get(forward(batch)), np.float32)

@@ -1,27 +1,14 @@
-"""``layoutlab models``: list the registry; and the model keyword arguments of the model
-flags other commands share (``arguments.add_model_options``)."""
+"""``layoutlab models``: list the registry."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from layoutlab.arguments import add_json, parse_model_args
+from layoutlab.arguments import add_json
 from layoutlab.models.catalog import BUILTIN_MODELS
 
-__all__ = ["model_kwargs", "register"]
-
-
-def model_kwargs(args: argparse.Namespace) -> dict:
-    """The model keyword arguments of ``--tiny``, ``--stem`` and ``--model-arg`` (in that
-    order, the last winning)."""
-    from layoutlab import models
-
-    kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
-    if args.stem is not None:
-        kwargs["stem"] = args.stem
-    kwargs.update(parse_model_args(args.model_arg))
-    return kwargs
+__all__ = ["register"]
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,45 +6,30 @@ import argparse
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from layoutlab.arguments import (
-    OneLineParser,
-    add_activation_storage,
-    add_conv_tune,
-    parse_image_size,
-)
-from layoutlab.nn.conv_names import (
-    ACTIVATION_STORAGES,
-    AUTO,
-    BUILTIN_ALGORITHMS,
-    KERNEL_STORAGES,
-)
+from layoutlab.arguments import OneLineParser, add_conv_tune, parse_image_size
 from layoutlab.train import interrupt
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 from layoutlab.train.interrupt import sigterm_interrupts
 from layoutlab.train.liveness import leave, recorded_failure, report_failure, stop_with
+from layoutlab.train.run_flags import add_run_flags, run_config
 
 __all__ = ["register", "run", "main"]
 
-# CLI flag -> TrainConfig field; every flag defaults to None so only given ones override.
+# train's own flags -> TrainConfig field (the run flags are train.run_flags'); every flag
+# defaults to None so only given ones override.
 _FLAGS = {
-    "model": "model",
     "data": "data",
-    "layout": "layout",
-    "precision": "precision",
     "loss_scale": "loss_scale",
     "epochs": "epochs",
     "steps": "num_steps",
-    "batch_size": "batch_size",
     "accum_steps": "accum_steps",
     "lr": "learning_rate",
     "optimizer": "optimizer",
     "seed": "seed",
-    "conv_algo": "conv_algorithm",
-    "kernel_storage": "kernel_storage",
-    "activation_storage": "activation_storage",
     "image_size": "image_size",
     "log_every": "log_every",
     "param_sharding": "param_sharding",
@@ -59,15 +44,21 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="a .json/.yaml mapping of config fields (an earlier run's config.json works); "
         "the flags and --set below apply on top of it",
     )
-    p.add_argument("--model", help=f"registered model name (default {d.model})")
+    add_run_flags(
+        p,
+        notes={
+            "batch_size": "per micro-batch",
+            "model_arg": "the same as --set model_kwargs.NAME=VALUE",
+            "conv_algo": "auto: each conv shape runs its plan entry, from the autotune cache, a "
+            "tuning when it pays (--conv-tune) or the shipped table (the plan is stored in "
+            "config.json and kept by --resume); xla: XLA's own conv everywhere",
+            "xla_option": "the train, eval and init programs get them",
+        },
+    )
     p.add_argument(
         "--data",
         help="digits | cifar10:DIR | cifar100:DIR | mnist:DIR | fashion_mnist:DIR | folder:DIR"
         f" | synthetic[:HxWxC[:CLASSES[:N]]] (default {d.data})",
-    )
-    p.add_argument("--layout", help=f"NHWC or NCHW (default {d.layout})")
-    p.add_argument(
-        "--precision", help=f"policy preset or 'p=f32,c=bf16,o=f32' (default {d.precision})"
     )
     p.add_argument(
         "--loss-scale",
@@ -88,7 +79,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--epochs", help=f"passes over the train split (default {d.epochs})")
     p.add_argument("--steps", help="optimizer steps; overrides --epochs")
-    p.add_argument("--batch-size", help=f"examples per micro-batch (default {d.batch_size})")
     p.add_argument("--accum-steps", help="micro-batches per optimizer step (default 1)")
     p.add_argument("--lr", help=f"peak learning rate (default {d.learning_rate})")
     p.add_argument("--optimizer", help=f"sgd | momentum | adam | adamw (default {d.optimizer})")
@@ -112,55 +102,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="pick layout and precision by measuring them for this model, batch and input "
         "shape (cached per shape; see `layoutlab autotune`); overrides --layout/--precision",
     )
-    p.add_argument(
-        "--conv-algo",
-        metavar="NAME",
-        help=f"algorithm of every 2D conv: {' | '.join((*BUILTIN_ALGORITHMS, AUTO))} "
-        f"(default {d.conv_algorithm}: each conv shape runs its plan entry, from the autotune "
-        "cache, a tuning when it pays (--conv-tune) or the shipped table; the plan is stored "
-        "in config.json and kept by --resume); xla: XLA's own conv everywhere",
-    )
     add_conv_tune(p, "the run")
-    p.add_argument(
-        "--kernel-storage",
-        metavar="STORAGE",
-        help=f"conv kernel order: auto | {' | '.join(KERNEL_STORAGES)} (default "
-        f"{d.kernel_storage}: channels_last on CPU, layout elsewhere); channels_last keeps "
-        "HWIO kernels in every layout, saving NCHW's kernel transposes",
-    )
-    add_activation_storage(p, ACTIVATION_STORAGES, default=None)
-    p.add_argument(
-        "--no-cpu-fast",
-        dest="cpu_fast",
-        action="store_false",
-        default=None,
-        help="compile without layoutlab.xla.cpu_fast_options (on by default on CPU: convs on "
-        "Eigen; dots, reductions and elementwise fusions on YNNPACK, the last not for adam(w) "
-        "on AVX-512)",
-    )
-    p.add_argument("--stem", choices=("cifar", "imagenet"), help="ResNet stem (model_kwargs.stem)")
-    p.add_argument(
-        "--tiny",
-        action="store_true",
-        help="the model's tiny variant (fast; its kwargs under any model_kwargs given)",
-    )
-    p.add_argument(
-        "--model-arg",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="model option, e.g. width=8 (repeatable; JSON values); the same as --set "
-        "model_kwargs.NAME=VALUE",
-    )
-    p.add_argument(
-        "--xla-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="XLA compile option of the train, eval and init programs (repeatable; true/false, "
-        "numbers or text), e.g. xla_cpu_experimental_ynn_fusion_type="
-        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT (Eigen convs on XLA:CPU, faster NCHW training)",
-    )
     p.add_argument(
         "--set",
         action="append",
@@ -257,8 +199,23 @@ def _saved_config(workdir: Path) -> TrainConfig:
 
 
 def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
+    """``config_from_flags(args)`` and the run's workdir (``--workdir``, else one named after
+    the model and process 0's clock, so every process names the same one); returned, never
+    written into ``args``."""
+    config = config_from_flags(args)
+    workdir = args.workdir
+    if not workdir:
+        from layoutlab.train.distributed import agree_on, wall_clock
+
+        # Every process takes process 0's clock, so all of them name the same directory.
+        now = time.localtime(agree_on(wall_clock()))
+        workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
+    return config, Path(workdir)
+
+
+def config_from_flags(args: argparse.Namespace) -> TrainConfig:
     """The config from defaults (or the workdir's config.json on --resume), then the fields
-    of ``--config FILE``, then the flags and ``--set`` (last wins)."""
+    of ``--config FILE``, then the flags and ``--set`` (last wins); reads files only."""
     if args.resume and not args.workdir:
         raise ValueError("--resume needs --workdir DIR (the run to continue).")
     config = TrainConfig()
@@ -273,21 +230,6 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
     ]
     if args.remat:
         overrides.append("remat=true")
-    if args.cpu_fast is False:
-        overrides.append("cpu_fast=false")
-    if args.stem is not None:
-        overrides.append(f"model_kwargs.stem={args.stem}")
-    for item in args.model_arg:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"--model-arg {item!r} is not of the form NAME=VALUE.")
-        overrides.append(f"model_kwargs.{name.strip()}={value}")
-    for item in args.xla_option:
-        name, sep, value = item.partition("=")
-        name = name.strip().lstrip("-")  # --xla_foo=1 as in XLA_FLAGS
-        if not sep or not name:
-            raise ValueError(f"--xla-option {item!r} is not of the form NAME=VALUE.")
-        overrides.append(f"xla_options.{name}={value}")
     for name in ("conv_plan", "eval_conv_plan"):
         if args.resume and any(item.partition("=")[0].strip() == name for item in args.set):
             # None is also "not given" in a TrainConfig, so only here can the ask be told apart.
@@ -295,42 +237,51 @@ def build_config(args: argparse.Namespace) -> tuple[TrainConfig, Path]:
                 f"--set {name} cannot be used with --resume: a run keeps the conv plans it was "
                 "trained with (its config.json); drop it, or start a new workdir."
             )
-    config = apply_overrides(config, overrides + list(args.set))
-    if args.tiny:
-        from layoutlab import models
+    return run_config(args, config, overrides + list(args.set))
 
-        tiny = models.spec(config.model).tiny
-        config = dataclasses.replace(config, model_kwargs={**tiny, **config.model_kwargs})
-    if not args.workdir:
-        from layoutlab.train.distributed import agree_on, wall_clock
 
-        # Decided once (every process takes process 0's clock) and kept in args, so the
-        # autotune steps before training and the run itself name the same directory.
-        now = time.localtime(agree_on(wall_clock()))
-        args.workdir = f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S', now)}"
-    return config, Path(args.workdir)
+def _with_choice(config: TrainConfig, choice: tuple[str, str], sets: list[str]) -> TrainConfig:
+    """``config`` with ``--autotune``'s ``(layout, precision)`` in place of the flags' (a
+    ``--set`` of either still has the last word, as it has over every flag)."""
+    layout, precision = choice
+    kept = [s for s in sets if s.partition("=")[0].strip() in ("layout", "precision")]
+    return apply_overrides(config, [f"layout={layout}", f"precision={precision}", *kept])
 
 
 # How long a process whose collective failed waits for another process's named failure.
 _CAUSE_WAIT_S = 3.0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    autotune: Callable[[TrainConfig], tuple[str, str]] | None = None,
+    conv_planner: Callable[[str], Callable] | None = None,
+) -> int:
+    """``layoutlab train``. ``autotune(config) -> (layout, precision)``: what ``--autotune``
+    measures; ``conv_planner(conv_tune)``: the planner of ``"auto"`` convs that
+    ``train_and_evaluate`` takes (both live in ``bench/``, above ``train/`` in the repository
+    map, so the ``layoutlab`` command passes them in; None: no tuning)."""
     start = time.perf_counter()
     with sigterm_interrupts():
-        return _run(args, start)
+        return _run(args, start, autotune, conv_planner)
 
 
-def _run(args: argparse.Namespace, start: float) -> int:
+def _run(args: argparse.Namespace, start: float, autotune, conv_planner) -> int:
     from layoutlab.train.loop import train_and_evaluate
 
     try:
         config, workdir = build_config(args)
+        if args.autotune:
+            if autotune is None:
+                raise ValueError("--autotune needs the `layoutlab` command (it tunes in bench/).")
+            # layout and precision first: the conv shapes follow
+            config = _with_choice(config, autotune(config), args.set)
+        planner = None if conv_planner is None else conv_planner(args.conv_tune)
         from layoutlab.train.distributed import main_process
 
         main = main_process()  # the other processes of a distributed run print only errors
         quiet = args.quiet or not main
-        planner = getattr(args, "conv_planner", None)
         record = train_and_evaluate(
             config, workdir, resume=args.resume, quiet=quiet, conv_planner=planner
         )

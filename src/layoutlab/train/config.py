@@ -25,7 +25,8 @@ __all__ = [
     "SCHEDULES",
     "TrainConfig",
     "apply_overrides",
-    "resolve",
+    "data_parallel_on",
+    "eval_batch_on",
     "validate",
     "with_legacy_defaults",
 ]
@@ -53,7 +54,9 @@ def with_legacy_defaults(saved: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """One training run. ``None`` fields are resolved from the others (see ``resolve``)."""
+    """One training run, as asked, checked (``validate``) and recorded (``to_dict``): its
+    ``None`` and ``"auto"`` fields are resolved from the others by ``train.spec.resolve_spec``,
+    whose ``RunSpec.config`` is the run's record with them filled in."""
 
     model: str = "small_cnn"
     model_kwargs: dict = dataclasses.field(default_factory=dict)
@@ -323,10 +326,12 @@ def _check_numbers(config: TrainConfig) -> None:
         raise ValueError(f"seed must lie in [0, 2**31), got {config.seed}.")
 
 
-def _check_names(config: TrainConfig) -> None:
+def _check_names(config: TrainConfig):
+    """Checks the names; returns the ``Policy`` of ``config.precision`` (read here once)."""
     from layoutlab.data import SPEC_FORMS
     from layoutlab.layout import Layout, parse_layout
-    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
+    from layoutlab.precision import get_policy
+    from layoutlab.train.run_precision import resolve_loss_scale
 
     if config.optimizer not in OPTIMIZERS:
         raise ValueError(
@@ -347,7 +352,7 @@ def _check_names(config: TrainConfig) -> None:
     if layout not in (Layout.NHWC, Layout.NCHW):
         raise ValueError(f"layout must be NHWC or NCHW for image training, got {config.layout!r}.")
     try:
-        policy = resolve_policy(config.precision)
+        policy = get_policy(config.precision)
     except ValueError as e:
         raise ValueError(f"precision: {e}") from None
     if config.loss_scale != AUTO_LOSS_SCALE:
@@ -364,12 +369,12 @@ def _check_names(config: TrainConfig) -> None:
             f"image_size resizes folder data only; {config.data!r} has a fixed image size: "
             "drop image_size, or use folder:DIR."
         )
+    return policy
 
 
-def _check_conv(config: TrainConfig) -> None:
+def _check_conv(config: TrainConfig, policy) -> None:
     from layoutlab.nn.conv_algos import unsupported_reason
     from layoutlab.nn.conv_config import check_conv_options
-    from layoutlab.train.run_precision import resolve_policy
 
     storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
     act = None if config.activation_storage == AUTO_STORAGE else config.activation_storage
@@ -379,7 +384,7 @@ def _check_conv(config: TrainConfig) -> None:
         raise ValueError(f"conv settings: {e}") from None
     # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
     # XLA's conv instead; say so before anything compiles ("auto" never picks one).
-    compute = resolve_policy(config.precision).compute_dtype
+    compute = policy.compute_dtype
     if (reason := unsupported_reason(config.conv_algorithm, compute)) is not None:
         raise ValueError(
             f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
@@ -395,10 +400,13 @@ def _check_conv(config: TrainConfig) -> None:
 
 
 def _check_devices(config: TrainConfig, num_devices: int) -> None:
-    if not config.data_parallel:
+    if not data_parallel_on(config, num_devices):
         return
-    for name in ("batch_size", "eval_batch_size"):
-        value = getattr(config, name)
+    batches = {
+        "batch_size": config.batch_size,
+        "eval_batch_size": eval_batch_on(config, num_devices),
+    }
+    for name, value in batches.items():
         if value % num_devices:
             lower = max(num_devices, value - value % num_devices)
             raise ValueError(
@@ -407,34 +415,27 @@ def _check_devices(config: TrainConfig, num_devices: int) -> None:
             )
 
 
-def resolve(config: TrainConfig, num_devices: int) -> TrainConfig:
-    """Fills the automatic fields (loss scale, data parallel, eval batch size, kernel
-    storage; the conv plan is filled once the data is known, ``train.fast_config``)."""
-    from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
+def data_parallel_on(config: TrainConfig, num_devices: int) -> bool:
+    """Whether ``config`` splits its batches over ``num_devices`` (None: when there are
+    several)."""
+    return num_devices > 1 if config.data_parallel is None else config.data_parallel
 
-    loss_scale = resolve_loss_scale(config.loss_scale, resolve_policy(config.precision))
-    data_parallel = config.data_parallel
-    if data_parallel is None:
-        data_parallel = num_devices > 1
-    eval_batch = config.eval_batch_size
-    if eval_batch is None:
-        eval_batch = max(config.batch_size, 512)
-        if data_parallel:
-            eval_batch = -(-eval_batch // num_devices) * num_devices
-    from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
 
-    return dataclasses.replace(
-        config,
-        loss_scale=loss_scale,
-        data_parallel=data_parallel,
-        eval_batch_size=eval_batch,
-        kernel_storage=resolve_kernel_storage(config.kernel_storage),
-        activation_storage=resolve_activation_storage(config.activation_storage),
-    )
+def eval_batch_on(config: TrainConfig, num_devices: int) -> int:
+    """``config``'s ``eval_batch_size`` on ``num_devices`` (None: ``max(batch_size, 512)``,
+    rounded up to a multiple of the devices when data parallel)."""
+    if config.eval_batch_size is not None:
+        return config.eval_batch_size
+    eval_batch = max(config.batch_size, 512)
+    if data_parallel_on(config, num_devices):
+        eval_batch = -(-eval_batch // num_devices) * num_devices
+    return eval_batch
 
 
 def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
-    """Checks every field and returns the resolved config; raises ``ValueError`` naming the fix.
+    """Checks every field and returns the config (its ``image_size`` in the one stored form);
+    raises ``ValueError`` naming the fix. The automatic fields stay as asked:
+    ``train.spec.resolve_spec`` fills them in (its ``RunSpec.config``, what a run records).
 
     Nothing is built or compiled here, so this fails fast.
     """
@@ -445,11 +446,10 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     if config.image_size is not None:  # one stored form: [H, W]
         config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
     _check_numbers(config)
-    _check_names(config)
+    policy = _check_names(config)
     from layoutlab.train.model_checks import check_model
 
     check_model(config.model, config.model_kwargs, remat=config.remat)
-    _check_conv(config)
-    config = resolve(config, num_devices)
+    _check_conv(config, policy)
     _check_devices(config, num_devices)
     return config

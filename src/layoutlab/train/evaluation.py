@@ -7,7 +7,6 @@ import jax
 import numpy as np
 
 from layoutlab.data import Dataset, epoch_batches
-from layoutlab.train.config import TrainConfig
 from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.spec import RunSpec
@@ -59,16 +58,16 @@ def jit_eval_step(eval_step, spec: RunSpec, shard: Shardings):
     )
 
 
-def eval_sums(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
+def eval_sums(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
     """The eval step's sums (``train.steps.make_eval_step``) over the whole test split, as
     NumPy values: every image counted once, in batches of one shape (``eval_batches``), each
     split over the devices."""
     labels = dataset.split("test")[1]
     count = labels.shape[0]
-    steps, size = eval_batches(count, config.eval_batch_size, shard.num_devices)
+    steps, size = eval_batches(count, spec.eval_batch_size, shard.num_devices)
     rows = local_rows(shard.batch, size)  # this process's rows of each batch
     batches = epoch_batches(
-        dataset, "test", size, layout=config.layout, shuffle=False, drop_last=False, rows=rows
+        dataset, "test", size, layout=spec.config.layout, shuffle=False, drop_last=False, rows=rows
     )
     total = None
     for i, local in enumerate(batches):
@@ -91,9 +90,9 @@ def record_metrics(sums: dict) -> dict:
     }
 
 
-def evaluate(eval_step, state, dataset: Dataset, config: TrainConfig, shard: Shardings) -> dict:
+def evaluate(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
     """Loss and accuracy over the whole test split (``eval_sums``)."""
-    return record_metrics(eval_sums(eval_step, state, dataset, config, shard))
+    return record_metrics(eval_sums(eval_step, state, dataset, spec, shard))
 
 
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:
@@ -113,10 +112,10 @@ def _padded(batch: tuple[np.ndarray, np.ndarray], size: int, rows) -> tuple[np.n
     return tuple(np.concatenate([x[a:b] for a, b in rows]) for x in (images, labels))
 
 
-def run_eval_batch(dataset: Dataset, config: TrainConfig, devices: int = 1) -> int | None:
+def run_eval_batch(dataset: Dataset, spec: RunSpec, devices: int = 1) -> int | None:
     """The batch size ``evaluate`` runs every test image at on ``devices`` (``eval_batches``),
     which the eval plan is made for; None: no test images."""
-    size = eval_batches(dataset.split("test")[1].shape[0], config.eval_batch_size, devices)[1]
+    size = eval_batches(dataset.split("test")[1].shape[0], spec.eval_batch_size, devices)[1]
     return size or None
 
 

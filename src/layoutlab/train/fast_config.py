@@ -2,7 +2,7 @@
 
 - ``compile_options(config, mode)``: the XLA options of a run's ``"train"`` or ``"infer"``
   programs: ``fast_defaults.fast_compile_options(mode)`` (on CPU, when ``cpu_fast``) under
-  the run's own ``xla_options``.
+  the run's own ``xla_options``; every command derives its options here.
 - ``with_default_plan(config, model, images)``: an ``"auto"`` run without a ``conv_plan``
   gets the shipped table's (``nn.conv_algos.default_plan``), stored in its config.json;
   ``table_plan(model, images, objective)``: the table's plan, e.g. for its eval step.
@@ -22,21 +22,45 @@ from layoutlab.train.config import TrainConfig
 __all__ = ["compile_options", "table_plan", "with_default_plan"]
 
 
-def compile_options(config: TrainConfig, mode: str) -> dict:
-    """XLA compile options of the run's ``mode`` ("train" or "infer") programs."""
-    batch = config.batch_size if mode == "train" else None
+_FROM_CONFIG = object()  # batch and input shape not given: the config's own
+
+
+def compile_options(
+    config: TrainConfig,
+    mode: str,
+    *,
+    backend: str | None = None,
+    batch: int | None = _FROM_CONFIG,
+    input_shape: tuple[int, ...] | None = _FROM_CONFIG,
+) -> dict:
+    """The XLA compile options of ``config``'s ``mode`` ("train" or "infer") programs on
+    ``backend`` (None: JAX's): the fast defaults of its model's step (``cpu_fast``, on CPU;
+    ``models.model_compile_options``) at ``batch`` examples of ``input_shape`` (channels last),
+    under the config's own ``xla_options``. The one place a run's options are derived:
+    ``train`` takes the config's batch (a training step's) and its data's image shape,
+    ``inspect``, ``bench``, ``compare`` and ``autotune convs``, which build no data set, give
+    theirs."""
+    if batch is _FROM_CONFIG:
+        batch = config.batch_size if mode == "train" else None
     base = {}
     if config.cpu_fast:
-        shape = known_image_shape(config.data)
-        if shape is not None:
-            # The run builds the model for the data's channels; its conv outputs do not
-            # depend on them, so the size is read with the model's own.
-            channels = config.model_kwargs.get("in_channels", spec(config.model).default_input[-1])
-            shape = (*shape[:-1], channels)
+        if input_shape is _FROM_CONFIG:
+            input_shape = _data_shape(config)
         base = model_compile_options(
-            config.model, config.model_kwargs, mode, None, config.optimizer, batch, shape
+            config.model, config.model_kwargs, mode, backend, config.optimizer, batch, input_shape
         )
     return {**base, **config.xla_options}
+
+
+def _data_shape(config: TrainConfig) -> tuple[int, ...] | None:
+    """The run's examples' shape where its data spec tells (channels last), else None."""
+    shape = known_image_shape(config.data)
+    if shape is None:
+        return None
+    # The run builds the model for the data's channels; its conv outputs do not depend on
+    # them, so the size is read with the model's own.
+    channels = config.model_kwargs.get("in_channels", spec(config.model).default_input[-1])
+    return (*shape[:-1], channels)
 
 
 def with_default_plan(config: TrainConfig, model, images) -> TrainConfig:

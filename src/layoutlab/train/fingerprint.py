@@ -115,23 +115,22 @@ def _state_structure(model) -> dict[str, str]:
     return out
 
 
-def run_fingerprint(config, dataset, schedule, model) -> dict[str, str]:
+def run_fingerprint(spec, dataset, schedule, model) -> dict[str, str]:
     """What must be the same on every process, resolved (``learning_rate`` 0.1 and 1e-1 are
     one value; a data set is its contents, wherever its files lie): field -> value text.
-    ``config`` is validated, ``model`` abstract (``nnx.eval_shape``)."""
+    ``spec``: the run's ``RunSpec``, ``model`` abstract (``nnx.eval_shape``)."""
     import dataclasses
 
     import jax
 
     from layoutlab.layout import parse_layout
-    from layoutlab.train.run_precision import resolve_policy
 
     fields = {}
-    for name, value in config.to_dict().items():
+    for name, value in spec.config.to_dict().items():
         if name == "data":  # the path may differ between hosts: the contents may not
             continue
         if name == "precision":
-            value = str(resolve_policy(value))
+            value = str(spec.policy)
         elif name == "layout":
             value = parse_layout(value).name
         fields[name] = json.dumps(value, sort_keys=True)

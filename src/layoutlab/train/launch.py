@@ -1,20 +1,16 @@
 """What ``layoutlab train`` does between parsing its flags and training, in the order JAX
 needs: run as a supervised child when distributed, then pick the backend and join the other
-processes before JAX starts, then decide layout, precision and the conv planner.
-
-The tuning that ``--autotune`` and ``auto`` convs ask for lives in ``bench/`` (above
-``train/`` in the repository map), so ``start`` takes it as two callables, which the
-``layoutlab`` command passes in (``bench.tuning.train_run``).
+processes before JAX starts. The tuning that ``--autotune`` and ``auto`` convs ask for
+lives in ``bench/`` (above ``train/`` in the repository map): the ``layoutlab`` command passes
+it to ``train.command.run`` as arguments (``bench.tuning.train_run``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 __all__ = [
-    "DATA_PIXELS",
     "batch_input",
     "gpu_platform",
     "join_run",
@@ -22,9 +18,6 @@ __all__ = [
     "supervise_distributed",
     "use_backend",
 ]
-
-# Image sizes of the data sets whose size the spec fixes (no loader is imported to know).
-DATA_PIXELS = {"digits": 64, "mnist": 784, "fashion_mnist": 784, "cifar10": 1024, "cifar100": 1024}
 
 
 def supervise_distributed(args: argparse.Namespace, argv: list[str]) -> int | None:
@@ -38,23 +31,24 @@ def supervise_distributed(args: argparse.Namespace, argv: list[str]) -> int | No
 
 
 def batch_input(args: argparse.Namespace) -> tuple[int, int] | None:
-    """The batch size ``train`` runs and its images' pixels, when the flags say (else None)."""
-    from layoutlab.train.config import TrainConfig
-
-    if args.config or args.resume:
+    """The batch size ``train`` runs and its images' pixels, read from the config the flags
+    make (``--config`` and ``--set`` included: ``train.command.config_from_flags``) when the
+    data's image size is known without loading it; None for ``--resume``, whose config is
+    the workdir's (reading it needs JAX, which must not start before the host memory is
+    set), or a folder of images."""
+    if args.resume:
         return None
-    d = TrainConfig()
-    name, _, rest = (args.data or d.data).strip().partition(":")
-    pixels = DATA_PIXELS.get(name.lower())
-    if name.lower() == "synthetic":
-        size = rest.partition(":")[0].lower().split("x")
-        pixels = int(size[0]) * int(size[1]) if len(size) >= 2 and rest else 32 * 32
-    if args.image_size:
-        from layoutlab.train.image_size import parse_image_size
+    from math import prod
 
-        h, w = parse_image_size(str(args.image_size))
-        pixels = h * w
-    return None if pixels is None else (int(args.batch_size or d.batch_size), pixels)
+    from layoutlab.data.spec_forms import known_image_shape
+    from layoutlab.train.command import config_from_flags
+    from layoutlab.train.image_size import image_size_value
+
+    config = config_from_flags(args)
+    if config.image_size is not None:
+        return config.batch_size, prod(image_size_value(config.image_size))
+    shape = known_image_shape(config.data)
+    return None if shape is None else (config.batch_size, prod(shape[:-1]))
 
 
 def join_run(args: argparse.Namespace) -> int | None:
@@ -126,27 +120,14 @@ def use_backend(name: str) -> int | None:
     return None
 
 
-def start(
-    args: argparse.Namespace,
-    *,
-    autotune: Callable[[argparse.Namespace], None],
-    conv_planner: Callable[[argparse.Namespace], Callable],
-) -> int | None:
-    """Backend, the distributed join, then ``autotune(args)`` (``--autotune``: sets
-    ``args.layout`` and ``args.precision``) and ``args.conv_planner``; an exit status where
-    one of them failed, else None."""
+def start(args: argparse.Namespace) -> int | None:
+    """Backend, then the distributed join: an exit status where one of them failed, else
+    None. ``--autotune`` and the conv planner are the train command's own (``train.command.run``
+    takes them as arguments)."""
     if args.backend:  # before the distributed join, which picks collectives per platform
         import jax
 
         jax.config.update("jax_platforms", gpu_platform() if args.backend == "gpu" else "cpu")
     if (failed := join_run(args)) or (args.backend and (failed := use_backend(args.backend))):
         return failed
-    try:
-        if args.autotune:
-            autotune(args)  # layout and precision first: the conv shapes follow
-        args.conv_planner = conv_planner(args)
-    except (ValueError, FileNotFoundError) as e:
-        from layoutlab.train.liveness import stop_with
-
-        return stop_with(str(e))  # the other processes of a distributed run stop too
     return None

@@ -31,6 +31,7 @@ from layoutlab.data import (
     prefetch_to_device,
     train_batches,
 )
+from layoutlab.loss_scale import NoOpLossScale
 from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
@@ -66,7 +67,7 @@ from layoutlab.train.sharding import (
     make_shardings,
     state_shardings,
 )
-from layoutlab.train.spec import InputSpec, resolve_spec
+from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.step_log import STEPS_FILE, StepLog
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
 from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
@@ -74,7 +75,6 @@ from layoutlab.train.xla_compile import compile_with_options
 
 __all__ = [
     "StepSchedule",
-    "build_model",
     "check_xla_options",
     "evaluate",
     "make_step_schedule",
@@ -88,9 +88,10 @@ _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
 
 
-def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
-    """The run's abstract model (``run_plan.abstract_model``) once ``config`` is known to
+def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
+    """The run's abstract model (``run_plan.abstract_model``) once ``spec`` is known to
     build and run on ``dataset``'s images; the run's later steps reuse it."""
+    config = spec.config
     channels = config.model_kwargs.get("in_channels")
     if channels is not None and channels != dataset.num_channels:
         raise ValueError(
@@ -102,8 +103,8 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
     # The model depends on the data's classes and channels, not on the batch: built for the
     # run's batch (what the run reuses), called on two images (all the check needs).
     try:
-        model = abstract_model(config, InputSpec.of(dataset, config.batch_size))
-        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(resolve_spec(config).layout)
+        model = abstract_model(spec, InputSpec.of(dataset, spec.batch_size))
+        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(spec.layout)
         probe = forward_bytes(model, images)  # what a batch's forward keeps for backward
     except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
         raise ValueError(f"conv_plan: {e}") from None
@@ -120,12 +121,6 @@ def _check_dataset(config: TrainConfig, dataset: Dataset) -> nnx.Module:
         except ConvPlanMismatch as e:
             raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
     return model
-
-
-def build_model(config: TrainConfig, dataset: Dataset) -> nnx.Module:
-    """The model of a resolved ``config`` (``validate``) for ``dataset``'s classes and
-    channels: ``train.program.build_model`` of its ``RunSpec``."""
-    return programs.build_model(resolve_spec(config), InputSpec.of(dataset, config.batch_size))
 
 
 def check_xla_options(options: dict) -> None:
@@ -147,14 +142,6 @@ def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Check
             "resume=True (--resume) to continue that run, or choose a new workdir."
         )
     return ckpt
-
-
-def _program(config: TrainConfig, dataset: Dataset, schedule: StepSchedule):
-    """The run's ``train.program.Program``; its ``init()`` builds the initial ``TrainState``
-    (run it under jit: eagerly every initializer op would compile on its own, dozens of small
-    compiles; ``jax.eval_shape(init)`` is the abstract state a checkpoint restores into)."""
-    spec = resolve_spec(config, schedule.total_steps)
-    return programs.build_program(spec, InputSpec.of(dataset, config.batch_size))
 
 
 def _abstract(init, shardings):
@@ -194,24 +181,27 @@ def train_and_evaluate(
     # What the run records of itself: an id carried in (another run's config.json) is not its.
     config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
     try:
+        schedule = make_step_schedule(config, dataset)
+        # The one resolution of the run: below, everything takes the spec, and what the run
+        # decides later (its resumed record, its conv plans) changes it as a value.
+        spec = resolve_spec(config, schedule.total_steps, jax.device_count())
         if resume:
             # Before the model is built: a changed model is then named as such, not by its
             # conv plan. Reads only; the lock below keeps a second trainer out.
             make_workdir(workdir, create=False)
             note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
-            config = check_resume(config, workdir, workdir / CHECKPOINT_DIR, asked, note)
-        if config.run_id is None:  # a new run, or one from before run ids
-            config = dataclasses.replace(config, run_id=decided_by_process_0("run id", new_run_id))
-        schedule = make_step_schedule(config, dataset)
-        model = _check_dataset(config, dataset)
+            spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
+        if spec.config.run_id is None:  # a new run, or one from before run ids
+            spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
+        model = _check_dataset(spec, dataset)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
-            agree_on_run(lambda: run_fingerprint(config, dataset, schedule, model), workdir)
-            ckpt = _open_checkpoints(workdir, config, resume)
+            agree_on_run(lambda: run_fingerprint(spec, dataset, schedule, model), workdir)
+            ckpt = _open_checkpoints(workdir, spec.config, resume)
             try:
                 return _run(
-                    config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
+                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
                 )
             finally:
                 ckpt.close()
@@ -228,7 +218,7 @@ def train_and_evaluate(
 class _Run:
     """What the loop reads besides the state: the run's fixed parts."""
 
-    config: TrainConfig
+    spec: RunSpec
     workdir: Path
     dataset: Dataset
     schedule: StepSchedule
@@ -242,24 +232,27 @@ class _Run:
     divergence: Divergence
 
 
-def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
-    """The run of a checked ``config``; ``model``: its abstract model (``_check_dataset``)."""
+def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
+    """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``)."""
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
-    shard = make_shardings(config.data_parallel)
-    inputs = InputSpec.of(dataset, config.batch_size)
+    shard = make_shardings(spec.data_parallel)
+    inputs = InputSpec.of(dataset, spec.batch_size)
     steps = schedule.total_steps * schedule.accum_steps
-    eval_batch = run_eval_batch(dataset, config, shard.num_devices)
-    with_plan = planned(config, inputs, steps, shard.batch, conv_planner, model, eval_batch)
+    eval_batch = run_eval_batch(dataset, spec, shard.num_devices)
+    with_plan = planned(spec, inputs, steps, shard.batch, conv_planner, model, eval_batch)
     # A plan made just now covers every conv of this model and batch: no coverage to report.
-    report_coverage, config = with_plan is config, with_plan
+    report_coverage, spec = with_plan is spec, with_plan
     if resume:
-        config = replan_stale_eval_plan(config, inputs, model, eval_batch)
-    program = _program(config, dataset, schedule)
+        spec = replan_stale_eval_plan(spec, inputs, model, eval_batch)
+    config = spec.config  # what the run records (config.json, checkpoints)
+    # init(): run it under jit (eagerly every initializer op would compile on its own, dozens
+    # of small compiles); jax.eval_shape(init) is the abstract state a checkpoint restores into.
+    program = programs.build_program(spec, inputs)
     init = program.init
     state_sharding = state_shardings(jax.eval_shape(init), shard, config.param_sharding)
     if report_coverage:
-        report_plan_coverage(config, inputs, shard.batch, progress_log, model)
+        report_plan_coverage(spec, inputs, shard.batch, progress_log, model)
     state, start, meter = None, 0, RunningMean()
     if resume:
         abstract = _abstract(init, state_sharding)
@@ -297,12 +290,12 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
         f"{shard.num_devices} device(s), train step compiled in {compile_s:.1f}s); "
         f"outputs in {workdir}"
     )
-    step_log = StepLog.for_run(workdir, config, schedule, start, enabled=main)
-    scaled = config.loss_scale not in (None, "none")
+    step_log = StepLog.for_run(workdir, spec, schedule, start, enabled=main)
+    scaled = not isinstance(spec.loss_scale, NoOpLossScale)
     divergence = Divergence(
         schedule.accum_steps, lambda: max(ckpt.steps(), default=None), loss_scaled=scaled
     )
-    run = _Run(config, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
+    run = _Run(spec, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
                main, step_log, divergence)  # fmt: skip
     try:
         state, record = _loop(run, state, start, meter)
@@ -326,7 +319,7 @@ def _run(config, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, 
 
 def _eval_record(run: _Run, state, step: int) -> dict:
     record = {"step": step, "epoch": run.schedule.epoch(step)}
-    record.update(evaluate(run.eval_step, state, run.dataset, run.config, run.shard))
+    record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard))
     record.update(host_scalars(state))
     return record
 
@@ -337,16 +330,16 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
     ``meter`` holds the train metrics since the last evaluation; every checkpoint carries it
     (``extra["train_meter"]``), so a resumed run's first record averages the same steps, in
     the same order, as the uninterrupted run's."""
-    config, schedule = run.config, run.schedule
+    spec, schedule = run.spec, run.schedule
     accum = schedule.accum_steps
     batches = train_batches(
         run.dataset,
-        config.batch_size,
-        layout=config.layout,
-        seed=config.seed,
+        spec.batch_size,
+        layout=spec.config.layout,
+        seed=spec.seed,
         start_step=start * accum,
         num_steps=(schedule.total_steps - start) * accum,
-        rows=local_rows(run.shard.batch, config.batch_size),
+        rows=local_rows(run.shard.batch, spec.batch_size),
     )
     pending = []
     step, micro, record = start, start * accum, None
@@ -363,13 +356,13 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
             meter.add({"loss": m["loss"], "accuracy": m["accuracy"]})
         return fetched[-1] if fetched else None
 
-    put = functools.partial(assemble, run.shard.batch, batch=config.batch_size)
+    put = functools.partial(assemble, run.shard.batch, batch=spec.batch_size)
     with prefetch_to_device(batches, put=put) as device_batches:
         for images, labels in device_batches:
             state, metrics = run.train_step(state, images, labels)
             pending.append(metrics)
             micro += 1
-            interval_images += config.batch_size
+            interval_images += spec.batch_size
             if micro % accum:
                 continue
             step += 1
@@ -401,7 +394,7 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
             if step % schedule.checkpoint_every == 0 or is_last:
                 saving = time.perf_counter()
                 fetch()  # the meter then covers every step up to this one
-                extra = {"config": config.to_dict(), _METER_KEY: meter.to_dict()}
+                extra = {"config": spec.config.to_dict(), _METER_KEY: meter.to_dict()}
                 run.ckpt.save(step, state, extra)
                 interval_start += time.perf_counter() - saving  # not training time
             if evaluating:

@@ -16,14 +16,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from layoutlab.precision import Policy
+from layoutlab.precision import Policy, get_policy
 from layoutlab.train.config import TrainConfig
-from layoutlab.train.run_precision import resolve_policy
 from layoutlab.train.skip import skip_nonfinite
 
 __all__ = [
     "OptimizerSpec",
     "build_optimizer",
+    "build_schedule",
     "decay_mask",
     "float32_state",
     "make_optimizer",
@@ -72,7 +72,7 @@ def optimizer_spec(
 ) -> OptimizerSpec:
     """The ``OptimizerSpec`` of ``config`` over ``total_steps`` optimizer steps; ``policy``:
     the run's (resolved from ``config.precision`` when not given)."""
-    policy = resolve_policy(config.precision) if policy is None else policy
+    policy = get_policy(config.precision) if policy is None else policy
     return OptimizerSpec(
         name=config.optimizer,
         learning_rate=config.learning_rate,
@@ -96,10 +96,11 @@ def warmup_steps(config: TrainConfig, total_steps: int) -> int:
 
 def make_schedule(config: TrainConfig, total_steps: int) -> optax.Schedule:
     """Linear warmup from 0, then constant or cosine decay to 0 at ``total_steps``."""
-    return _schedule(optimizer_spec(config, total_steps))
+    return build_schedule(optimizer_spec(config, total_steps))
 
 
-def _schedule(spec: OptimizerSpec) -> optax.Schedule:
+def build_schedule(spec: OptimizerSpec) -> optax.Schedule:
+    """The learning rate of ``spec`` by optimizer step."""
     warmup, lr, total_steps = spec.warmup_steps, spec.learning_rate, spec.total_steps
     if spec.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
@@ -171,7 +172,7 @@ def build_optimizer(
     """``skip_nonfinite(MultiSteps(optimizer, accum_steps), branch=skip_branch)``; with
     half-precision params (``spec.float32_state``) the optimizer is wrapped in
     ``float32_state``."""
-    inner = _inner(spec, _schedule(spec))
+    inner = _inner(spec, build_schedule(spec))
     if spec.float32_state:
         inner = float32_state(inner)
     if spec.accum_steps > 1:

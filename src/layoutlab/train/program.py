@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx
 
@@ -143,7 +144,9 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
 
     def init(model: nnx.Module | None = None) -> TrainState:
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)
-        return create_train_state(model, tx, spec.make_loss_scale())[1]
+        # A copy: a step may take the state's buffers (donated), the spec keeps its value.
+        loss_scale = jax.tree.map(jnp.array, spec.loss_scale)
+        return create_train_state(model, tx, loss_scale)[1]
 
     return Program(
         spec=spec,

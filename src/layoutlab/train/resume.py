@@ -17,6 +17,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from layoutlab.train.checkpoint import Checkpointer, newest_meta
 from layoutlab.train.config import TrainConfig, field_names, with_legacy_defaults
@@ -24,6 +25,9 @@ from layoutlab.train.metrics import CONFIG_FILE, read_records
 from layoutlab.train.run_data import data_change
 from layoutlab.train.run_identity import environment_change
 from layoutlab.train.state import TrainState
+
+if TYPE_CHECKING:
+    from layoutlab.train.spec import RunSpec
 
 __all__ = [
     "FROM_CHECKPOINT",
@@ -148,9 +152,9 @@ def _canonical(name: str, value, model: str | None = None):
 
             return parse_layout(value)
         if name == "precision":
-            from layoutlab.train.run_precision import resolve_policy
+            from layoutlab.precision import get_policy
 
-            return resolve_policy(value)
+            return get_policy(value)
         if name == "model":
             from layoutlab import models
 
@@ -189,19 +193,21 @@ def _noted_changes(have: dict, saved: dict) -> str | None:
 
 
 def check_resume(
-    config: TrainConfig,
+    spec: RunSpec,
     workdir: Path,
     checkpoint_dir: Path,
     asked: TrainConfig | None = None,
     log: Callable[[str], None] | None = None,
-) -> TrainConfig:
-    """``config`` (resolved) with the ``FROM_CHECKPOINT`` fields of the saved run; raises
+) -> RunSpec:
+    """``spec`` with the ``FROM_CHECKPOINT`` fields of the saved run; raises
     ``ResumeError`` if there is no run to continue or a field outside ``MAY_CHANGE`` differs
     in meaning (spellings of one value are equal, and the saved spelling is kept).
     ``asked`` is the config as given, before resolution: a ``FROM_CHECKPOINT`` field it sets
     explicitly to another value than the run's is refused, not replaced. ``log`` gets one
     line naming the ``NOTED`` fields that change. The result carries the run's id (None for
-    a run from before run ids: the caller makes one)."""
+    a run from before run ids: the caller makes one) and records the saved spelling of each
+    setting (``RunSpec.with_record``)."""
+    config = spec.config
     found = saved_run_config(workdir, checkpoint_dir)
     if found is None:
         raise nothing_to_resume(workdir)
@@ -238,7 +244,17 @@ def check_resume(
         kept[name] = value
     if log is not None and (changed := _noted_changes(have, saved)):
         log(f"note: resuming {workdir} with changed settings: {changed}.")
-    return dataclasses.replace(config, **kept)
+    from layoutlab.fast_defaults import resolve_activation_storage
+
+    plans = {name: kept.pop(name, getattr(config, name)) for name in FROM_CHECKPOINT}
+    spec = spec.with_record(**kept).with_plan(plans["conv_plan"], plans["eval_conv_plan"])
+    # Where the run's layers compute (the stored kernels of a "layout" run follow it).
+    storage = resolve_activation_storage(plans["activation_storage"])
+    return dataclasses.replace(
+        spec,
+        config=dataclasses.replace(spec.config, activation_storage=storage),
+        activation_storage=storage,
+    )
 
 
 def _history(metrics_path: Path, checkpoint_every: int) -> list[int]:

@@ -1,33 +1,34 @@
-"""A run's precision, resolved in one place: the policy a name gives and the loss scale
-``"auto"`` stands for.
+"""A run's loss scale, resolved in one place: what ``"auto"`` stands for.
 
-Every part that builds a run (``train``, ``inspect``, ``bench``, ``compare``) reads the
-``Policy`` and the loss scale from here, through ``train.spec.RunSpec``, so the rule "float16
-compute gets a dynamic loss scale" is written once and cannot drift between them.
+Every part that builds a run (``train``, ``inspect``, ``bench``, ``compare``) takes the
+``Policy`` (``precision.get_policy``) and the loss scale from ``train.spec.RunSpec``, so the
+rule "float16 compute gets a dynamic loss scale" is written once and cannot drift between
+them.
 """
 
 from __future__ import annotations
 
 from layoutlab.loss_scale import get_loss_scale
-from layoutlab.precision import Policy, get_policy
+from layoutlab.precision import Policy
 
-__all__ = ["AUTO_LOSS_SCALE", "resolve_loss_scale", "resolve_policy"]
+__all__ = ["AUTO_LOSS_SCALE", "loss_scale_name", "resolve_loss_scale"]
 
 AUTO_LOSS_SCALE = "auto"
 
 
-def resolve_policy(precision: Policy | str | None) -> Policy:
-    """The ``Policy`` of a preset name or spec (``ValueError`` listing the presets)."""
-    return get_policy(precision)
-
-
-def resolve_loss_scale(loss_scale: str | None, policy: Policy) -> str:
-    """The loss-scale spec a run uses: ``"auto"`` is ``"dynamic"`` when ``policy`` computes
-    in float16 (its gradients underflow without scaling) and ``"none"`` otherwise; ``None``
-    is ``"none"``. Anything else is checked (``ValueError``) and returned as given."""
+def loss_scale_name(loss_scale: str | None, policy: Policy) -> str:
+    """The loss-scale spec a run uses, unchecked: ``"auto"`` is ``"dynamic"`` when
+    ``policy`` computes in float16 (its gradients underflow without scaling) and ``"none"``
+    otherwise; ``None`` is ``"none"``; anything else as given."""
     if loss_scale is None:
         return "none"
     if loss_scale == AUTO_LOSS_SCALE:
         return "dynamic" if policy.needs_loss_scaling else "none"
-    get_loss_scale(loss_scale)
     return loss_scale
+
+
+def resolve_loss_scale(loss_scale: str | None, policy: Policy) -> str:
+    """``loss_scale_name``, checked (``ValueError`` for a spec ``get_loss_scale`` refuses)."""
+    name = loss_scale_name(loss_scale, policy)
+    get_loss_scale(name)
+    return name

@@ -2,12 +2,14 @@
 
 ``TrainConfig`` is the serializable form (flags, ``--set``, ``config.json``, checkpoints): it
 holds names. ``resolve_spec(config)`` turns them into what a step is made of: the ``Layout``,
-the ``Policy`` and loss scale (``train.run_precision``, the one place the precision rules
-live), the ``ConvPlan`` with every algorithm it names taken as a value (``Algorithm``, core
-and all), kernel and activation storage, the XLA options of each program, the
-``OptimizerSpec`` and the data. ``train.program.build_program(spec, inputs)`` builds the model,
-state and steps from it for ``train``, ``inspect``, ``bench``, ``compare`` and ``infer``
-alike, so the step one inspects or times is the step ``layoutlab train`` runs.
+the ``Policy`` and the ``LossScale`` (``train.run_precision``, the one place the loss-scale
+rule lives), the batch sizes and data parallelism, the ``ConvPlan`` with every algorithm it
+names taken as a value (``Algorithm``, core and all), kernel and activation storage, the XLA
+options of each program, the ``OptimizerSpec`` and the data. ``train.program.build_program(
+spec, inputs)`` builds the model, state and steps from it for ``train``, ``inspect``,
+``bench``, ``compare`` and ``infer`` alike, so the step one inspects or times is the step
+``layoutlab train`` runs. A run resolves its config once; what it decides later (its conv
+plans, its record) changes the spec as a value (``RunSpec.with_plan``, ``with_record``).
 
 A conv algorithm is looked up here, when the spec is resolved, and never while tracing: a
 conv carries its algorithm's value, so an algorithm registered again under the same name
@@ -29,14 +31,15 @@ from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_s
 from layoutlab.layout import Layout
 from layoutlab.loss_scale import LossScale, get_loss_scale
 from layoutlab.nn.conv_algos import AUTO, XLA, Algorithm, ConvPlan, get_algorithm
-from layoutlab.precision import Policy
-from layoutlab.train.config import TrainConfig
+from layoutlab.precision import Policy, get_policy
+from layoutlab.train.config import TrainConfig, data_parallel_on, eval_batch_on
 from layoutlab.train.fast_config import compile_options
 from layoutlab.train.optim import OptimizerSpec, optimizer_spec
-from layoutlab.train.run_precision import resolve_loss_scale, resolve_policy
+from layoutlab.train.run_precision import loss_scale_name
 
 __all__ = [
     "OPTIMIZER_CHOICES",
+    "RECORD_ONLY",
     "SCHEDULE_STEPS",
     "InputSpec",
     "RunSpec",
@@ -60,6 +63,13 @@ _PYTORCH_SGD = {
     "schedule": "constant",
     "warmup_steps": 0,
 }
+
+
+_KEEP = object()  # with_plan's default eval plan: the spec's own
+# Config fields a run records that change none of its programs (RunSpec.with_record).
+RECORD_ONLY = frozenset(
+    {"run_id", "data_fingerprint", "jax_numerics", "model", "model_kwargs", "layout", "precision"}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,12 +115,18 @@ class InputSpec:
 class RunSpec:
     """A run, resolved: build its programs with ``train.program.build_program``."""
 
-    config: TrainConfig  # the serializable form it was resolved from
+    # What the run records of itself (config.json, checkpoints): the config it was resolved
+    # from, with its automatic fields filled in ("auto" loss scale and storages, None data
+    # parallelism and eval batch) and the conv plans it runs.
+    config: TrainConfig
     model: str
     model_kwargs: Mapping[str, Any]
     layout: Layout
     policy: Policy
-    loss_scale: str  # resolved: "none", "dynamic", "dynamic:N" or "static:N", never "auto"
+    loss_scale: LossScale  # the state a fresh train state starts from
+    batch_size: int  # the training batch, over all devices
+    eval_batch_size: int  # the most test images per eval step (train.evaluation)
+    data_parallel: bool  # batches split over the devices
     conv_algorithm: str
     conv_plan: ConvPlan | None
     eval_conv_plan: ConvPlan | None  # the eval step's plan; None: conv_plan
@@ -125,20 +141,34 @@ class RunSpec:
     remat: bool
     augment: bool
 
-    def make_loss_scale(self) -> LossScale:
-        """The loss-scale state a fresh train state starts from."""
-        return get_loss_scale(self.loss_scale)
-
     def compile_options(self, mode: str) -> dict:
         """The XLA options of the run's ``"train"`` or ``"infer"`` programs."""
         return dict(self.xla_options[mode])
 
-    def with_plan(self, plan) -> RunSpec:
-        """This spec with ``plan`` (a ``ConvPlan`` or None) for its ``"auto"`` convs,
-        resolved anew (the plan's algorithms are taken as values now)."""
-        return resolve_spec(
-            dataclasses.replace(self.config, conv_plan=plan), self.optimizer.total_steps
+    def with_plan(self, plan, eval_plan=_KEEP) -> RunSpec:
+        """This spec with ``plan`` (a ``ConvPlan`` or None) for its ``"auto"`` convs, and
+        ``eval_plan`` for its eval step's (default: the one it has); their algorithms are
+        taken as values now. The config records the plans themselves (a plan's JSON, a
+        decided or saved one, is parsed there once)."""
+        eval_plan = self.config.eval_conv_plan if eval_plan is _KEEP else eval_plan
+        config = dataclasses.replace(self.config, conv_plan=plan, eval_conv_plan=eval_plan)
+        train, evaluation = config.conv_plan, config.eval_conv_plan
+        algorithms = _algorithms(self.conv_algorithm, train, evaluation)
+        return dataclasses.replace(
+            self,
+            config=config,
+            conv_plan=train,
+            eval_conv_plan=evaluation,
+            algorithms=types.MappingProxyType(algorithms),
         )
+
+    def with_record(self, **fields) -> RunSpec:
+        """This spec with ``fields`` of its record changed that build nothing (``RECORD_ONLY``:
+        the run's id, data fingerprint and numerics, and another spelling of its model,
+        kwargs, layout or precision, as a resumed run keeps the saved one)."""
+        if unknown := sorted(set(fields) - RECORD_ONLY):
+            raise ValueError(f"with_record changes only {sorted(RECORD_ONLY)}, not {unknown}.")
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **fields))
 
     def summary(self) -> dict:
         """What the step is made of, as plain values (for reports, rows and comparisons)."""
@@ -147,7 +177,7 @@ class RunSpec:
             "model_kwargs": dict(self.model_kwargs),
             "layout": self.layout.value,
             "policy": str(self.policy),
-            "loss_scale": self.loss_scale,
+            "loss_scale": self.config.loss_scale,
             "optimizer": self.optimizer.label,
             "conv_algorithm": self.conv_algorithm,
             "conv_plan": None if self.conv_plan is None else self.conv_plan.algorithms(),
@@ -165,13 +195,27 @@ def _algorithms(conv_algorithm: str, *plans: ConvPlan | None) -> dict[str, Algor
     return {name: get_algorithm(name) for name in sorted(names - {XLA})}
 
 
-def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec:
+def resolve_spec(
+    config: TrainConfig, total_steps: int | None = None, num_devices: int = 1
+) -> RunSpec:
     """The ``RunSpec`` of a checked ``config`` (``train.config.validate``, or the checks of
     the command that made it); ``total_steps``: the optimizer steps the schedule spans
-    (None: ``config.num_steps``, else ``SCHEDULE_STEPS``)."""
-    policy = resolve_policy(config.precision)
+    (None: ``config.num_steps``, else ``SCHEDULE_STEPS``); ``num_devices``: the devices a
+    data-parallel run splits its batches over (``bench`` and ``inspect`` build one
+    device's program)."""
+    policy = get_policy(config.precision)
     if total_steps is None:
         total_steps = config.num_steps or SCHEDULE_STEPS
+    data_parallel = data_parallel_on(config, num_devices)
+    loss_scale = loss_scale_name(config.loss_scale, policy)
+    config = dataclasses.replace(
+        config,
+        loss_scale=loss_scale,
+        data_parallel=data_parallel,
+        eval_batch_size=eval_batch_on(config, num_devices),
+        kernel_storage=resolve_kernel_storage(config.kernel_storage),
+        activation_storage=resolve_activation_storage(config.activation_storage),
+    )
     plan, eval_plan = config.conv_plan, config.eval_conv_plan  # ConvPlans (TrainConfig's)
     layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
     options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
@@ -181,13 +225,16 @@ def resolve_spec(config: TrainConfig, total_steps: int | None = None) -> RunSpec
         model_kwargs=types.MappingProxyType(dict(config.model_kwargs)),
         layout=layout,
         policy=policy,
-        loss_scale=resolve_loss_scale(config.loss_scale, policy),
+        loss_scale=get_loss_scale(loss_scale),
+        batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size,
+        data_parallel=data_parallel,
         conv_algorithm=config.conv_algorithm,
         conv_plan=plan,
         eval_conv_plan=eval_plan,
         algorithms=types.MappingProxyType(_algorithms(config.conv_algorithm, plan, eval_plan)),
-        kernel_storage=resolve_kernel_storage(config.kernel_storage),
-        activation_storage=resolve_activation_storage(config.activation_storage),
+        kernel_storage=config.kernel_storage,
+        activation_storage=config.activation_storage,
         xla_options=types.MappingProxyType(options),
         optimizer=optimizer_spec(config, total_steps, policy),
         data=config.data,

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from layoutlab.train.metrics import append_record, truncate_records
-from layoutlab.train.optim import make_schedule
+from layoutlab.train.optim import build_schedule
 
 __all__ = ["STEPS_FILE", "TENSORBOARD_DIR", "StepLog"]
 
@@ -91,16 +91,17 @@ class StepLog:
             )
 
     @classmethod
-    def for_run(cls, workdir, config, schedule, start: int, *, enabled: bool) -> StepLog:
-        """The log of a ``TrainConfig`` run (``log_every``, ``tensorboard``) resumed at
-        ``start``; ``enabled=False`` on processes other than 0, which write nothing."""
+    def for_run(cls, workdir, spec, schedule, start: int, *, enabled: bool) -> StepLog:
+        """The log of a ``RunSpec`` run (its config's ``log_every`` and ``tensorboard``)
+        resumed at ``start``; ``enabled=False`` on processes other than 0, which write
+        nothing."""
         return cls(
             workdir,
-            every=config.log_every,
-            tensorboard=config.tensorboard,
+            every=spec.config.log_every,
+            tensorboard=spec.config.tensorboard,
             start=start,
             accum_steps=schedule.accum_steps,
-            learning_rate=make_schedule(config, schedule.total_steps),
+            learning_rate=build_schedule(spec.optimizer),
             enabled=enabled,
         )
 

@@ -16,25 +16,14 @@ import sys
 from layoutlab.arguments import (
     MODES,
     STDOUT,
-    add_activation_storage,
     add_deprecated_flag,
     add_image_size,
     add_json,
-    parse_assignments,
     parse_mode,
-    parse_model_args,
 )
-from layoutlab.nn.conv_names import ACTIVATION_STORAGES
+from layoutlab.train.run_flags import add_run_flags, run_config
 
 __all__ = ["register", "run"]
-
-
-def _model_kwargs(args: argparse.Namespace) -> dict:
-    from layoutlab import models
-
-    kwargs = dict(models.spec(args.model).tiny) if args.tiny else {}
-    kwargs.update(parse_model_args(args.model_arg))
-    return kwargs
 
 
 def _inspect(args: argparse.Namespace):
@@ -42,50 +31,39 @@ def _inspect(args: argparse.Namespace):
         resolve_activation_storage,
         resolve_kernel_storage,
     )
-    from layoutlab.models import example_shape, model_compile_options
+    from layoutlab.models import example_shape
     from layoutlab.nn.conv_algos import load_plan
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.train.spec import config_for
     from layoutlab.xla.backends import resolve_backend
     from layoutlab.xla.inspect import inspect_model
     from layoutlab.xla.model_layout_comparison import compare_model_layouts
 
     platform = resolve_backend(args.backend).platform
-    storage = resolve_kernel_storage(args.kernel_storage, platform)
+    run = run_config(args, config_for(args.optimizer))
+    shape = example_shape(run.model, args.image_size)
+    options = compile_options(
+        run, args.mode, backend=platform, batch=run.batch_size, input_shape=shape
+    )
     common = dict(
-        precision=args.precision,
+        precision=run.precision,
         mode=args.mode,
-        batch_size=args.batch_size,
+        batch_size=run.batch_size,
         image_size=args.image_size,
-        stem=args.stem,
         backend=args.backend,
-        flags={
-            **(
-                model_compile_options(
-                    args.model,
-                    _model_kwargs(args),
-                    args.mode,
-                    platform,
-                    args.optimizer,
-                    args.batch_size,
-                    example_shape(args.model, args.image_size),
-                )
-                if args.cpu_fast
-                else {}
-            ),
-            **parse_assignments(args.xla_option, "--xla-option"),
-        }
-        or None,
-        model_kwargs=_model_kwargs(args),
+        flags=options or None,
+        model_kwargs=dict(run.model_kwargs),
         auto_layout=args.auto_layout,
-        conv_algorithm=args.conv_algo,
-        kernel_storage=storage,
-        activation_storage=resolve_activation_storage(args.activation_storage, platform),
+        conv_algorithm=run.conv_algorithm,
+        kernel_storage=resolve_kernel_storage(run.kernel_storage, platform),
+        activation_storage=resolve_activation_storage(run.activation_storage, platform),
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
         optimizer=args.optimizer,
         num_steps=args.steps,
     )
     if args.compare_layouts:
-        return compare_model_layouts(args.model, **common)
-    return inspect_model(args.model, layout=args.layout, **common)
+        return compare_model_layouts(run.model, **common)
+    return inspect_model(run.model, layout=run.layout, **common)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,11 +111,25 @@ def register(subparsers) -> None:
             "memory analyses, and compile time."
         ),
     )
-    p.add_argument("--model", default="resnet18", help="registry name (layoutlab models)")
-    p.add_argument("--layout", default="NHWC", help="logical layout: NHWC or NCHW (default NHWC)")
-    p.add_argument(
-        "--precision", default="fp32", help="policy preset (fp32, mixed_bf16, ...) or spec"
+    add_run_flags(
+        p,
+        {
+            "model": "resnet18",
+            "layout": "NHWC",
+            "precision": "fp32",
+            "batch_size": 32,
+            "conv_algo": "auto",
+            "kernel_storage": "auto",
+            "activation_storage": "auto",
+            "cpu_fast": True,
+        },
+        notes={
+            "conv_algo": "auto: the --conv-plan's choice, else the shipped table's (inspect "
+            "does not autotune)",
+            "xla_option": "for this compile",
+        },
     )
+    add_deprecated_flag(p, "--flag", "--xla-option", dest="xla_option", append=True)
     p.add_argument(
         "--mode",
         type=parse_mode,
@@ -145,56 +137,12 @@ def register(subparsers) -> None:
         default="infer",
         help="infer (forward) or train (full step)",
     )
-    p.add_argument("--batch-size", type=int, default=32)
     add_image_size(p, "spatial size; N: every spatial axis (default: the model's)")
-    p.add_argument("--stem", default=None, help="ResNet stem: cifar or imagenet")
     p.add_argument("--backend", default="cpu", help="cpu or gpu (default cpu)")
-    p.add_argument(
-        "--conv-algo",
-        default="auto",
-        metavar="NAME",
-        help=(
-            "algorithm of every 2D conv: auto (default: the --conv-plan's choice, else the "
-            "shipped table's; inspect does not autotune), xla or a name from "
-            "layoutlab.nn.conv_algos"
-        ),
-    )
     p.add_argument(
         "--conv-plan",
         metavar="PATH",
         help="conv plan JSON the auto convs run (`layoutlab autotune convs --out PATH`)",
-    )
-    p.add_argument(
-        "--kernel-storage",
-        default="auto",
-        metavar="ORDER",
-        help=(
-            "conv kernel order: auto (default: channels_last on CPU, layout elsewhere), "
-            "layout (the layout's own, OIHW for NCHW) or channels_last (HWIO: no per-call "
-            "kernel transposes in NCHW models on CPU)"
-        ),
-    )
-    add_activation_storage(p, ACTIVATION_STORAGES)
-    p.add_argument("--tiny", action="store_true", help="the model's tiny variant (fast)")
-    p.add_argument(
-        "--model-arg",
-        action="append",
-        metavar="NAME=VALUE",
-        help="extra model option, e.g. width=8 (repeatable)",
-    )
-    p.add_argument(
-        "--xla-option",
-        action="append",
-        metavar="NAME=VALUE",
-        help="XLA option for this compile, e.g. xla_cpu_enable_fast_math=true (repeatable)",
-    )
-    add_deprecated_flag(p, "--flag", "--xla-option", dest="xla_option", append=True)
-    p.add_argument(
-        "--cpu-fast",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on CPU, add layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options measured "
-        "fastest (default on; --no-cpu-fast turns it off)",
     )
     p.add_argument(
         "--optimizer",

@@ -266,7 +266,7 @@ def inspect_model(
         batch_size=batch_size,
         input_shape=tuple(images.shape),
         model_kwargs=kwargs,
-        loss_scale=type(spec.make_loss_scale()).__name__,
+        loss_scale=type(spec.loss_scale).__name__,
         num_conv_kernels=count_conv_kernels(state.params),
         build_seconds=build_seconds,
         report=report,

@@ -15,7 +15,6 @@ import sys
 
 from layoutlab.arguments import (
     MODES,
-    add_conv_options,
     add_deprecated_flag,
     add_image_size,
     add_json,
@@ -27,13 +26,21 @@ from layoutlab.arguments import (
     print_error,
     print_progress,
 )
-from layoutlab.fast_defaults import compile_options_from_flags
-from layoutlab.models.command import model_kwargs
-from layoutlab.nn.conv_names import ACTIVATION_STORAGES
+from layoutlab.train.run_flags import REQUIRED, add_run_flags, run_config
 
 __all__ = ["autotune_input_shape", "legacy_argv", "register"]
 
 _SUBCOMMANDS = ("layout", "convs")
+# autotune layout measures layouts and precisions itself, each with its own conv settings.
+_NOT_LAYOUT = (
+    "layout",
+    "precision",
+    "conv_algo",
+    "kernel_storage",
+    "activation_storage",
+    "xla_option",
+    "cpu_fast",
+)
 
 
 def _deprecated(old: str, new: str) -> None:
@@ -70,7 +77,8 @@ def autotune_input_shape(args: argparse.Namespace) -> tuple[int, ...] | str:
         raise ValueError(f"--channels must be >= 1, got {args.channels}.")
     from layoutlab.bench.sweep_config import resolve_input
 
-    return resolve_input(args.model, model_kwargs(args), args.image_size, args.channels)[0]
+    run = run_config(args)
+    return resolve_input(run.model, dict(run.model_kwargs), args.image_size, args.channels)[0]
 
 
 def run_layout(args: argparse.Namespace) -> int:
@@ -79,9 +87,10 @@ def run_layout(args: argparse.Namespace) -> int:
     if args.cache_dir:
         _deprecated("autotune --cache-dir DIR", "autotune layout --cache DIR/autotune.json")
     try:
+        run = run_config(args)
         result = autotune(
-            args.model,
-            args.batch_size,
+            run.model,
+            run.batch_size,
             autotune_input_shape(args),
             candidates=args.candidates,
             backend=args.backend,
@@ -89,7 +98,7 @@ def run_layout(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             force=args.force,
             mode=args.mode,
-            model_kwargs=model_kwargs(args),
+            model_kwargs=dict(run.model_kwargs),
             num_classes=args.num_classes,
             repeats=args.repeats,
             warmup=args.warmup,
@@ -120,29 +129,29 @@ def _names(text: str | None) -> list[str] | None:
 def run_convs(args: argparse.Namespace) -> int:
     from layoutlab.bench.tuning.registry_model import autotune_registry_model
     from layoutlab.fast_defaults import resolve_activation_storage, resolve_kernel_storage
-    from layoutlab.models import model_compile_options
+    from layoutlab.train.fast_config import compile_options
 
     try:
         if args.out:  # before the tuning, whose plan would be lost at the end
             output_file(args.out)
         shape = autotune_input_shape(args)
-        fast = {}
-        if args.cpu_fast:  # the deprecated --input-shape text gives no size to read
-            example = None if isinstance(shape, str) else shape
-            fast = model_compile_options(args.model, model_kwargs(args), args.mode, args.backend,
-                                         getattr(args, "optimizer", None), args.batch_size,
-                                         example)  # fmt: skip
+        run = run_config(args)
+        # the deprecated --input-shape text gives no size to read
+        example = None if isinstance(shape, str) else shape
+        options = compile_options(
+            run, args.mode, backend=args.backend, batch=run.batch_size, input_shape=example
+        )
         tuning = autotune_registry_model(
-            args.model,
-            args.batch_size,
+            run.model,
+            run.batch_size,
             shape,
-            layout=args.layout,
-            precision=args.precision,
+            layout=run.layout,
+            precision=run.precision,
             objective="train" if args.mode == "train" else "inference",
-            kernel_storage=resolve_kernel_storage(args.kernel_storage, args.backend),
-            activation_storage=resolve_activation_storage(args.activation_storage, args.backend),
-            compiler_options={**fast, **compile_options_from_flags(args)},
-            model_kwargs=model_kwargs(args),
+            kernel_storage=resolve_kernel_storage(run.kernel_storage, args.backend),
+            activation_storage=resolve_activation_storage(run.activation_storage, args.backend),
+            compiler_options=options,
+            model_kwargs=dict(run.model_kwargs),
             num_classes=args.num_classes,
             backend=args.backend,
             repeats=args.repeats,
@@ -179,8 +188,8 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_layout_args(a: argparse.ArgumentParser) -> None:
+    add_run_flags(a, {"model": REQUIRED, "batch_size": REQUIRED}, omit=_NOT_LAYOUT)
     add_model_options(a)
-    a.add_argument("--batch-size", type=int, required=True)
     _add_input_args(a)
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
     a.add_argument("--mode", type=parse_mode, choices=MODES, default="train")
@@ -195,15 +204,21 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
 
 
 def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
+    defaults = {
+        "model": REQUIRED,
+        "batch_size": REQUIRED,
+        "layout": "NHWC",
+        "precision": "fp32",
+        "kernel_storage": "auto",
+        "activation_storage": "auto",
+        "cpu_fast": True,
+    }
+    add_run_flags(c, defaults, omit=("conv_algo",), notes={"xla_option": "of the tuned steps"})
     add_model_options(c)
-    c.add_argument("--batch-size", type=int, required=True)
     _add_input_args(c)
-    c.add_argument("--layout", default="NHWC")
-    c.add_argument("--precision", default="fp32", help="policy preset or spec")
     c.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
                    help="train: forward and backward of each conv; infer: forward")  # fmt: skip
     c.add_argument("--objective", type=_objective, dest="mode", help=argparse.SUPPRESS)
-    add_conv_options(c, ACTIVATION_STORAGES)
     c.add_argument("--repeats", type=int, default=8,
                    help="interleaved rounds per shape (>= 6 to decide)")  # fmt: skip
     c.add_argument("--algorithms", metavar="NAME,NAME",

@@ -56,7 +56,7 @@ from layoutlab.bench.tuning.cache import CACHE_FILE, AutotuneCache
 from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
 from layoutlab.compare import Tolerance, compare, default_tolerance
 from layoutlab.loss_scale import NoOpLossScale
-from layoutlab.train.run_precision import resolve_policy
+from layoutlab.precision import get_policy
 from layoutlab.train.state import TrainState, split_model
 from layoutlab.train.steps import make_forward
 from layoutlab.xla import resolve_backend
@@ -112,7 +112,7 @@ def parse_candidates(spec: str | Sequence) -> tuple[tuple[str, str], ...]:
                 f"Candidate {item!r} is not LAYOUT:PRECISION (e.g. NHWC:fp32, NCHW:mixed_bf16)."
             )
         layout, precision = (str(p).strip() for p in pair)
-        resolve_policy(precision)  # unknown precision: ValueError listing the presets
+        get_policy(precision)  # unknown precision: ValueError listing the presets
         out.append((parse_layout(layout).name, precision))
     if not out:
         raise ValueError("No candidates given; e.g. NHWC:fp32,NCHW:fp32.")
@@ -182,7 +182,7 @@ def weight_layers(model: nnx.Module) -> int:
 
 
 def _effective_compute_dtype(precision: str, platform: str) -> np.dtype:
-    return effective_compute_dtype(resolve_policy(precision).compute_dtype, platform)
+    return effective_compute_dtype(get_policy(precision).compute_dtype, platform)
 
 
 def candidate_tolerance(
