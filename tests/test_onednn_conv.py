@@ -117,6 +117,57 @@ def test_bfloat16_weight_gradient_of_strided_or_few_channel_convs_runs_in_float3
 
 
 @needs_onednn
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_half_output_written_by_onednn_has_the_bits_of_a_float32_output_cast(layout):
+    """``out_dtype``: oneDNN accumulates in float32 whatever it writes, so asked for
+    bfloat16 it writes the float32 result rounded once. Reference: the same conv writing
+    float32, cast by XLA after it (what a bias-free layer ran before); forward and both
+    gradients must match bit for bit, and the program's forward call must write bfloat16."""
+    from layoutlab.xla.hlo import hlo_report
+
+    for case in ("3x3s1", "3x3s2", "1x1s2"):
+        spec = case_spec(case, layout, "bfloat16")
+        g = spec.geometry
+        x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in case_inputs(spec, seed=7))
+        kw = dict(strides=g.strides, padding=g.padding, layout=layout, kernel_layout="HWIO",
+                  algorithm="onednn", preferred_element_type=jnp.float32)  # fmt: skip
+
+        def cast_after(x, w, kw=kw):
+            return ca.conv2d(x, w, **kw).astype(jnp.bfloat16)
+
+        def written(x, w, kw=kw):
+            return ca.conv2d(x, w, out_dtype=jnp.bfloat16, **kw)
+
+        outs = {}
+        for name, f in (("cast after", cast_after), ("written", written)):
+            y, vjp = jax.vjp(f, x, w)
+            outs[name] = (y, *vjp(dy.astype(y.dtype)))
+        for a, b in zip(outs["cast after"], outs["written"], strict=True):
+            assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), case
+        calls = hlo_report(jax.jit(written).lower(x, w).compile().as_text()).custom_calls
+        fwd = [c for c in calls if c.target.endswith("_fwd")]
+        assert [c.result.dtype for c in fwd] == ["bf16"], (case, fwd)
+
+
+@needs_onednn
+def test_a_bias_free_mixed_bf16_conv_layer_lets_onednn_write_bfloat16():
+    """A layer with a bias adds it in float32 before the cast, so only a bias-free one asks
+    oneDNN for the compute dtype (the ResNets' convs, each followed by a normalization)."""
+    from flax import nnx
+
+    from layoutlab import nn
+    from layoutlab.xla.hlo import hlo_report
+
+    x = jnp.ones((2, 8, 8, 16), jnp.float32)
+    for bias, want in ((False, "bf16"), (True, "f32")):
+        conv = nn.Conv(16, 16, 3, use_bias=bias, algorithm="onednn", policy="mixed_bf16",
+                       rngs=nnx.Rngs(0))  # fmt: skip
+        text = jax.jit(lambda x, conv=conv: conv(x)).lower(x).compile().as_text()
+        fwd = [c for c in hlo_report(text).custom_calls if c.target.endswith("_fwd")]
+        assert [c.result.dtype for c in fwd] == [want], bias
+
+
+@needs_onednn
 def test_bfloat16_output_dtype_and_custom_calls_in_the_program():
     spec = case_spec("3x3s1", "NHWC", "bfloat16")
     x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in case_inputs(spec, seed=4))

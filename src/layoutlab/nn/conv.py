@@ -200,6 +200,8 @@ class Conv(LayoutModule):
                 planned=self.plan_entry,
                 impl=self.settings.algorithm,
                 preferred_element_type=accumulation_dtype(self.policy),
+                # no bias to add in float32 first: the result is cast to dtype at once
+                out_dtype=dtype if self.bias is None else None,
                 **self._geometry(),
             )
         else:

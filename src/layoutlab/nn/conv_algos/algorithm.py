@@ -36,7 +36,11 @@ class Algorithm(NamedTuple):
 
     ``custom_calls``: the core calls kernels outside XLA (custom calls, e.g. oneDNN's), so a
     program with it runs only where layoutlab registered them; ``layoutlab export`` runs XLA's
-    conv in its place (``configuration.without_custom_calls``).
+    conv in its place (``configuration.without_custom_calls``). ``rounds_once``: with half
+    operands the core accumulates in float32 whatever dtype it writes, so asked for the
+    half dtype it writes the float32 result rounded once, the bits a float32 output cast
+    after it would have, without writing and reading the float32 tensor
+    (``dispatch.conv2d``'s ``out_dtype``).
     """
 
     name: str
@@ -45,6 +49,7 @@ class Algorithm(NamedTuple):
     description: str
     dtype_reason: DtypeReason = any_dtype
     custom_calls: bool = False
+    rounds_once: bool = False
 
 
 def plain_2d(spec: ConvSpec) -> str | None:

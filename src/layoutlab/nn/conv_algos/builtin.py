@@ -114,6 +114,7 @@ BUILTIN = (
         "oneDNN forward, input- and weight-gradient primitives via XLA FFI (CPU; XLA elsewhere)",
         onednn.dtype_reason,
         custom_calls=True,
+        rounds_once=True,
     ),
     # oneDNN's forward and input gradient with XLA's weight gradient: oneDNN's weight
     # gradient loses at small batch and spatial sizes where its other two passes win

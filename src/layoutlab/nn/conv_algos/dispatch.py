@@ -122,6 +122,7 @@ def conv2d(
     planned: PlanEntry | None = None,
     impl: Algorithm | None = None,
     preferred_element_type=None,
+    out_dtype=None,
 ):
     """2D conv of ``x`` (``layout`` NHWC or NCHW) and ``kernel`` (``kernel_layout``, by
     default the layout's: HWIO or OIHW) with ``algorithm`` (a registered name, or ``"auto"``:
@@ -132,6 +133,9 @@ def conv2d(
     Custom algorithms take HWIO kernels and NHWC activations; NCHW inputs are transposed in
     and out around them, except for cores that take NCHW themselves (``core.layouts``, the
     composed ones: Winograd reads and writes NCHW without a transpose of its own).
+
+    ``out_dtype``: the dtype the caller casts the result to (None: the result's own). An
+    algorithm that ``rounds_once`` writes it directly instead of ``preferred_element_type``.
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
@@ -153,15 +157,23 @@ def conv2d(
     )
     chosen = select_algorithm(spec, algorithm, planned, impl)
     if chosen.name == XLA:
-        return native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
-    core = _value(chosen.name, impl).core
+        y = native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
+        return _cast(y, out_dtype)
+    value = _value(chosen.name, impl)
+    core, preferred = value.core, preferred_element_type
+    if out_dtype is not None and value.rounds_once:
+        preferred = out_dtype
     w = _kernel_to_hwio(kernel, klay)
     if layout in getattr(core, "layouts", ("NHWC",)) and layout != "NHWC":
-        return core(x, w, spec.geometry, preferred_element_type, layout=layout)
+        return _cast(core(x, w, spec.geometry, preferred, layout=layout), out_dtype)
     if layout == "NCHW":
-        y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred_element_type)
-        return jnp.transpose(y, (0, 3, 1, 2))
-    return core(x, w, spec.geometry, preferred_element_type)
+        y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred)
+        return _cast(jnp.transpose(y, (0, 3, 1, 2)), out_dtype)
+    return _cast(core(x, w, spec.geometry, preferred), out_dtype)
+
+
+def _cast(y, dtype):
+    return y if dtype is None else y.astype(dtype)
 
 
 def _native_symbolic(x, kernel, strides, padding, dilation, groups, layout, klay, preferred):
