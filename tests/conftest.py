@@ -10,6 +10,7 @@
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -79,6 +80,17 @@ LONGEST_FIRST = (
 def _module_rank(item) -> int:
     name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_finish(session):
+    # What exists after collection (JAX, Flax, PyTorch, every test module) lives for the whole
+    # session: frozen, it is left out of the collector's full passes, which otherwise walk it
+    # again each time. A young collection every 10,000 allocations instead of 700 (and so a
+    # full pass 14 times less often) leaves the collector a third of its CPU time
+    # (docs/development.md).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def pytest_collection_modifyitems(config, items):
