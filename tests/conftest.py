@@ -40,40 +40,47 @@ def has_gpu() -> bool:
         return False
 
 
-# The longest modules (and notebooks), longest first, from `--durations` of the suite on 2
-# cores. xdist hands whole modules to its two workers in collection order (pyproject:
-# `--dist loadscope --no-loadscope-reorder`), so each module's fixtures are built on one
-# worker only, and with the long ones first the two workers finish together instead of one
-# running a long module alone at the end. The rest keep their collection order; a stale
-# entry only costs balance.
+# The longest modules (and notebooks), longest first, from their CPU seconds measured one
+# module at a time (docs/development.md, 2026-12-06). xdist hands whole modules to its two
+# workers in collection order (pyproject: `--dist loadscope --no-loadscope-reorder`), so each
+# module's fixtures are built on one worker only, and with the long ones first the two
+# workers finish together instead of one running a long module alone at the end. The rest
+# keep their collection order; a stale entry only costs balance.
 LONGEST_FIRST = (
     "test_readme.py",
     "test_grad_numerics_torchvision.py",
     "test_models.py",
     "test_train_multihost.py",
-    "06_train_digits.ipynb",
-    "test_fast_defaults.py",
-    "test_train_integrity.py",
-    "test_docs.py",
     "test_train_agreement.py",
-    "test_compare_torch.py",
-    "test_train_crash_resume.py",
-    "04_benchmark.ipynb",
-    "test_infer.py",
+    "test_host_memory.py",
+    "test_fast_defaults.py",
+    "test_docs.py",
+    "06_train_digits.ipynb",
     "test_train_cli.py",
     "test_segmentation_training.py",
+    "test_train_integrity.py",
     "test_bench_conv_options.py",
-    "test_activation_storage.py",
+    "04_benchmark.ipynb",
+    "test_infer.py",
     "test_compare_defaults.py",
     "test_conv_algos.py",
-    "test_train_conv_options.py",
+    "test_train_crash_resume.py",
+    "test_compare_torch.py",
     "test_compare_layerwise.py",
-    "test_train_step_log.py",
-    "test_train_guarantees.py",
-    "test_train_loop.py",
-    "05_numerics.ipynb",
-    "test_host_memory.py",
     "test_kill_resume_attack.py",
+    "test_train_conv_options.py",
+    "test_activation_storage.py",
+    "test_infer_plan.py",
+    "test_train_guarantees.py",
+    "05_numerics.ipynb",
+    "test_mixed_precision_training.py",
+    "test_train_step_log.py",
+    "test_compare_cli.py",
+    "test_evaluation.py",
+    "test_huge_pages.py",
+    "test_run_identity.py",
+    "test_bench_sweep.py",
+    "test_train_loop.py",
 )
 
 
