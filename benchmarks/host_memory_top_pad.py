@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 # The probe is the test suite's (tests/host_memory_probe.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 from host_memory_probe import probe  # noqa: E402
 
 _LOAD = """

@@ -13,7 +13,15 @@ import atexit
 import gc
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
+
+# tests/ holds a folder per package and helpers/ (docs/development.md): every folder is on the
+# path, so test modules and helpers import one another by file name wherever they live.
+sys.path[:0] = [
+    str(p) for p in sorted(Path(__file__).parent.iterdir()) if p.is_dir() and p.name[0] not in "_."
+]
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:

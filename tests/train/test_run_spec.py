@@ -22,7 +22,7 @@ from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.step_schedule import make_step_schedule
 from layoutlab.xla.inspect import build_abstract, inspect_spec
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
+SRC = Path(__file__).resolve().parents[2] / "src" / "layoutlab"
 # A pure-float16 run: a dynamic loss scale ("auto") and float32 optimizer state (AdamW's
 # squared gradients underflow float16), the two rules inspect and bench used to write apart.
 KWARGS = {"width": 4}

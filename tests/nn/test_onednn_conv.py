@@ -239,7 +239,7 @@ def _setup_module(monkeypatch):
     import setuptools
 
     monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
-    path = Path(__file__).resolve().parents[1] / "setup.py"
+    path = Path(__file__).resolve().parents[2] / "setup.py"
     spec = importlib.util.spec_from_file_location("layoutlab_setup", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
