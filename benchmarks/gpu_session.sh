@@ -81,7 +81,7 @@ W=$(mktemp -d)
 # a user does with its run, inspect in both layouts, compare of the policies, and the CPU
 # suite under this machine's newer jax.
 step gpu_tests 200 python3 -m pytest -q -o addopts="-ra -p no:benchmark" -W default \
-    -m gpu tests/test_xla_inspect.py tests/test_xla_cli.py tests/test_remat.py tests/test_train_cli.py &
+    -m gpu tests/xla/test_xla_inspect.py tests/xla/test_xla_cli.py tests/train/test_remat.py tests/train/test_train_cli.py &
 pids=($!)
 {
     step train 150 "${LL[@]}" train --backend "$BACKEND" --workdir "$W/digits" --quiet "${TRAIN[@]}"
@@ -111,7 +111,7 @@ pids+=($!)
 if [ "$SMOKE" != 1 ]; then
     # The image has neither nbmake nor a working Sphinx, and no network to install them.
     step cpu_suite_jax_new "$SUITE_S" env JAX_PLATFORMS=cpu python3 -m pytest -q -rfE --tb=short -n $PAR \
-        -o addopts="-p no:benchmark --dist loadscope" -p no:cacheprovider --ignore=notebooks --ignore=tests/test_docs.py --maxfail=20 tests &
+        -o addopts="-p no:benchmark --dist loadscope" -p no:cacheprovider --ignore=notebooks --ignore=tests/repo/test_docs.py --maxfail=20 tests &
     pids+=($!)
 fi
 # Not a bare `wait`: it would also wait for the log's tee.
@@ -135,7 +135,7 @@ step bench_resnet18_cifar_small_batch 120 "${LL[@]}" bench "${R18[@]}" --image-s
 # every backend; these check their numbers there and time each form against XLA's own.
 # Then the host's 16 cores as another CPU kind for issue 31's small batches.
 step gpu_numerics 120 python3 -m pytest -q -rfE --tb=short -o addopts="-p no:benchmark" -p no:cacheprovider \
-    tests/test_conv_transpose_matmul.py tests/test_dense_grad.py tests/test_nn_vs_numpy.py tests/test_gpu_platform.py
+    tests/nn/test_conv_transpose_matmul.py tests/nn/test_dense_grad.py tests/nn/test_nn_vs_numpy.py tests/train/test_gpu_platform.py
 step ab_conv_transpose_layers_gpu 80 python3 benchmarks/conv_transpose.py --part layers --backend "$BACKEND"
 step ab_dense_layer_gpu 40 python3 benchmarks/dense_input_gradient.py --part layer --backend "$BACKEND"
 step ab_conv_transpose_unet_train_b8_gpu 90 python3 benchmarks/conv_transpose.py --part steps --mode train \

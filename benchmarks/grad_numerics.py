@@ -1,6 +1,6 @@
 """Gradient numerics of torchvision-definition models against PyTorch float64: forward and
 ``d(sum(logits * ct))`` w.r.t. input and parameters, eager and jitted, with and without the
-ReLU/max-pool decisions pinned to float64's (tests/grad_audit.py does the measuring).
+ReLU/max-pool decisions pinned to float64's (tests/helpers/grad_audit.py does the measuring).
 
     PYTHONPATH=src python3 benchmarks/grad_numerics.py resnet18:train:5 vgg11_bn:train:0 ...
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
 
 import grad_audit as ga  # noqa: E402
 import torch  # noqa: E402

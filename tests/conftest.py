@@ -10,9 +10,18 @@
 """
 
 import atexit
+import gc
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
+
+# tests/ holds a folder per package and helpers/ (docs/development.md): every folder is on the
+# path, so test modules and helpers import one another by file name wherever they live.
+sys.path[:0] = [
+    str(p) for p in sorted(Path(__file__).parent.iterdir()) if p.is_dir() and p.name[0] not in "_."
+]
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -39,46 +48,64 @@ def has_gpu() -> bool:
         return False
 
 
-# The longest modules (and notebooks), longest first, from `--durations` of the suite on 2
-# cores. xdist hands whole modules to its two workers in collection order (pyproject:
-# `--dist loadscope --no-loadscope-reorder`), so each module's fixtures are built on one
-# worker only, and with the long ones first the two workers finish together instead of one
-# running a long module alone at the end. The rest keep their collection order; a stale
-# entry only costs balance.
+# The longest modules (and notebooks), longest first, from their CPU seconds measured one
+# module at a time (docs/development.md, 2026-12-06). xdist hands whole modules to its two
+# workers in collection order (pyproject: `--dist loadscope --no-loadscope-reorder`), so each
+# module's fixtures are built on one worker only, and with the long ones first the two
+# workers finish together instead of one running a long module alone at the end. The rest
+# keep their collection order; a stale entry only costs balance.
 LONGEST_FIRST = (
     "test_readme.py",
     "test_grad_numerics_torchvision.py",
     "test_models.py",
     "test_train_multihost.py",
-    "06_train_digits.ipynb",
-    "test_fast_defaults.py",
-    "test_train_integrity.py",
-    "test_docs.py",
     "test_train_agreement.py",
-    "test_compare_torch.py",
-    "test_train_crash_resume.py",
-    "04_benchmark.ipynb",
-    "test_infer.py",
+    "test_host_memory.py",
+    "test_fast_defaults.py",
+    "test_docs.py",
+    "06_train_digits.ipynb",
     "test_train_cli.py",
     "test_segmentation_training.py",
+    "test_train_integrity.py",
     "test_bench_conv_options.py",
-    "test_activation_storage.py",
+    "04_benchmark.ipynb",
+    "test_infer.py",
     "test_compare_defaults.py",
     "test_conv_algos.py",
-    "test_train_conv_options.py",
+    "test_train_crash_resume.py",
+    "test_compare_torch.py",
     "test_compare_layerwise.py",
-    "test_train_step_log.py",
-    "test_train_guarantees.py",
-    "test_train_loop.py",
-    "05_numerics.ipynb",
-    "test_host_memory.py",
     "test_kill_resume_attack.py",
+    "test_train_conv_options.py",
+    "test_activation_storage.py",
+    "test_infer_plan.py",
+    "test_train_guarantees.py",
+    "05_numerics.ipynb",
+    "test_mixed_precision_training.py",
+    "test_train_step_log.py",
+    "test_compare_cli.py",
+    "test_evaluation.py",
+    "test_huge_pages.py",
+    "test_run_identity.py",
+    "test_bench_sweep.py",
+    "test_train_loop.py",
 )
 
 
 def _module_rank(item) -> int:
     name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def pytest_collection_finish(session):
+    # What exists after collection (JAX, Flax, PyTorch, every test module) lives for the whole
+    # session: frozen, it is left out of the collector's full passes, which otherwise walk it
+    # again each time. A young collection every 10,000 allocations instead of 700 (and so a
+    # full pass 14 times less often) leaves the collector a third of its CPU time
+    # (docs/development.md).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def pytest_collection_modifyitems(config, items):

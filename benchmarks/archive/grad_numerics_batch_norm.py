@@ -15,7 +15,7 @@ import copy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
 
 import grad_audit as ga  # noqa: E402
 import jax  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/archive/host_memory_top_pad.py --runs 10 --load
 
-Runs the probe of ``tests/host_memory_probe.py`` (a jitted product through a 36 MB float32
+Runs the probe of ``tests/helpers/host_memory_probe.py`` (a jitted product through a 36 MB float32
 intermediate, 48 calls, minor page faults per call) in fresh processes, alternating three
 settings given through ``GLIBC_TUNABLES``: glibc's defaults, per-thread arenas without the top
 pad (``mmap_max=0``, no trimming) and with it (``ENV_SETTING_PER_THREAD``). ``--load`` runs two
@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The probe is the test suite's (tests/host_memory_probe.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+# The probe is the test suite's (tests/helpers/host_memory_probe.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "helpers"))
 from host_memory_probe import probe  # noqa: E402
 
 _LOAD = """

@@ -148,7 +148,7 @@ PRESETS: dict[str, Policy] = {
 }
 
 # The ops that stay in float32 under any policy with fp32_ops=True, and why.
-# tests/test_precision_rules.py checks this table against what the layers actually compute.
+# tests/core/test_precision_rules.py checks this table against what the layers actually compute.
 FP32_OPS: dict[str, str] = {
     "BatchNorm": "mean/variance over the batch lose digits in half precision",
     "GroupNorm": "mean/variance over groups lose digits in half precision",

@@ -1,7 +1,7 @@
 """The built-in models as ``layoutlab models`` lists them, without importing them.
 
 Listing the registry would import every architecture (and with it flax and JAX); this table
-lets ``layoutlab models`` answer at once. ``tests/test_cli_fast_start.py`` checks it against
+lets ``layoutlab models`` answer at once. ``tests/cli/test_cli_fast_start.py`` checks it against
 the registry, so it cannot drift.
 """
 

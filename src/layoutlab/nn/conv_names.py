@@ -1,7 +1,7 @@
 """The names of conv settings, without the code behind them.
 
 Argument parsers read these to write their help (``layoutlab train --help`` must not import
-JAX); ``tests/test_cli_fast_start.py`` checks ``BUILTIN_ALGORITHMS`` against the registry.
+JAX); ``tests/cli/test_cli_fast_start.py`` checks ``BUILTIN_ALGORITHMS`` against the registry.
 """
 
 __all__ = ["ACTIVATION_STORAGES", "AUTO", "BUILTIN_ALGORITHMS", "KERNEL_STORAGES", "XLA"]

@@ -72,7 +72,7 @@ def max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Ar
     NaN has a NaN maximum and its gradient goes to its last NaN, as PyTorch's does (CPU and
     CUDA kernels: ``val > maxval || isnan(val)``). XLA:CPU's select-and-scatter does not
     route it to the NaN: its ``ge`` selection flips on every comparison with a NaN, so the
-    gradient lands on whichever element follows (measured in tests/test_max_pool_grad.py).
+    gradient lands on whichever element follows (measured in tests/nn/test_max_pool_grad.py).
 
     The backward visits the window offsets (9 for 3x3): a strided slice of the input and an
     equality mask against the output give each offset's share of the output gradient, and

@@ -18,7 +18,8 @@ from layoutlab.xla.hlo_ops import CustomCallOp
 
 __all__ = ["XLA_FLOPS_PER_CUSTOM_CALL", "onednn_conv_flops", "onednn_flops_in"]
 
-# What XLA's cost analysis adds for one custom call (checked by tests/test_xla_onednn_report.py).
+# What XLA's cost analysis adds for one custom call
+# (checked by tests/xla/test_xla_onednn_report.py).
 XLA_FLOPS_PER_CUSTOM_CALL = -1.0
 
 

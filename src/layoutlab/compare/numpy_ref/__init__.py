@@ -6,7 +6,7 @@ order (N, C, spatial...) with plain loops over kernel offsets and einsum; channe
 are transposed in and out. Kernels come in the layout's kernel order: spatial..., in, out
 (``HWIO``) for channels-last layouts, out, in, spatial... (``OIHW``) for channels-first ones.
 Meant for tiny shapes in tests, not for speed. These refs are cross-checked against PyTorch
-in ``tests/test_numpy_ref.py``. One module per kind of op; all of them are reached from here
+in ``tests/compare/test_numpy_ref.py``. One module per kind of op; all of them are reached from here
 (``from layoutlab.compare import numpy_ref as ref; ref.conv(...)``).
 """
 

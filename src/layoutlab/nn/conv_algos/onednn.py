@@ -23,7 +23,7 @@ Determinism: oneDNN 3.2 has no deterministic attribute (``primitive_attr::set_de
 is in oneDNN 3.4's documentation, not in 3.2's headers). oneDNN documents its CPU primitives
 as run-to-run bitwise deterministic in a fixed environment (same CPU, library, thread count
 and environment variables); the attribute exists for implementations built on atomics, which
-the ones that run here are not. ``tests/test_onednn_conv.py`` checks that a step's gradients
+the ones that run here are not. ``tests/nn/test_onednn_conv.py`` checks that a step's gradients
 repeat to the bit.
 """
 

@@ -90,7 +90,7 @@ def matrices(m: int) -> dict[str, np.ndarray]:
 
 # Compute dtypes whose error stays within the project's bar (``compare.default_tolerance``
 # of the dtype, plus float32 accumulation: ``bench.tuning.conv_reference.conv_tolerance``), measured
-# against float64 NumPy in tests/test_conv_algos.py (test_winograd_dtypes_follow_measured_error).
+# against float64 NumPy in tests/nn/test_conv_algos.py (test_winograd_dtypes_follow_measured_error).
 # F(2x2,3x3) (entries up to 1) about doubles a direct conv's error: bfloat16 ~4.6e-3 and
 # float16 ~5.7e-4 normwise, within 1.6e-2 and 1e-3. F(4x4,3x3) (entries up to 8) magnifies
 # it about 10x: bfloat16 ~2.5e-2 normwise (max error 5-6e-2 of max|ref|), float16 ~3e-3, past

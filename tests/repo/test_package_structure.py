@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
+SRC = Path(__file__).resolve().parents[2] / "src" / "layoutlab"
 MAX_EXPORTS = 25
 # convset's part of issue 68 brings nn's exports to at most 25; remove on merging it.
 def _name(path: Path) -> str:

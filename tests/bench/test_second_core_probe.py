@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "second_core_probe.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "second_core_probe.py"
 
 
 def test_probe_times_every_row_on_one_core_and_on_all():

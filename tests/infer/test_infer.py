@@ -180,7 +180,7 @@ def test_load_model_matches_the_eval_forward_and_converts_layout(run_dir):
 
 def test_run_logits_is_the_eval_forward_on_the_runs_state(run_dir):
     # predict's forward takes the state's leaves flattened once; the program is the same
-    # make_forward (on the conv plan of its batch: tests/test_infer_plan.py) with the run's
+    # make_forward (on the conv plan of its batch: tests/infer/test_infer_plan.py) with the run's
     # inference options, so its logits equal that jitted call's bit for bit (the numerics
     # against eager are checked above).
     run = open_run(run_dir)

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "layoutlab"
 PERFORMANCE = ROOT / "docs" / "performance"
 # A ratio of times or rates: "1.34x", "3-5x faster", "1.2-1.6x as long", "2.5% faster". A

@@ -115,7 +115,7 @@ def test_validate_names_the_field_and_fix(changes, message):
 
 def test_winograd_refusals_follow_the_compute_dtype():
     # F(2x2,3x3) stays within the bfloat16 bar and F(4x4,3x3) within float32's
-    # (tests/test_conv_algos.py measures both against float64 NumPy).
+    # (tests/nn/test_conv_algos.py measures both against float64 NumPy).
     for algo, precision in (
         ("winograd2", "mixed_bf16"),
         ("winograd4", "fp32"),

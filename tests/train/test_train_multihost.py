@@ -6,7 +6,7 @@ uninterrupted two-process run ends. Every subprocess has a timeout, so nothing h
 Process 0 of every launch is the command as a user runs it (``python -m layoutlab.cli``, its
 supervisor and the trainer child). Process 1 runs that trainer child's part, ``cli.main``
 with ``SUPERVISED_ENV`` set, in a process forked from one that imported layoutlab once
-(``tests/block_server.py``): its own process, backend and distributed client, without the
+(``tests/helpers/block_server.py``): its own process, backend and distributed client, without the
 ~3.5 s of CPU that the interpreter and the imports cost each launch.
 """
 

@@ -15,7 +15,7 @@ import pytest
 
 from layoutlab.train.config import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

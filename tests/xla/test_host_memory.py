@@ -99,7 +99,7 @@ def test_environment_setting_names_every_tunable():
 def test_the_host_memory_guide_gives_both_environment_settings():
     # The guide spells the settings out for the command line; they must be the ones that
     # host_memory_state() reads back as kept (the per-thread one with its top pad).
-    guide = (Path(__file__).resolve().parents[1] / "docs/guides/host-memory.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs/guides/host-memory.md").read_text()
     for setting in (ENV_SETTING, ENV_SETTING_PER_THREAD):
         assert setting in guide, setting
 

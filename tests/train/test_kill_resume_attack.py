@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kill_resume_attack.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kill_resume_attack.py"
 COLUMNS = ("attempted", "landed", "save", "train", "resume", "missed", "runs", "lost", "unequal")
 
 

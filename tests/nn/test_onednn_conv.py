@@ -5,7 +5,7 @@ extension is absent.
 
 Reference: XLA's conv in float64 (``jax.enable_x64``) of the same float32 inputs, and its VJP,
 which is independent of oneDNN. Tolerance: ``conv_tolerance(dtype, K)`` as in
-``tests/test_conv_algos.py``, ``|a - e| <= rtol * (|e| + max|e|)`` with
+``tests/nn/test_conv_algos.py``, ``|a - e| <= rtol * (|e| + max|e|)`` with
 ``rtol = u(dtype) + u(float32) * sqrt(K)``: one term for rounding the operands to ``dtype``
 (for bfloat16, 1.6e-2: operands, cotangent and the bf16 input gradient each rounded once
 to 8 bits, about 4e-3 each), one for float32 accumulation over the ``K`` products each output
@@ -310,7 +310,7 @@ def _setup_module(monkeypatch):
     import setuptools
 
     monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
-    path = Path(__file__).resolve().parents[1] / "setup.py"
+    path = Path(__file__).resolve().parents[2] / "setup.py"
     spec = importlib.util.spec_from_file_location("layoutlab_setup", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 TERMS = ["Layout", "Compute layout", "Kernel storage", "Physical format", "Plan", "Eval plan",
          "Table", "Tuning", "Cache"]  # fmt: skip
 GLOSSARY = (DOCS / "glossary.md").read_text()

@@ -5,7 +5,7 @@ import ast
 import functools
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "layoutlab"
+SRC = Path(__file__).resolve().parents[2] / "src" / "layoutlab"
 ORDER = [
     ("layout", "precision", "loss_scale", "lazy", "arguments", "fast_defaults", "version"),
     ("nn",),

@@ -3,7 +3,7 @@ inputs, the algorithm's training step and the float64 reference it is checked ag
 
 Reference: XLA's conv in float64 (``jax.enable_x64``) of the same float32 inputs, and its VJP,
 which is independent of oneDNN. Tolerance: ``conv_tolerance(dtype, K)`` (see
-``tests/test_onednn_conv.py``'s docstring for its two terms).
+``tests/nn/test_onednn_conv.py``'s docstring for its two terms).
 """
 
 import jax

@@ -12,7 +12,7 @@ from layoutlab import cli
 from layoutlab.train.command import build_config
 from layoutlab.train.run_flags import run_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _parse(capsys, *argv):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "core_scaling.py"
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "core_scaling.py"
 
 
 def _load():

@@ -351,7 +351,7 @@ def test_bad_input_is_a_clear_error(kwargs, match):
 
 
 def test_unknown_model():
-    # (A segmentation model's training step compiles: tests/test_segmentation_training.py.)
+    # (A segmentation model's training step compiles: tests/train/test_segmentation_training.py.)
     with pytest.raises(ValueError, match="Unknown model 'resnet19'.*resnet18"):
         inspect_model("resnet19")
 

@@ -10,8 +10,8 @@ which only imports have happened, as a reader's fresh session does once it has r
 import lines; about 3 s of imports per block on a 2-core machine are paid once.
 
 Everything that must precede JAX's backend still can: the backend starts in the child
-(``tests/test_readme.py`` runs the host-memory guide's ``keep_host_memory()`` this way).
-``tests/test_train_crash_resume.py`` forks its runs to be killed from one too.
+(``tests/repo/test_readme.py`` runs the host-memory guide's ``keep_host_memory()`` this way).
+``tests/train/test_train_crash_resume.py`` forks its runs to be killed from one too.
 """
 
 from __future__ import annotations

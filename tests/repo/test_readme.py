@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from block_server import BlockServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # The hand-written pages: docs/_generated/ and docs/_build/ are the build's.
 PAGES = [
