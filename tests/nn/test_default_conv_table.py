@@ -16,7 +16,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.bench.tuning import budget
 from layoutlab.bench.tuning.plan_source import conv_plan_for_run
-from layoutlab.nn.conv_algos import conv2d
+from layoutlab.nn.conv_algos import conv2d, onednn
 from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
 
@@ -25,6 +25,37 @@ def _spec(n, size, cin, cout, k=3, stride=1, dtype="float32", groups=1):
     pad = "SAME"
     geom = resolve_geometry((size, size), k, stride, pad, groups=groups)
     return make_spec((n, size, size, cin), cout, geom, dtype=dtype, layout="NHWC")
+
+
+@pytest.fixture(autouse=True)
+def _without_onednn(request, monkeypatch):
+    """The table's rules for XLA compositions, read where the oneDNN extension is absent:
+    where it loaded, its rules take some of the same convs first (the test marked
+    ``with_onednn`` below, and tests/nn/test_conv_table_bf16.py)."""
+    if "with_onednn" not in request.keywords:
+        monkeypatch.setattr(onednn, "available", lambda: False)
+        monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+
+
+@pytest.mark.with_onednn
+@pytest.mark.skipif(not onednn.available(), reason="the onednn extension did not load")
+def test_float32_inference_at_small_batch_runs_onednn_on_avx512():
+    # ResNet-18 CIFAR's inference step 1.19x faster at batch 1 and 1.06x at 8 with oneDNN's
+    # float32 convs, ResNet-50's 1.03x and 1.08x (onednn_defaults_resnet18_zen4_cpu_2.md).
+    convs = [_spec(1, 32, 3, 64), _spec(1, 32, 64, 64), _spec(1, 16, 128, 256, stride=2),
+             _spec(1, 32, 64, 128, k=1, stride=2), _spec(1, 14, 1024, 256, k=1),
+             _spec(1, 4, 512, 512)]  # fmt: skip
+    for spec in convs:
+        for kind in ("avx512", "avx512_bf16"):  # float32 reads the AVX-512 rules on both
+            for batch in (1, 8):
+                got = default_algorithm(spec._replace(batch=batch), "inference", kind)
+                assert got[0] == "onednn", (spec, batch, got)
+            assert default_algorithm(spec._replace(batch=9), "inference", kind)[0] != "onednn"
+            assert default_algorithm(spec, "train", kind)[0] != "onednn"
+        assert default_algorithm(spec, "inference", "avx2")[0] != "onednn"
+    # Depthwise convs keep the shifted multiply-adds, which come first.
+    dw = _spec(1, 16, 144, 144, groups=144)
+    assert default_algorithm(dw, "inference", "avx512")[0] == "depthwise"
 
 
 def test_depthwise_convs_take_the_shifted_multiply_adds_on_x86():

@@ -183,6 +183,10 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx512", "inference", "float32"): (
         *_TINY_INPUT,
         *_DEPTHWISE,
+        # oneDNN's float32 convs at small batch: ResNet-18 CIFAR's inference step 1.19x faster
+        # at batch 1 and 1.06x at 8, ResNet-50's 1.03x and 1.08x, quiet Zen 4
+        # (onednn_defaults_resnet18_zen4_cpu_2.md); larger batches unmeasured.
+        *_onednn("onednn", max_batch=8),
         # From 32: at 16 ResNet-50 gained 1.01x [1.00, 1.04] with it and ResNet-18 CIFAR's
         # 8x8 and 16x16 convs lost its inference step 0.88x; at 32 ResNet-18 gained 1.04x.
         Rule("winograd4_full", **_WINOGRAD_MID, min_batch=32),
@@ -203,9 +207,7 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         *_onednn("onednn", max_batch=128),
     ),
     # Its inference step 1.26x faster at batch 1, 2.59x at 8, 2.47-2.89x at 32, 2.43x at 128.
-    # (Float32: onednn gained ResNet-18's inference step 1.26x at batch 1 and 1.23x at 8, and
-    # was even at 32 and in training; no float32 rule yet: its class would also take
-    # ResNet-50's unmeasured convs. Same file.)
+    # (Float32 inference at batch 1 to 8: the AVX-512 table's oneDNN rule.)
     ("avx512_bf16", "inference", "bfloat16"): _onednn("onednn", max_batch=128),
 }
 
