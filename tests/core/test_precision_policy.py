@@ -188,7 +188,7 @@ def test_half_and_bare_dtypes_are_not_jmps():
 def test_the_jmp_difference_is_documented():
     from pathlib import Path
 
-    guide = (Path(__file__).resolve().parents[1] / "docs/guides/precision.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs/guides/precision.md").read_text()
     for text in (get_policy.__doc__, guide):
         assert '"c=bf16"' in text and "jmp" in text
         assert "output **float32** here" in " ".join(text.split())
