@@ -47,11 +47,12 @@ _MEMORY_FIELDS = (
 )
 
 
-def cost_summary(compiled) -> dict:
+def cost_summary(compiled, hlo_text: str | None = None) -> dict:
     """``compiled.cost_analysis()`` as ``{"flops", "bytes_accessed", "transcendentals",
     "optimal_seconds", "onednn_flops", "raw"}``; older jax returns a list with one dict per
     program. ``flops`` includes the convs run as oneDNN calls (``onednn_flops``, counted from
-    their shapes by ``custom_call_cost``), which XLA's analysis cannot see."""
+    their shapes by ``custom_call_cost``), which XLA's analysis cannot see. ``hlo_text``:
+    ``compiled.as_text()`` where the caller has it already (else it is read here)."""
     try:
         raw = compiled.cost_analysis()
     except Exception:  # some backends do not implement it
@@ -61,7 +62,7 @@ def cost_summary(compiled) -> dict:
     if not isinstance(raw, Mapping):
         raw = {}
     clean = {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float | np.number)}
-    flops, onednn = clean.get("flops"), _onednn_flops(compiled)
+    flops, onednn = clean.get("flops"), _onednn_flops(compiled, hlo_text)
     if flops is not None and onednn is not None:
         extra, calls = onednn
         flops = flops - calls * XLA_FLOPS_PER_CUSTOM_CALL + extra
@@ -75,11 +76,12 @@ def cost_summary(compiled) -> dict:
     }
 
 
-def _onednn_flops(compiled) -> tuple[float, int] | None:
-    try:
-        text = compiled.as_text()
-    except Exception:  # an executable without text: nothing to add
-        return None
+def _onednn_flops(compiled, text: str | None) -> tuple[float, int] | None:
+    if text is None:
+        try:
+            text = compiled.as_text()
+        except Exception:  # an executable without text: nothing to add
+            return None
     if not isinstance(text, str) or ONEDNN_PREFIX not in text:
         return None
     return onednn_flops_in(hlo_report(text).custom_calls)
@@ -372,7 +374,7 @@ def compile_report(
         versions=_versions(),
         lower_seconds=t1 - t0,
         compile_seconds=t2 - t1,
-        cost=cost_summary(compiled),
+        cost=cost_summary(compiled, hlo_text),
         memory=memory_summary(compiled),
         hlo_text=hlo_text,
         pre_hlo_text=_pre_hlo(lowered),
