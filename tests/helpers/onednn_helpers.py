@@ -20,6 +20,7 @@ from layoutlab.nn.conv_algos import onednn
 __all__ = [
     "BF16_CASES",
     "needs_onednn",
+    "simulate_no_onednn",
     "train_together",
     "CASES",
     "FAST_COMPILE",
@@ -58,6 +59,13 @@ def fuzzed_cases(count: int, seed: int = 0):
 needs_onednn = pytest.mark.skipif(
     not onednn.available(), reason=f"onednn extension: {onednn.unavailable_reason()}"
 )
+
+
+def simulate_no_onednn(monkeypatch) -> None:
+    """The extension as where it did not build or load, for the rest of the test."""
+    monkeypatch.setattr(onednn, "available", lambda: False)
+    monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+
 
 CASES = {
     "3x3s1": ((2, 7, 9, 8), (3, 3, 8, 16), 1, "SAME", 1, 1),

@@ -6,11 +6,10 @@ where the extension is unavailable the same convs fall back to their old choice.
 flags are monkeypatched, so this holds on any machine."""
 
 import pytest
-from onednn_helpers import needs_onednn
+from onednn_helpers import needs_onednn, simulate_no_onednn
 
 from layoutlab import fast_defaults
 from layoutlab.bench import machine
-from layoutlab.nn.conv_algos import onednn
 from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm, table_key
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
 
@@ -88,8 +87,7 @@ def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batc
 
 
 def test_without_the_extension_the_same_convs_keep_their_old_choice(monkeypatch):
-    monkeypatch.setattr(onednn, "available", lambda: False)
-    monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+    simulate_no_onednn(monkeypatch)
     for objective, batch in BF16_CHOICES:
         for spec in _resnet18_cifar(batch):
             assert default_algorithm(spec, objective, "avx512_bf16")[0] == "xla", spec

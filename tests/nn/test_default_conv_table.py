@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from onednn_helpers import simulate_no_onednn
 
 from layoutlab import nn
 from layoutlab.bench.tuning import budget
@@ -33,8 +34,7 @@ def _without_onednn(request, monkeypatch):
     where it loaded, its rules take some of the same convs first (the test marked
     ``with_onednn`` below, and tests/nn/test_conv_table_bf16.py)."""
     if "with_onednn" not in request.keywords:
-        monkeypatch.setattr(onednn, "available", lambda: False)
-        monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+        simulate_no_onednn(monkeypatch)
 
 
 @pytest.mark.with_onednn

@@ -17,6 +17,7 @@ from onednn_helpers import (
     conv_fn,
     float64_references,
     needs_onednn,
+    simulate_no_onednn,
     train_fn,
     train_together,
 )
@@ -79,8 +80,7 @@ def test_off_cpu_and_without_the_extension_it_runs_xla(monkeypatch):
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
     gpu = grad.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
     assert onednn.TARGET_PREFIX not in gpu and "convolution" in gpu
-    monkeypatch.setattr(onednn, "available", lambda: False)
-    monkeypatch.setattr(onednn, "unavailable_reason", lambda: "simulated: not built")
+    simulate_no_onednn(monkeypatch)
     chosen = ca.select_algorithm(spec, HYBRID)
     assert chosen.name == "xla" and "simulated" in chosen.reason
     assert onednn.TARGET_PREFIX not in jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).as_text()
