@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import struct
 import types
 import typing
 from typing import Any
@@ -17,6 +15,13 @@ from typing import Any
 # This module is imported to build `layoutlab train --help`, which must not start JAX:
 # what checks a config (JAX, flax, the data loaders) is imported by the checks themselves.
 from layoutlab.nn.conv_algos.plan import ConvPlan
+from layoutlab.train.config_checks import (
+    OPTIMIZERS,
+    SCHEDULES,
+    check_conv,
+    check_names,
+    check_numbers,
+)
 from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
 from layoutlab.train.image_size import image_size_value
 
@@ -31,11 +36,6 @@ __all__ = [
     "with_legacy_defaults",
 ]
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-SCHEDULES = ("constant", "cosine")
-AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
-INT32_MAX = 2**31 - 1
-AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
 # Fields whose default became the fast configuration (issue 20): a saved config without
 # them was written when these were the defaults, so with_legacy_defaults fills these in.
 _LEGACY_DEFAULTS = {
@@ -244,161 +244,6 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     return dataclasses.replace(config, **changes)
 
 
-def _check_positive(config: TrainConfig, *names: str, allow_none: bool = False) -> None:
-    for name in names:
-        value = getattr(config, name)
-        if value is None and allow_none:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-        _check_int32(name, value)
-
-
-def _check_int32(name: str, value: int) -> None:
-    # Steps, batches and their counters are int32 on the device (the train state's step,
-    # optax's count, the schedule's arguments): a larger value overflows inside JAX.
-    if value > INT32_MAX:
-        raise ValueError(
-            f"{name}={value} is more than {INT32_MAX} (2**31 - 1), the largest count a run "
-            f"keeps (its step counters are int32); use a smaller {name}."
-        )
-
-
-# float32's largest finite value and smallest normal one: hyper-parameters train as float32,
-# where a larger value is inf, and a smaller nonzero one is subnormal (flushed to 0 by XLA).
-_F32_MAX = 3.4028234663852886e38
-_F32_TINY = 1.1754943508222875e-38
-
-
-def _float32(value: float) -> float:
-    """``value`` rounded to float32 (``struct`` does it without importing NumPy)."""
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        return math.copysign(math.inf, value)
-
-
-def _check_float(
-    config: TrainConfig, name: str, low: float, high: float | None = None, *, low_open: bool = False
-) -> None:
-    """``getattr(config, name)`` must be finite and in ``[low, high)`` (``(low, ...`` when
-    ``low_open``) as the float32 it trains as; NaN and infinities fail every comparison that
-    lets a value through."""
-    value = getattr(config, name)
-    default = getattr(TrainConfig(), name)
-    as_f32 = _float32(value) if math.isfinite(value) else value
-    if math.isfinite(value) and (not math.isfinite(as_f32) or 0 < abs(value) < _F32_TINY):
-        what = "overflows float32" if abs(value) > 1 else "underflows float32 (XLA flushes it to 0)"
-        zero = "0 or " if low == 0 and not low_open else ""
-        raise ValueError(
-            f"{name}={value!r} {what}, which the run trains in; use {zero}a value "
-            f"between {_F32_TINY:.3g} and {_F32_MAX:.3g}, e.g. {name}={default:g}."
-        )
-    ok = math.isfinite(as_f32) and (as_f32 > low if low_open else as_f32 >= low)
-    ok = ok and (high is None or as_f32 < high)
-    if not ok:
-        where = f"{'>' if low_open else '>='} {low:g}"
-        where += "" if high is None else f" and < {high:g}"
-        where += " in float32" if math.isfinite(value) and as_f32 != value else ""
-        raise ValueError(
-            f"{name} must be a finite number {where}, got {value!r}; e.g. {name}={default:g}."
-        )
-
-
-def _check_numbers(config: TrainConfig) -> None:
-    _check_positive(config, "epochs", "batch_size", "accum_steps", "keep_checkpoints")
-    _check_positive(
-        config, "num_steps", "eval_batch_size", "eval_every", "checkpoint_every", allow_none=True
-    )
-    if not isinstance(config.log_every, int) or config.log_every < 0:
-        raise ValueError(
-            f"log_every must be an integer >= 0 (0: no per-step log), got {config.log_every!r}."
-        )
-    _check_int32("log_every", config.log_every)
-    if config.warmup_steps is not None:
-        if config.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0 or None, got {config.warmup_steps}.")
-        _check_int32("warmup_steps", config.warmup_steps)
-    _check_float(config, "learning_rate", 0.0, low_open=True)
-    _check_float(config, "weight_decay", 0.0)
-    _check_float(config, "momentum", 0.0, 1.0)
-    if not 0 <= config.seed < 2**31:
-        raise ValueError(f"seed must lie in [0, 2**31), got {config.seed}.")
-
-
-def _check_names(config: TrainConfig):
-    """Checks the names; returns the ``Policy`` of ``config.precision`` (read here once)."""
-    from layoutlab.data import SPEC_FORMS
-    from layoutlab.layout import Layout, parse_layout
-    from layoutlab.precision import get_policy
-    from layoutlab.train.run_precision import resolve_loss_scale
-
-    if config.optimizer not in OPTIMIZERS:
-        raise ValueError(
-            f"Unknown optimizer {config.optimizer!r}; use one of: {', '.join(OPTIMIZERS)}."
-        )
-    if config.param_sharding not in ("replicated", "fsdp"):
-        raise ValueError(
-            f"param_sharding must be 'replicated' or 'fsdp', got {config.param_sharding!r}."
-        )
-    if config.schedule not in SCHEDULES:
-        raise ValueError(
-            f"Unknown schedule {config.schedule!r}; use one of: {', '.join(SCHEDULES)}."
-        )
-    try:
-        layout = parse_layout(config.layout)
-    except ValueError as e:
-        raise ValueError(f"layout: {e}") from None
-    if layout not in (Layout.NHWC, Layout.NCHW):
-        raise ValueError(f"layout must be NHWC or NCHW for image training, got {config.layout!r}.")
-    try:
-        policy = get_policy(config.precision)
-    except ValueError as e:
-        raise ValueError(f"precision: {e}") from None
-    if config.loss_scale != AUTO_LOSS_SCALE:
-        try:
-            resolve_loss_scale(config.loss_scale, policy)
-        except ValueError as e:
-            raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
-    name = config.data.strip().partition(":")[0].lower().replace("-", "_")
-    if name not in {form.split(":")[0].split("[")[0] for form in SPEC_FORMS}:
-        forms = ", ".join(SPEC_FORMS)
-        raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
-    if config.image_size is not None and name != "folder":
-        raise ValueError(
-            f"image_size resizes folder data only; {config.data!r} has a fixed image size: "
-            "drop image_size, or use folder:DIR."
-        )
-    return policy
-
-
-def _check_conv(config: TrainConfig, policy) -> None:
-    from layoutlab.nn.conv_algos import unsupported_reason
-    from layoutlab.nn.conv_config import check_conv_options
-
-    storage = None if config.kernel_storage == AUTO_STORAGE else config.kernel_storage
-    act = None if config.activation_storage == AUTO_STORAGE else config.activation_storage
-    try:
-        check_conv_options(config.conv_algorithm, storage, act)
-    except ValueError as e:
-        raise ValueError(f"conv settings: {e}") from None
-    # An explicit algorithm whose error exceeds the compute dtype's bar would silently run
-    # XLA's conv instead; say so before anything compiles ("auto" never picks one).
-    compute = policy.compute_dtype
-    if (reason := unsupported_reason(config.conv_algorithm, compute)) is not None:
-        raise ValueError(
-            f"conv_algorithm={config.conv_algorithm!r} with precision {config.precision!r} "
-            f"(compute {compute.name}): {reason}; choose --conv-algo auto or another algorithm."
-        )
-    for name, value in config.xla_options.items():
-        if not isinstance(name, str) or not isinstance(value, (bool, int, float, str)):
-            raise ValueError(
-                f"xla_options must map XLA option names (str) to bool, int, float or str "
-                f"values, got {name!r}: {value!r}; e.g. "
-                '{"xla_cpu_enable_fast_math": false} (--xla-option NAME=VALUE).'
-            )
-
-
 def _check_devices(config: TrainConfig, num_devices: int) -> None:
     if not data_parallel_on(config, num_devices):
         return
@@ -445,11 +290,11 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
         _coerce(name, getattr(config, name))
     if config.image_size is not None:  # one stored form: [H, W]
         config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
-    _check_numbers(config)
-    policy = _check_names(config)
+    check_numbers(config)
+    policy = check_names(config)
     from layoutlab.train.model_checks import check_model
 
     check_model(config.model, config.model_kwargs, remat=config.remat)
-    _check_conv(config, policy)
+    check_conv(config, policy)
     _check_devices(config, num_devices)
     return config

@@ -39,13 +39,6 @@ RUN_FLAGS = {
     "activation_storage": "activation_storage",
     "cpu_fast": "cpu_fast",
 }
-# The axes a sweep (``multi``) takes as comma lists: destination -> (flag, SweepConfig field).
-AXES = {
-    "layout": ("--layouts", "layouts"),
-    "precision": ("--precisions", "precisions"),
-    "batch_size": ("--batch-sizes", "batch_sizes"),
-    "conv_algo": ("--conv-algos", "conv_algorithms"),
-}
 # dest -> (flag, help, argparse keywords): one entry per flag.
 _FLAGS = {
     "model": ("--model", "registry name, e.g. resnet18 (see `layoutlab models`)", {}),

@@ -25,7 +25,8 @@ import numpy as np
 from flax import nnx
 
 from layoutlab.data.memory import available_bytes
-from layoutlab.train.config import INT32_MAX, TrainConfig
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.config_checks import INT32_MAX
 
 __all__ = ["PROBE_BATCH", "check_run_fits", "forward_bytes", "max_classes", "run_bytes"]
 

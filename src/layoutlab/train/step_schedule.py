@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from layoutlab.data import Dataset, steps_per_epoch
-from layoutlab.train.config import INT32_MAX, TrainConfig
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.config_checks import INT32_MAX
 
 __all__ = ["StepSchedule", "make_step_schedule"]
 
