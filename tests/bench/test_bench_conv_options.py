@@ -9,7 +9,7 @@ import pytest
 
 from layoutlab import models
 from layoutlab.bench import command
-from layoutlab.bench.jax_runner import JaxRunner, build_model
+from layoutlab.bench.jax_runner import JaxRunner, case_model
 from layoutlab.bench.results import load_results, variant
 from layoutlab.bench.sweep import SweepConfig, run_sweep
 from layoutlab.bench.timing import JaxStep
@@ -132,7 +132,7 @@ def test_runner_applies_the_conv_settings_to_the_model_it_times():
     rows = run_sweep(config, jax_runner=lambda case: Recording(case, backend="cpu")).rows
     assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
     # HWIO kernels in an NCHW model: every conv of the built model says so.
-    model = build_model(_case("im2col"))
+    model = case_model(_case("im2col"))
     assert set(conv_settings(model).values()) == {("im2col", "HWIO")}
     # The setting reaches the compiled step: im2col replaces every convolution by patches
     # and a dot, while the native algorithm keeps XLA convolutions.

@@ -11,7 +11,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "layoutlab"
 MAX_EXPORTS = 25
-# convset's part of issue 68 brings nn's exports to at most 25; remove on merging it.
+
+
 def _name(path: Path) -> str:
     parts = path.relative_to(SRC.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -163,3 +164,16 @@ def test_no_private_name_is_imported_across_packages():
     assert not found, "\n".join(found)
     # The one-off scripts are apart, and say that they are not maintained.
     assert "not maintained" in (ROOT / "benchmarks" / "archive" / "README.md").read_text()
+
+
+def test_one_build_model():
+    # Issue 68: three `build_model`s with three signatures made "the model of a run" three
+    # ideas; train.program.build_model(spec, inputs) is the one, the others are named for
+    # what they take (bench.jax_runner.case_model).
+    found = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in SRC.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "build_model"
+    ]
+    assert found == ["train/program.py:80"], found

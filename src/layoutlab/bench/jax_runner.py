@@ -19,7 +19,7 @@ from layoutlab.train import program as programs
 from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
 from layoutlab.xla.backends import resolve_backend
 
-__all__ = ["JaxRunner", "build_model", "case_spec", "layout_images", "tune_convs"]
+__all__ = ["JaxRunner", "case_model", "case_spec", "layout_images", "tune_convs"]
 
 
 def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
@@ -56,9 +56,9 @@ def case_spec(
     return resolve_spec(config, total_steps), inputs
 
 
-def build_model(case: JaxCase, seed: int = 0) -> nnx.Module:
-    """The case's model with its conv settings (``train.program.build_model`` of
-    ``case_spec``); the same ``seed`` gives the same weights in every layout.
+def case_model(case: JaxCase, seed: int = 0) -> nnx.Module:
+    """The case's model with its conv settings: ``train.program.build_model`` (the one
+    ``build_model``) of ``case_spec``; the same ``seed`` gives the same weights in every layout.
     ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
     return programs.build_model(*case_spec(case, seed))
 

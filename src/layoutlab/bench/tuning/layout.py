@@ -46,7 +46,7 @@ from flax import nnx
 
 from layoutlab import models
 from layoutlab.bench.cases import JaxCase, format_shape, make_workload, parse_shape
-from layoutlab.bench.jax_runner import JaxRunner, build_model, layout_images
+from layoutlab.bench.jax_runner import JaxRunner, case_model, layout_images
 from layoutlab.bench.machine import library_versions, machine_fingerprint
 from layoutlab.bench.stats import decide, dispersion, load_average
 from layoutlab.bench.status import OK, classify_failure
@@ -196,7 +196,7 @@ def candidate_tolerance(
 
 
 def _forward_logits(case: JaxCase, images_cl: np.ndarray, backend) -> np.ndarray:
-    defs, params, rest = split_model(build_model(case))
+    defs, params, rest = split_model(case_model(case))
     # make_forward reads only params and rest.
     state = TrainState(jnp.zeros((), jnp.int32), params, rest, None, NoOpLossScale())
     device = resolve_backend(backend).device
@@ -361,7 +361,7 @@ def _check_numerics(ok, logits, workload, images, backend) -> None:
     if reference is None:
         reference = _forward_logits(ref_case, images, backend)
     # Only the kernels' ranks count: an abstract model, no weights drawn.
-    layers = weight_layers(nnx.eval_shape(lambda: build_model(ref_case)))
+    layers = weight_layers(nnx.eval_shape(lambda: case_model(ref_case)))
     platform = resolve_backend(backend).platform
     for e in ok:
         name = (e["layout"], e["precision"])
