@@ -1,7 +1,7 @@
 """Where a CPU training (or inference) step of ResNet-18 CIFAR (or ``--model resnet50``, ImageNet
 stem) spends its time, per XLA op.
 
-    python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch
+    python benchmarks/profile_train_step.py --batch 1 --optimizer pytorch [--precision mixed_bf16]
 
 Builds the step ``layoutlab bench`` times with the defaults (the shipped conv table, HWIO
 kernels, ``interleaved_steps.bench_options`` for the optimizer), runs it under
@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--mode", default="train", choices=("train", "infer"))
     p.add_argument("--optimizer", default="pytorch", choices=("train", "pytorch"))
+    p.add_argument("--precision", default="fp32", help="fp32, mixed_bf16 or another policy")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--show", action="append", default=[], metavar="NAME")
@@ -45,7 +46,7 @@ def main() -> None:
     w = workload(args.model, args.mode, args.batch)
     options = bench_options(w, args.optimizer)
     options = tuple(sorted(options.items()))
-    case = JaxCase(w, "NHWC", "fp32", "auto", "channels_last", options, "fast",
+    case = JaxCase(w, "NHWC", args.precision, "auto", "channels_last", options, "fast",
                    conv_tune="never", activation_storage="channels_last",
                    optimizer=args.optimizer)  # fmt: skip
     runner = JaxRunner(case, backend="cpu", steps=50)

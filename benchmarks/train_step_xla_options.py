@@ -2,14 +2,16 @@
 
     python benchmarks/train_step_xla_options.py [--stem cifar] [--batch 128] [--layout NHWC]
         [--variants cpu_fast,no_eltwise,...] [--rounds 7] [--torch] [--tag cpu]
+        [--precision fp32|mixed_bf16] [--conv-algo xla|auto|onednn] [--optimizer train|pytorch]
         [--note "..."] [--out benchmarks/results]
 
 Every variant is ``layoutlab.xla.cpu_fast_options("train")`` plus (or minus) one change, so
 each row answers "does this option help the step layoutlab's best configuration runs?".
 Variants are compiled first, then timed round by round (A B C A B C ...) and the medians
 kept, so they share the machine's load; ``--torch`` adds PyTorch eager (channels_last for
-NHWC, contiguous for NCHW) to the rounds. Convs run XLA's native algorithm (``xla``) with
-HWIO kernels, so the options are the only difference.
+NHWC, contiguous for NCHW; autocast with ``--precision mixed_bf16``) to the rounds. Convs run
+``--conv-algo`` (default XLA's native algorithm, ``xla``) with HWIO kernels, so the options are
+the only difference.
 
 Writes ``<out>/train_step_xla_options_<tag>.json`` (machine, versions, per-round times) and
 ``<out>/train_step_xla_options_<tag>.md``. About 6 minutes for the default variants on the
@@ -40,6 +42,14 @@ VARIANTS = {
         {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE"},
         "elementwise fusions on XLA's own loops instead of YNNPACK",
     ),
+    "ynn_dot_reduce_eltwise": (
+        {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT,{_YNN}REDUCE,{_YNN}ELTWISE"},
+        "dots, reductions and elementwise fusions on YNNPACK (an SGD step's --cpu-fast)",
+    ),
+    "ynn_dot": (
+        {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
+        "only dots on YNNPACK (inference's --cpu-fast)",
+    ),
     "concurrency_scheduler": (
         {"xla_cpu_enable_concurrency_optimized_scheduler": True},
         "schedule for concurrent thunks",
@@ -56,9 +66,10 @@ VARIANTS = {
 }
 
 
-def options(name: str) -> tuple[tuple[str, object], ...]:
+def options(name: str, optimizer: str = "train") -> tuple[tuple[str, object], ...]:
     extra, _ = VARIANTS[name]
-    return tuple(sorted({**cpu_fast_options("train"), **extra}.items()))
+    base = cpu_fast_options("train", optimizer=optimizer)
+    return tuple(sorted({**base, **extra}.items()))
 
 
 def main(argv=None) -> int:
@@ -69,6 +80,14 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--torch", action="store_true", help="add PyTorch eager to the rounds")
+    p.add_argument("--precision", default="fp32", help="fp32 or mixed_bf16 (PyTorch: autocast)")
+    p.add_argument("--conv-algo", default="xla", help="xla, auto (the shipped table), onednn, ...")
+    p.add_argument(
+        "--optimizer",
+        default="train",
+        choices=("train", "pytorch"),
+        help="train: AdamW as `layoutlab train`; pytorch: SGD with momentum as bench --torch",
+    )
     p.add_argument("--tag", default="cpu")
     p.add_argument("--note", default=None)
     p.add_argument("--out", default="benchmarks/results")
@@ -88,7 +107,17 @@ def main(argv=None) -> int:
     machine = machine_info(note=args.note)
     runners, temp_bytes = {}, {}
     for name in names:
-        case = JaxCase(workload, args.layout, "fp32", "xla", "channels_last", options(name))
+        case = JaxCase(
+            workload,
+            args.layout,
+            args.precision,
+            args.conv_algo,
+            "channels_last",
+            options(name, args.optimizer),
+            conv_tune="never",
+            activation_storage="channels_last",
+            optimizer=args.optimizer,
+        )
         runner = JaxRunner(case)
         temp_bytes[name] = runner.setup().get("temp_bytes")
         runner.step()  # warm-up, outside the rounds
@@ -98,7 +127,8 @@ def main(argv=None) -> int:
         from layoutlab.bench.torch_runner import TorchRunner
 
         fmt = "channels_last" if args.layout == "NHWC" else "contiguous"
-        runner = TorchRunner(TorchCase(workload, fmt, "fp32"), device="cpu")
+        torch_precision = "fp32" if args.precision == "fp32" else "amp_bf16"
+        runner = TorchRunner(TorchCase(workload, fmt, torch_precision), device="cpu")
         runner.setup()
         runner.step()
         runners[f"torch_{fmt}"] = runner
@@ -119,7 +149,7 @@ def main(argv=None) -> int:
         rows.append(
             {
                 "variant": name,
-                "options": dict(options(name)) if name in VARIANTS else None,
+                "options": dict(options(name, args.optimizer)) if name in VARIANTS else None,
                 "why": VARIANTS[name][1] if name in VARIANTS else "PyTorch eager",
                 "temp_bytes": temp_bytes.get(name),
                 "step_ms_median": 1e3 * med,

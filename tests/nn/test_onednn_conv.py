@@ -117,12 +117,15 @@ def test_bfloat16_weight_gradient_of_strided_or_few_channel_convs_runs_in_float3
 
 
 @needs_onednn
+@pytest.mark.parametrize("algorithm", ["onednn", "onednn_xla_dw"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_half_output_written_by_onednn_has_the_bits_of_a_float32_output_cast(layout):
+def test_a_half_output_written_by_onednn_has_the_bits_of_a_float32_output_cast(layout, algorithm):
     """``out_dtype``: oneDNN accumulates in float32 whatever it writes, so asked for
     bfloat16 it writes the float32 result rounded once. Reference: the same conv writing
     float32, cast by XLA after it (what a bias-free layer ran before); forward and both
-    gradients must match bit for bit, and the program's forward call must write bfloat16."""
+    gradients must match bit for bit, and the program's forward call must write bfloat16.
+    ``onednn_xla_dw`` (the RGB stem's algorithm in bf16 training) too: its XLA weight
+    gradient still accumulates in float32."""
     from layoutlab.xla.hlo import hlo_report
 
     for case in ("3x3s1", "3x3s2", "1x1s2"):
@@ -130,7 +133,7 @@ def test_a_half_output_written_by_onednn_has_the_bits_of_a_float32_output_cast(l
         g = spec.geometry
         x, w, dy = (jnp.asarray(a, jnp.bfloat16) for a in case_inputs(spec, seed=7))
         kw = dict(strides=g.strides, padding=g.padding, layout=layout, kernel_layout="HWIO",
-                  algorithm="onednn", preferred_element_type=jnp.float32)  # fmt: skip
+                  algorithm=algorithm, preferred_element_type=jnp.float32)  # fmt: skip
 
         def cast_after(x, w, kw=kw):
             return ca.conv2d(x, w, **kw).astype(jnp.bfloat16)

@@ -126,5 +126,6 @@ BUILTIN = (
         "oneDNN forward and input gradient via XLA FFI, XLA's weight gradient (CPU; XLA elsewhere)",
         onednn.dtype_reason,
         custom_calls=True,
+        rounds_once=True,
     ),
 )

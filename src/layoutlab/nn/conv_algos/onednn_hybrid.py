@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 
 from layoutlab.nn.conv_algos.composed import weight_grad
 from layoutlab.nn.conv_algos.geometry import Geometry
@@ -39,7 +40,11 @@ def _fwd(x, w, geom, preferred, layout):
 
 def _bwd(geom, preferred, layout, res, g):
     x, w = res
+    # A half ``preferred`` is the layer's output dtype (``rounds_once``), not an accumulator:
+    # the weight gradient still sums in float32 and is rounded once below.
     acc = preferred if preferred is not None else x.dtype
+    if preferred is not None and jnp.dtype(preferred).itemsize < 4:
+        acc = jnp.float32
     _, dx_of = jax.vjp(lambda a: onednn_core(a, w, geom, preferred, layout), x)
     (dx,) = dx_of(g)
     dw = weight_grad(g.astype(x.dtype), x, w, geom, "native", acc, layout)
