@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     m = record["machine"]
     lines = [
         f"# XLA:CPU options on a ResNet-18 training step ({args.stem} stem, batch {batch}, "
-        f"{args.layout}, fp32)",
+        f"{args.layout}, {args.precision}, {args.conv_algo} convs, {args.optimizer} optimizer)",
         "",
         f"Machine: {m['cpu_model']}, {m['usable_cores']} usable cores; "
         f"jax {m['versions'].get('jax')}, torch {m['versions'].get('torch')}. Load average "
