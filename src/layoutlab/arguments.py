@@ -216,12 +216,16 @@ def add_json(parser: argparse.ArgumentParser, what: str, *, file: bool = False) 
     """One meaning for ``--json`` in every command: print ``what`` as JSON on standard output
     (``args.json == STDOUT``). ``file=True`` adds ``--json-file FILE``, which writes it to
     FILE (``args.json`` is then the path)."""
+    # The old `--json FILE` makes the value optional: shown as what it is, a FILE, where
+    # argparse would show `--json [JSON]`, a flag that seems to want JSON given to it.
+    old = " (--json FILE, which writes FILE, is deprecated: use --json-file FILE)"
     parser.add_argument(
         "--json",
         action=_JsonFlag,
         legacy_file=file,
         default=None,
-        help=f"print {what} as JSON on standard output",
+        metavar="FILE" if file else None,
+        help=f"print {what} as JSON on standard output" + (old if file else ""),
     )
     if file:
         parser.add_argument(

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from layoutlab.bench.plots import plot_all
+from layoutlab.bench.plots import plot_all, ratio_figure
 from layoutlab.bench.report import markdown_table
 from layoutlab.bench.results import (
     FIELDS,
@@ -143,6 +143,45 @@ def test_plots_are_written(tmp_path):
     only_ll = [r for r in _rows() if r["framework"] == "layoutlab"]
     names = sorted(p.name for p in plot_all(only_ll, tmp_path / "ll"))
     assert names == ["memory.png", "throughput.png"]
+
+
+def _overlapping_texts(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts (tick labels, axis labels, title, values) whose drawn
+    bounding boxes overlap."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [
+        (t.get_text(), t.get_window_extent(renderer))
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip()
+    ]
+    return [
+        (a, b)
+        for i, (a, box) in enumerate(boxes)
+        for b, other in boxes[i + 1 :]
+        if box.overlaps(other)
+    ]
+
+
+@pytest.mark.parametrize("batches", [(1,), (1, 2, 4), (1, 2, 4, 8, 16, 32, 64, 128, 256)])
+def test_ratio_chart_texts_do_not_overlap(batches):
+    # Long variant labels and ratios from 0.25x to 4x: the tilted labels ran into each other
+    # and the axis label, and every minor tick's label put 0.9 on top of 1.
+    rows = []
+    for i, (batch, mode, layout) in enumerate(
+        (b, m, lay) for b in batches for m in ("infer", "train") for lay in ("NHWC", "NCHW")
+    ):
+        ratio = 4.0 ** (((i * 7) % 9) / 4 - 1)  # 0.25 .. 4
+        setting = {"conv_algo": "auto", "kernel_storage": "channels_last"}
+        setting["activation_storage"] = "channels_last"
+        rows.append(_row("layoutlab", layout, "fp32", "fp32", mode, batch, 100 * ratio, **setting))
+        rows.append(_row("torch", layout, "fp32", "fp32", mode, batch, 100.0))
+    fig = ratio_figure(add_torch_ratios(rows))
+    assert len(fig.axes[0].patches) == 4 * len(batches)
+    assert _overlapping_texts(fig) == []
 
 
 def test_markdown_table_has_one_line_per_row_and_flags_failures():

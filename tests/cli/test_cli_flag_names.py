@@ -16,7 +16,10 @@ from layoutlab.arguments import STDOUT, parse_image_size
 CONCEPTS = {
     "registered model": ("--model", ["inspect", "compare", "bench", "autotune layout", "train"]),
     "data set spec": ("--data", ["train", "evaluate", "data"]),
-    "batch size": ("--batch-size", ["train", "inspect", "compare", "export", "autotune convs"]),
+    "batch size": (
+        "--batch-size",
+        ["train", "inspect", "compare", "export", "evaluate", "predict", "autotune convs"],
+    ),
     "JSON on standard output": (
         "--json",
         ["models", "data", "evaluate", "predict", "inspect", "compare", "autotune convs"],

@@ -43,6 +43,18 @@ def test_eval_batches_are_the_fewest_of_one_shape_that_hold_every_image(devices)
     assert eval_batches(359, 512, 4) == (1, 360)
 
 
+@pytest.mark.parametrize("devices", [2, 4])
+def test_eval_batches_of_a_size_no_multiple_of_the_devices_match_the_loaders_cut(devices):
+    # `evaluate --batch-size 7` on 4 devices: batches of 8, and exactly as many as cutting the
+    # split at 8 makes, so the last one (the one padded) is the loader's last.
+    for size in (devices + 1, 3 * devices - 1):
+        for count in [1, 7, 63, 359, 1000]:
+            steps, batch = eval_batches(count, size, devices)
+            assert batch % devices == 0 and batch < size + devices, (count, size, batch)
+            assert steps == math.ceil(count / batch), (count, size, steps, batch)
+    assert eval_batches(359, 7, 4) == (45, 8)
+
+
 @pytest.fixture(scope="module")
 def digits_program():
     dataset = get_dataset("digits")

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from layoutlab.train import loop
+from layoutlab.train import loop, run_start
 from layoutlab.train.command import build_config, main, register
 from layoutlab.train.config import TrainConfig, apply_overrides, validate
 from layoutlab.train.optim import make_optimizer, make_schedule
@@ -159,7 +159,7 @@ def test_bad_configs_fail_before_building_or_compiling(tmp_path, monkeypatch, ch
     def must_not_run(*args, **kwargs):
         raise AssertionError("built a model or compiled before validating the config")
 
-    monkeypatch.setattr(loop, "_check_dataset", must_not_run)
+    monkeypatch.setattr(run_start, "_check_dataset", must_not_run)
     monkeypatch.setattr(loop, "compile_train_step", must_not_run)
     with pytest.raises(ValueError, match=message):
         loop.train_and_evaluate(TrainConfig(**changes), tmp_path / "run", quiet=True)

@@ -208,6 +208,10 @@ def register(subparsers) -> None:
         action="store_true",
         help="skip measuring the machine's float32 matmul peak and copy bandwidth",
     )
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="write no PNG plots (throughput.png, memory.png, ratio_vs_torch.png), only results",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=run_bench)

@@ -47,6 +47,29 @@ def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
     return p
 
 
+def _positive_int(text: str) -> int:
+    """``--batch-size N``: a whole number of at least 1 (argparse reports anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _add_batch_size(p: argparse.ArgumentParser, what: str) -> None:
+    """``--batch-size N`` of ``evaluate`` and ``predict``: it sets how many images go through
+    the model at once (memory, speed), never what comes out."""
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        metavar="N",
+        help=f"at most N {what} per forward pass, rounded up to a multiple of the devices "
+        "(default: the run's eval_batch_size); the results do not depend on it",
+    )
+
+
 def register(subparsers) -> None:
     p = _parser(
         subparsers,
@@ -62,6 +85,7 @@ def register(subparsers) -> None:
     p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
     add_json(p, "the results, instead of text,", file=True)
     p.add_argument("--out", metavar="DIR", help="also write confusion_step<STEP>.png into DIR")
+    _add_batch_size(p, "test images")
 
     p = _parser(
         subparsers,
@@ -74,6 +98,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
     p.add_argument("--top-k", type=int, default=5, metavar="K", help="classes per image (5)")
+    _add_batch_size(p, "image files")
     add_json(p, "the predictions, instead of text,")
 
     p = _parser(
@@ -113,7 +138,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     json_file = None if args.json in (None, STDOUT) else args.json
     check_outputs(args.workdir, {"--json-file": json_file, "--out": args.out})
-    result = evaluate_workdir(args.workdir, args.checkpoint, data=args.data)
+    result = evaluate_workdir(
+        args.workdir, args.checkpoint, data=args.data, batch_size=args.batch_size
+    )
     to_stdout = args.json == STDOUT
     print(json.dumps(result, indent=1) if to_stdout else format_report(result))
     if args.out:
@@ -139,7 +166,8 @@ def run_predict(args: argparse.Namespace) -> int:
     from layoutlab.infer.load import open_run
     from layoutlab.infer.predict import predict_files
 
-    results = predict_files(open_run(args.workdir, args.checkpoint), args.images, args.top_k)
+    run = open_run(args.workdir, args.checkpoint)
+    results = predict_files(run, args.images, args.top_k, batch_size=args.batch_size)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

@@ -26,11 +26,18 @@ from layoutlab.train.sharding import make_shardings
 from layoutlab.train.spec import InputSpec
 from layoutlab.train.steps import TOP_K, make_eval_step
 
-__all__ = ["TOP_K", "evaluate_run", "on_current_eval_plan", "plot_confusion"]
+__all__ = ["TOP_K", "evaluate_run", "on_current_eval_plan", "plot_confusion", "with_eval_batch"]
 
 
-def evaluate_run(run: Run) -> dict:
-    """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict."""
+def evaluate_run(run: Run, batch_size: int | None = None) -> dict:
+    """Test-split metrics of ``run`` (see the module docstring): a JSON-ready dict.
+    ``batch_size``: the most test images per eval step in place of the run's
+    ``eval_batch_size`` (None: the run's, whose figures are the run's own to the bit). At
+    another one the counts (accuracy, confusion matrix, top-5) are the same and the loss
+    differs only by float32 rounding: the losses are summed in another order, and the eval
+    plan made for that batch may pick other conv algorithms."""
+    if batch_size is not None:
+        run = with_eval_batch(run, batch_size)
     shard = make_shardings(run.spec.data_parallel)
     run = on_current_eval_plan(run, shard.num_devices)
     # The run's own eval plan, jitted as the loop jits it: the metrics are the run's to the bit.
@@ -45,6 +52,16 @@ def evaluate_run(run: Run) -> dict:
         **_extras(sums),
         "class_names": class_names(run.dataset),
     }
+
+
+def with_eval_batch(run: Run, batch_size: int) -> Run:
+    """``run`` evaluating at most ``batch_size`` test images per step: its config's
+    ``eval_batch_size``, which ``on_current_eval_plan`` then plans the eval step for."""
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}.")
+    return dataclasses.replace(
+        run, config=dataclasses.replace(run.config, eval_batch_size=batch_size)
+    )
 
 
 def on_current_eval_plan(run: Run, devices: int) -> Run:
@@ -130,6 +147,8 @@ def plot_confusion(result: dict, path: str | Path) -> Path:
     return path
 
 
-def evaluate_workdir(workdir, step: int | None = None, *, data: str | None = None) -> dict:
-    """``evaluate_run`` of ``open_run(workdir, step, data=data)``."""
-    return evaluate_run(open_run(workdir, step, data=data))
+def evaluate_workdir(
+    workdir, step: int | None = None, *, data: str | None = None, batch_size: int | None = None
+) -> dict:
+    """``evaluate_run`` of ``open_run(workdir, step, data=data)`` at ``batch_size``."""
+    return evaluate_run(open_run(workdir, step, data=data), batch_size)

@@ -92,10 +92,22 @@ def _check_finite(logits: np.ndarray, run: Run, files: list[Path]) -> None:
         )
 
 
-def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
-    """Top-``k`` predictions for each image file (or folder of images) in ``paths``."""
+def _logits(run: Run, files: list[Path], batch: int) -> np.ndarray:
+    """float32 logits of ``files``, run as one batch of ``batch`` rows (zero-padded)."""
+    images = pad_rows(load_images(files, run.dataset), batch)
+    out = run.logits(to_layout(images, "NHWC", run.config.layout))
+    return np.asarray(jax.device_get(out), np.float32)[: len(files)]
+
+
+def predict_files(
+    run: Run, paths: list[str | Path], k: int = 5, *, batch_size: int | None = None
+) -> list[dict]:
+    """Top-``k`` predictions for each image file (or folder of images) in ``paths``, read and
+    run ``batch_size`` files at a time at most (None: the run's ``eval_batch_size``)."""
     if k < 1:
         raise ValueError(f"--top-k must be at least 1, got {k}.")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}.")
     names = class_names(run.dataset)
     if k > len(names):
         raise ValueError(
@@ -103,20 +115,13 @@ def predict_files(run: Run, paths: list[str | Path], k: int = 5) -> list[dict]:
             f"{len(names)} or less."
         )
     files = collect_images(paths)
-    images = load_images(files, run.dataset)
-    forward = run.logits
-    # Equal chunks of at most the eval batch size, the last padded with zero images whose
-    # logits are dropped: one batch shape, so one compile and one conv plan.
-    chunk = eval_batches(len(images), run.spec.eval_batch_size)[1]
+    # Equal chunks of at most the batch size, the last padded with zero images whose logits
+    # are dropped: one batch shape, so one compile and one conv plan. Files are read chunk by
+    # chunk, so memory holds one batch of images however many files there are.
+    chunk = eval_batches(len(files), batch_size or run.spec.eval_batch_size)[1]
     logits = np.concatenate(
-        [
-            np.asarray(jax.device_get(forward(batch)), np.float32)
-            for batch in (
-                to_layout(pad_rows(images[i : i + chunk], chunk), "NHWC", run.config.layout)
-                for i in range(0, len(images), chunk)
-            )
-        ]
-    )[: len(files)]
+        [_logits(run, files[i : i + chunk], chunk) for i in range(0, len(files), chunk)]
+    )
     _check_finite(logits, run, files)
     classes, probs = top_k(logits, k)
     return [

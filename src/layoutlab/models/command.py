@@ -35,6 +35,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("models", help="list the registered models")
+    p = subparsers.add_parser(
+        "models",
+        help="list the registered models",
+        description="List the registered models: name, spatial dimensions, task, default "
+        "input (HxWxC) and a one-line description; --model of every command takes the name.",
+    )
     add_json(p, "the models, instead of a table,")
     p.set_defaults(func=_run)

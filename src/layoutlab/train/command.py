@@ -92,6 +92,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-eval lines")
     p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (what config.json would record, as JSON that --config "
+        "reads) and exit: nothing is trained, compiled or written; conv_plan and "
+        "eval_conv_plan stay as given (null: decided when the run starts)",
+    )
+    p.add_argument(
         "--backend",
         choices=("cpu", "gpu"),
         help="the only platform this process starts (default: jax's choice, a GPU if present)",
@@ -271,6 +278,10 @@ def _run(args: argparse.Namespace, start: float, autotune, conv_planner) -> int:
     from layoutlab.train.loop import train_and_evaluate
 
     try:
+        if args.print_config:
+            from layoutlab.train.config_preview import print_config
+
+            return print_config(args, config_from_flags(args))
         config, workdir = build_config(args)
         if args.autotune:
             if autotune is None:

@@ -31,9 +31,9 @@ PAD_LABEL = -1
 def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
     """``(steps, batch)``: how ``evaluate`` splits ``count`` test images. The fewest batches
     of at most ``size`` rows (a multiple of ``devices``, as a data-parallel config's
-    ``eval_batch_size`` is), all of one size, that size a multiple of ``devices``; the last
-    batch's rows past ``count`` are padding, fewer than ``steps * devices`` of them.
-    ``(0, 0)`` for no images.
+    ``eval_batch_size`` is; another size is rounded up to one), all of one size, that size a
+    multiple of ``devices``; the last batch's rows past ``count`` are padding, fewer than
+    ``steps * devices`` of them. ``(0, 0)`` for no images.
 
     Equal batches make one program, sharded and on the eval plan, where a full-size split
     left a remainder of another shape: a second compile, XLA's convs, every row on every
@@ -43,7 +43,11 @@ def eval_batches(count: int, size: int, devices: int = 1) -> tuple[int, int]:
         return 0, 0
     steps = -(-count // size)
     batch = -(-count // steps)
-    return steps, -(-batch // devices) * devices
+    batch = -(-batch // devices) * devices
+    # A size that is no multiple of devices (`evaluate --batch-size 7` on 4) rounds up: then
+    # fewer batches may hold the split, and the loader, which cuts it at `batch`, makes that
+    # many, so the last padded batch is the last the loader gives.
+    return -(-count // batch), batch
 
 
 def jit_eval_step(eval_step, spec: RunSpec, shard: Shardings):

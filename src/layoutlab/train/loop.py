@@ -24,7 +24,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from layoutlab.data import (
     Dataset,
@@ -32,12 +31,11 @@ from layoutlab.data import (
     train_batches,
 )
 from layoutlab.loss_scale import NoOpLossScale
-from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
-from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.config import TrainConfig
 from layoutlab.train.divergence import Divergence
 from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
 from layoutlab.train.metrics import (
@@ -50,16 +48,14 @@ from layoutlab.train.metrics import (
     write_json,
 )
 from layoutlab.train.progress import Progress, bar_postfix, format_record
-from layoutlab.train.resume import check_resume, restore_or_start
-from layoutlab.train.run_data import load_run_data, with_data_fingerprint
-from layoutlab.train.run_identity import new_run_id, numerics_environment
-from layoutlab.train.run_memory import PROBE_BATCH, check_run_fits, forward_bytes
+from layoutlab.train.resume import restore_or_start
+from layoutlab.train.run_identity import new_run_id
 from layoutlab.train.run_plan import (
-    abstract_model,
     planned,
     replan_stale_eval_plan,
     report_plan_coverage,
 )
+from layoutlab.train.run_start import CHECKPOINT_DIR, filesystem_errors, resolve_run
 from layoutlab.train.sharding import (
     Shardings,
     assemble,
@@ -67,10 +63,10 @@ from layoutlab.train.sharding import (
     make_shardings,
     state_shardings,
 )
-from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
+from layoutlab.train.spec import InputSpec, RunSpec
 from layoutlab.train.step_log import STEPS_FILE, StepLog
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
-from layoutlab.train.workdir import WorkdirError, WorkdirLock, filesystem_error, make_workdir
+from layoutlab.train.workdir import WorkdirLock, make_workdir
 from layoutlab.train.xla_compile import compile_with_options
 
 __all__ = [
@@ -82,45 +78,9 @@ __all__ = [
 ]
 
 PLOT_FILE = "metrics.png"
-CHECKPOINT_DIR = "checkpoints"
 # Metrics are fetched from the device every this many micro-steps (each fetch syncs).
 _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
-
-
-def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
-    """The run's abstract model (``run_plan.abstract_model``) once ``spec`` is known to
-    build and run on ``dataset``'s images; the run's later steps reuse it."""
-    config = spec.config
-    channels = config.model_kwargs.get("in_channels")
-    if channels is not None and channels != dataset.num_channels:
-        raise ValueError(
-            f"model_kwargs.in_channels={channels} but {config.data!r} has "
-            f"{dataset.num_channels} channels; drop in_channels (it is set from the data)."
-        )
-    # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
-    # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
-    # The model depends on the data's classes and channels, not on the batch: built for the
-    # run's batch (what the run reuses), called on two images (all the check needs).
-    try:
-        model = abstract_model(spec, InputSpec.of(dataset, spec.batch_size))
-        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(spec.layout)
-        probe = forward_bytes(model, images)  # what a batch's forward keeps for backward
-    except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
-        raise ValueError(f"conv_plan: {e}") from None
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(
-            f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
-            f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
-        ) from None
-    check_run_fits(config, model, probe, dataset.num_classes)
-    if config.eval_conv_plan is not None:
-        try:
-            check_plan_fits(model, config.eval_conv_plan)
-        except ConvPlanMismatch as e:
-            raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
-    return model
 
 
 def check_xla_options(options: dict) -> None:
@@ -173,27 +133,11 @@ def train_and_evaluate(
     ``ValueError`` before anything is compiled; a filesystem error is raised as a
     ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
-    asked = config
-    config = validate(config, jax.device_count())
     workdir = Path(workdir)
-    dataset = load_run_data(config)
-    config = with_data_fingerprint(config, dataset)
-    # What the run records of itself: an id carried in (another run's config.json) is not its.
-    config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
-    try:
-        schedule = make_step_schedule(config, dataset)
-        # The one resolution of the run: below, everything takes the spec, and what the run
-        # decides later (its resumed record, its conv plans) changes it as a value.
-        spec = resolve_spec(config, schedule.total_steps, jax.device_count())
-        if resume:
-            # Before the model is built: a changed model is then named as such, not by its
-            # conv plan. Reads only; the lock below keeps a second trainer out.
-            make_workdir(workdir, create=False)
-            note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
-            spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
+    spec, dataset, schedule, model = resolve_run(config, workdir, resume=resume)
+    with filesystem_errors(workdir):
         if spec.config.run_id is None:  # a new run, or one from before run ids
             spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
-        model = _check_dataset(spec, dataset)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
@@ -205,13 +149,6 @@ def train_and_evaluate(
                 )
             finally:
                 ckpt.close()
-    except WorkdirError:
-        raise
-    except Exception as e:
-        error = filesystem_error(e, workdir)
-        if error is None:
-            raise
-        raise error from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["plot_metrics"]
+__all__ = ["metrics_figure", "plot_metrics"]
 
 # Figure fractions for the 10x4 inch figure: room for tick labels of up to about 7
 # characters and the axis label on the left of each panel, the panel titles and the
@@ -29,9 +29,10 @@ def _series(records: list[dict], key: str) -> tuple[list, list]:
 
 
 def _zoom(values: list[float]) -> tuple[float, float]:
-    """Accuracy limits around the test accuracies (with a margin), inside [0, 1]: a run at
-    97-99% shows its differences instead of a flat line at the top of a 0..1 axis (single
-    batches' accuracies early in training may fall below it)."""
+    """Accuracy limits around every plotted accuracy (with a margin), inside [0, 1]: a run at
+    97-99% shows its differences instead of a flat line at the top of a 0..1 axis, and no
+    point falls off it (zooming to the test accuracies alone cut off the per-step and mean
+    train accuracies below them)."""
     if not values:
         return 0.0, 1.0
     low, high = min(values), max(values)
@@ -42,10 +43,15 @@ def _zoom(values: list[float]) -> tuple[float, float]:
 def plot_metrics(
     records: list[dict], path: str | os.PathLike, *, title: str = "", steps: list[dict] = ()
 ) -> None:
+    """``metrics_figure(records, title=title, steps=steps)`` written to ``path`` as a PNG."""
+    metrics_figure(records, title=title, steps=steps).savefig(os.fspath(path), dpi=100)
+
+
+def metrics_figure(records: list[dict], *, title: str = "", steps: list[dict] = ()) -> Figure:
     """Two panels against the optimizer step: loss and accuracy. ``records`` are the
     per-evaluation records (train means and test values), ``steps`` the per-step train
     records of ``steps.jsonl``, drawn as thin lines under them. The accuracy axis zooms to
-    the test accuracy."""
+    the accuracies drawn (``_zoom``)."""
     fig = Figure(figsize=(10, 4))
     fig.subplots_adjust(**_MARGINS)
     FigureCanvasAgg(fig)
@@ -55,11 +61,13 @@ def plot_metrics(
         xs, ys = _series(list(steps), key)
         if xs:
             ax.plot(xs, ys, linewidth=0.8, alpha=0.6, label="train (per step)")
+        drawn = [ys]
         for prefix, label in (("train_", "train (mean per eval)"), ("test_", "test")):
             xs, ys = _series(records, prefix + key)
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            if key == "accuracy" and prefix == "test_":
-                accuracies += ys
+            drawn.append(ys)
+        if key == "accuracy":
+            accuracies = [y for ys in drawn for y in ys]
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
     acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=_zoom(accuracies))
     for ax in (loss_ax, acc_ax):
@@ -68,4 +76,4 @@ def plot_metrics(
         ax.legend()
     if title:
         fig.suptitle(title)
-    fig.savefig(os.fspath(path), dpi=100)
+    return fig

@@ -192,9 +192,10 @@ def _add_layout_args(a: argparse.ArgumentParser) -> None:
     add_model_options(a)
     _add_input_args(a)
     a.add_argument("--candidates", help="e.g. NHWC:fp32,NCHW:mixed_bf16 (default: 2x2 grid)")
-    a.add_argument("--mode", type=parse_mode, choices=MODES, default="train")
+    a.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
+                   help="train (default): time the train step; infer: the forward")  # fmt: skip
     a.add_argument("--repeats", type=int, default=8, help="interleaved rounds (>= 6 to decide)")
-    a.add_argument("--warmup", type=int, default=1)
+    a.add_argument("--warmup", type=int, default=1, help="unmeasured steps after compiling (1)")
     a.add_argument("--cache", help="autotune cache file (default: $LAYOUTLAB_AUTOTUNE_CACHE or "
                    "~/.cache/layoutlab/autotune.json)")  # fmt: skip
     a.add_argument("--cache-dir", help=argparse.SUPPRESS)  # deprecated: a dir for autotune.json

@@ -1,0 +1,110 @@
+"""``resolve_run``: everything a training run decides before it writes anything.
+
+``train_and_evaluate`` starts from it, and ``train --print-config`` shows its spec's config
+(what ``config.json`` records) without training: one code path, so the printed config and
+the errors of bad input are the run's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from layoutlab.data import Dataset
+from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
+from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.resume import check_resume
+from layoutlab.train.run_data import load_run_data, with_data_fingerprint
+from layoutlab.train.run_identity import numerics_environment
+from layoutlab.train.run_memory import PROBE_BATCH, check_run_fits, forward_bytes
+from layoutlab.train.run_plan import abstract_model
+from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
+from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
+from layoutlab.train.workdir import WorkdirError, filesystem_error, make_workdir
+
+__all__ = ["CHECKPOINT_DIR", "filesystem_errors", "resolve_run"]
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
+    """The run's abstract model (``run_plan.abstract_model``) once ``spec`` is known to
+    build and run on ``dataset``'s images; the run's later steps reuse it."""
+    config = spec.config
+    channels = config.model_kwargs.get("in_channels")
+    if channels is not None and channels != dataset.num_channels:
+        raise ValueError(
+            f"model_kwargs.in_channels={channels} but {config.data!r} has "
+            f"{dataset.num_channels} channels; drop in_channels (it is set from the data)."
+        )
+    # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
+    # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
+    # The model depends on the data's classes and channels, not on the batch: built for the
+    # run's batch (what the run reuses), called on two images (all the check needs).
+    try:
+        model = abstract_model(spec, InputSpec.of(dataset, spec.batch_size))
+        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(spec.layout)
+        probe = forward_bytes(model, images)  # what a batch's forward keeps for backward
+    except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
+        raise ValueError(f"conv_plan: {e}") from None
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
+            f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
+        ) from None
+    check_run_fits(config, model, probe, dataset.num_classes)
+    if config.eval_conv_plan is not None:
+        try:
+            check_plan_fits(model, config.eval_conv_plan)
+        except ConvPlanMismatch as e:
+            raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
+    return model
+
+
+def resolve_run(
+    config: TrainConfig, workdir: Path | None, *, resume: bool = False
+) -> tuple[RunSpec, Dataset, StepSchedule, nnx.Module]:
+    """What ``train_and_evaluate`` decides before it writes anything: the run's spec (its
+    record without a run id, whose automatic fields are filled in and whose conv plans are
+    as ``config`` gives them: a run decides those when it starts), data set, schedule and
+    abstract model; every config error is raised here. Reads only (``train --print-config``
+    shows the spec's config): nothing is compiled, tuned or written. ``workdir``: the run's,
+    read on ``resume``; None where there is none yet (no --workdir) and no resume."""
+    asked = config
+    config = validate(config, jax.device_count())
+    dataset = load_run_data(config)
+    config = with_data_fingerprint(config, dataset)
+    # What the run records of itself: an id carried in (another run's config.json) is not its.
+    config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
+    with filesystem_errors(workdir):
+        schedule = make_step_schedule(config, dataset)
+        # The one resolution of the run: below, everything takes the spec, and what the run
+        # decides later (its resumed record, its conv plans) changes it as a value.
+        spec = resolve_spec(config, schedule.total_steps, jax.device_count())
+        if resume:
+            # Before the model is built: a changed model is then named as such, not by its
+            # conv plan. Reads only; the lock in train_and_evaluate keeps a second trainer out.
+            make_workdir(workdir, create=False)
+            note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
+            spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
+        return spec, dataset, schedule, _check_dataset(spec, dataset)
+
+
+@contextlib.contextmanager
+def filesystem_errors(workdir: Path):
+    """A filesystem error inside as the one-line ``WorkdirError`` naming the path and fix."""
+    try:
+        yield
+    except WorkdirError:
+        raise
+    except Exception as e:
+        error = filesystem_error(e, workdir)
+        if error is None:
+            raise
+        raise error from None
