@@ -39,7 +39,9 @@ from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.divergence import Divergence
+from layoutlab.train.ema import ema_view
 from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
+from layoutlab.train.lr_schedule import check_run_steps
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -184,13 +186,16 @@ def train_and_evaluate(
         schedule = make_step_schedule(config, dataset)
         # The one resolution of the run: below, everything takes the spec, and what the run
         # decides later (its resumed record, its conv plans) changes it as a value.
-        spec = resolve_spec(config, schedule.total_steps, jax.device_count())
+        per_epoch = schedule.steps_per_epoch / schedule.accum_steps  # optimizer steps
+        spec = resolve_spec(config, schedule.total_steps, jax.device_count(), per_epoch)
         if resume:
             # Before the model is built: a changed model is then named as such, not by its
             # conv plan. Reads only; the lock below keeps a second trainer out.
             make_workdir(workdir, create=False)
             note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
             spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
+        # After the resume check, which names a changed field first.
+        check_run_steps(spec.config, schedule.total_steps, per_epoch)
         if spec.config.run_id is None:  # a new run, or one from before run ids
             spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
         model = _check_dataset(spec, dataset)
@@ -290,6 +295,7 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
         f"{shard.num_devices} device(s), train step compiled in {compile_s:.1f}s); "
         f"outputs in {workdir}"
     )
+    progress.write(f"schedule: {spec.optimizer.schedule_line}")
     step_log = StepLog.for_run(workdir, spec, schedule, start, enabled=main)
     scaled = not isinstance(spec.loss_scale, NoOpLossScale)
     divergence = Divergence(
@@ -320,6 +326,9 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
 def _eval_record(run: _Run, state, step: int) -> dict:
     record = {"step": step, "epoch": run.schedule.epoch(step)}
     record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard))
+    if state.ema is not None:  # the EMA weights on the same compiled eval step
+        ema = evaluate(run.eval_step, ema_view(state), run.dataset, run.spec, run.shard)
+        record.update({f"ema_{name}": value for name, value in ema.items()})
     record.update(host_scalars(state))
     return record
 
