@@ -103,13 +103,15 @@ def ema_run(tmp_path_factory):
     return workdir, record
 
 
-def test_a_killed_and_resumed_ema_cosine_run_ends_bitwise_equal(ema_run, tmp_path):
+def test_a_killed_and_resumed_ema_cosine_run_ends_bitwise_equal(ema_run, tmp_path, capsys):
     workdir, _ = ema_run
     killed = tmp_path / "killed"
     shutil.copytree(workdir, killed)
     for step in ("4", "6"):  # as a kill right after step 2's save leaves it
         shutil.rmtree(killed / "checkpoints" / step)
-    train_and_evaluate(RUN, killed, resume=True, quiet=True)
+    train_and_evaluate(RUN, killed, resume=True)
+    # The line that says what will run: 5% of 6 steps rounds to no warmup.
+    assert "\nschedule: cosine 0.003 -> 0.0001 over 6 steps\n" in capsys.readouterr().out
     want, _ = read_checkpoint(workdir / "checkpoints")
     got, _ = read_checkpoint(killed / "checkpoints")
     assert want.keys() == got.keys()
@@ -136,8 +138,9 @@ def test_evaluation_reports_the_ema_and_the_readers_take_it(ema_run, capsys):
     assert code == 0 and json.loads(out)["test_loss"] == record["ema_test_loss"]
 
 
-def test_weights_ema_of_a_run_without_ema_is_one_error_line(guarantees_run, capsys):
-    for command in (["evaluate"], ["predict", str(guarantees_run)], ["export", "--out", "x"]):
+def test_weights_ema_of_a_run_without_ema_is_one_error_line(guarantees_run, tmp_path, capsys):
+    out = str(tmp_path / "model.jax")
+    for command in (["evaluate"], ["predict", str(guarantees_run)], ["export", "--out", out]):
         code, _, err = run_cli(capsys, *command, "--workdir", guarantees_run, "--weights", "ema")
         assert code == 2
         one_line_error(err, "trained without a moving average", "--weights raw")
@@ -182,6 +185,7 @@ def test_bad_recipe_values_are_one_error_line(tmp_path, capsys, flags, fragment)
         (["--clip-grad-norm", "1"], "clip_grad_norm"),
         (["--min-lr", "1e-5"], "min_lr"),
         (["--warmup-epochs", "0.01"], "warmup_epochs"),
+        (["--schedule", "constant"], "schedule"),
     ],
 )
 def test_resume_refuses_a_changed_recipe(copy, capsys, flags, field):

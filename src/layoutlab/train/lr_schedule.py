@@ -16,7 +16,6 @@ import optax
 
 if TYPE_CHECKING:
     from layoutlab.train.config import TrainConfig
-    from layoutlab.train.optim import OptimizerSpec
 
 __all__ = ["build_schedule", "check_run_steps", "schedule_line", "schedule_steps"]
 
@@ -86,8 +85,9 @@ def check_run_steps(config: TrainConfig, total_steps: int, steps_per_epoch: floa
         previous = step
 
 
-def build_schedule(spec: OptimizerSpec) -> optax.Schedule:
-    """The learning rate of ``spec`` by optimizer count (0 for the first update)."""
+def build_schedule(spec) -> optax.Schedule:
+    """The learning rate of ``spec`` (a ``train.optim.OptimizerSpec``, which imports this
+    module) by optimizer count (0 for the first update)."""
     warmup, lr, floor = spec.warmup_steps, spec.learning_rate, spec.min_lr
     if spec.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
@@ -113,7 +113,7 @@ def _epochs(value: float) -> str:
     return f"{value:g} epoch{'' if value == 1 else 's'}"
 
 
-def schedule_line(spec: OptimizerSpec) -> str:
+def schedule_line(spec) -> str:
     """What the schedule will run, in one line, e.g. ``cosine 0.003 -> 1e-05 over 1560
     steps, warmup 78 steps (1 epoch)``."""
     lr, floor = spec.learning_rate, spec.min_lr
