@@ -135,7 +135,7 @@ def _add_recipe_arguments(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     )
     p.add_argument("--warmup-steps", metavar="N", help="the warmup in optimizer steps instead")
     p.add_argument(
-        "--min-lr", metavar="LR", help="the floor: cosine ends at it, step stays above it (0)"
+        "--min-lr", metavar="LR", help="the floor: cosine ends at it, step never goes below it (0)"
     )
     p.add_argument(
         "--lr-decay-epochs",

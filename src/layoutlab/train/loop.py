@@ -39,8 +39,13 @@ from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.divergence import Divergence
-from layoutlab.train.ema import ema_view
-from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
+from layoutlab.train.evaluation import (
+    evaluate,
+    evaluate_with_ema,
+    host_scalars,
+    jit_eval_step,
+    run_eval_batch,
+)
 from layoutlab.train.lr_schedule import check_run_steps
 from layoutlab.train.metrics import (
     CONFIG_FILE,
@@ -325,10 +330,7 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
 
 def _eval_record(run: _Run, state, step: int) -> dict:
     record = {"step": step, "epoch": run.schedule.epoch(step)}
-    record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard))
-    if state.ema is not None:  # the EMA weights on the same compiled eval step
-        ema = evaluate(run.eval_step, ema_view(state), run.dataset, run.spec, run.shard)
-        record.update({f"ema_{name}": value for name, value in ema.items()})
+    record.update(evaluate_with_ema(run.eval_step, state, run.dataset, run.spec, run.shard))
     record.update(host_scalars(state))
     return record
 
