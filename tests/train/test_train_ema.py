@@ -158,6 +158,15 @@ _STEPS = ["--steps", "4", "--batch-size", "32", "--set", "model_kwargs.width=4"]
         (["--schedule", "step"], "schedule='step' needs the epochs to decay at"),
         (["--schedule", "step", "--lr-decay-epochs", "0.06,0.03"], "strictly increasing"),
         (["--schedule", "step", "--lr-decay-epochs", "0.05,9"], "epoch 9 (optimizer step"),
+        # 44 batches an epoch: 0.05 epoch is 2 steps, 0.02 and 0.03 are both step 1.
+        (
+            ["--schedule", "step", "--lr-decay-epochs", "0.03", "--warmup-epochs", "0.05"],
+            "is inside the warmup (2 steps)",
+        ),
+        (
+            ["--schedule", "step", "--warmup-steps", "0", "--lr-decay-epochs", "0.02,0.03"],
+            "falls on optimizer step 1",
+        ),  # fmt: skip
         (["--lr-decay-epochs", "1"], "applies to schedule='step' only"),
         (["--lr-decay-rate", "0"], "lr_decay_rate must be a finite number > 0"),
         (["--lr-decay-rate", "2"], "lr_decay_rate must be in (0, 1]"),
