@@ -111,7 +111,7 @@ def test_logits_with_the_batch_plan_match_xla_convs(run):
 def test_load_model_plans_for_the_batch_it_is_given(run, monkeypatch):
     # load_model rebuilds the run as open_run does; the fixture's run stands in for one read
     # from a checkpoint.
-    monkeypatch.setattr(load_module, "open_run", lambda workdir, step: run)
+    monkeypatch.setattr(load_module, "open_run", lambda workdir, step, weights="raw": run)
     x = run.dataset.test_images[:1]
     depthwise = set(_depthwise(run.spec.conv_plan))
     trained = load_module.load_model("run")

@@ -96,7 +96,7 @@ def test_bad_overrides_name_the_field(item, message):
         ({"model_kwargs": {"depth": 3}}, r"model_kwargs \['depth'\] are not options"),
         ({"model_kwargs": {"layout": "NCHW"}}, "model_kwargs may not set"),
         ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0"),
-        ({"schedule": "step"}, "Unknown schedule 'step'"),
+        ({"schedule": "linear"}, "Unknown schedule 'linear'"),
         ({"seed": -1}, "seed must lie in"),
         (
             {"conv_algorithm": "winograd4", "precision": "mixed_bf16"},

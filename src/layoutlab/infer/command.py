@@ -44,6 +44,13 @@ def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
         metavar="STEP",
         help="the checkpoint's step (default: the newest)",
     )
+    p.add_argument(
+        "--weights",
+        choices=("raw", "ema"),
+        default="raw",
+        help="the trained weights (raw, default) or their moving average (ema: a run trained "
+        "with --ema-decay)",
+    )
     return p
 
 
@@ -139,7 +146,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
     json_file = None if args.json in (None, STDOUT) else args.json
     check_outputs(args.workdir, {"--json-file": json_file, "--out": args.out})
     result = evaluate_workdir(
-        args.workdir, args.checkpoint, data=args.data, batch_size=args.batch_size
+        args.workdir,
+        args.checkpoint,
+        data=args.data,
+        batch_size=args.batch_size,
+        weights=args.weights,
     )
     to_stdout = args.json == STDOUT
     print(json.dumps(result, indent=1) if to_stdout else format_report(result))
@@ -166,7 +177,7 @@ def run_predict(args: argparse.Namespace) -> int:
     from layoutlab.infer.load import open_run
     from layoutlab.infer.predict import predict_files
 
-    run = open_run(args.workdir, args.checkpoint)
+    run = open_run(args.workdir, args.checkpoint, weights=args.weights)
     results = predict_files(run, args.images, args.top_k, batch_size=args.batch_size)
     if args.json:
         print(json.dumps(results, indent=1))
@@ -188,7 +199,7 @@ def run_export(args: argparse.Namespace) -> int:
     output_file(args.out)
     if args.torch_state_dict:
         output_file(args.torch_state_dict, "--torch-state-dict")
-    run = open_run(args.workdir, args.checkpoint)
+    run = open_run(args.workdir, args.checkpoint, weights=args.weights)
     out, sidecar = export_run(run, args.out, platforms=platforms, batch=batch)
     print(
         f"wrote {out} ({out.stat().st_size} bytes, platforms {','.join(platforms)}, batch "

@@ -148,7 +148,13 @@ def plot_confusion(result: dict, path: str | Path) -> Path:
 
 
 def evaluate_workdir(
-    workdir, step: int | None = None, *, data: str | None = None, batch_size: int | None = None
+    workdir,
+    step: int | None = None,
+    *,
+    data: str | None = None,
+    batch_size: int | None = None,
+    weights: str = "raw",
 ) -> dict:
-    """``evaluate_run`` of ``open_run(workdir, step, data=data)`` at ``batch_size``."""
-    return evaluate_run(open_run(workdir, step, data=data), batch_size)
+    """``evaluate_run`` of ``open_run(workdir, step, data=data, weights=weights)`` at
+    ``batch_size``."""
+    return evaluate_run(open_run(workdir, step, data=data, weights=weights), batch_size)

@@ -38,6 +38,7 @@ from layoutlab.train.state import ModelDefs, TrainState, split_model
 from layoutlab.train.steps import make_forward
 
 __all__ = [
+    "WEIGHTS",
     "NoRunError",
     "Run",
     "checkpoint_state",
@@ -46,6 +47,11 @@ __all__ = [
     "load_model",
     "open_run",
 ]
+
+
+# Which weights of a checkpoint a reader uses: the trained ones, or their moving average
+# (a run trained with ema_decay; train.ema).
+WEIGHTS = ("raw", "ema")
 
 
 class NoRunError(FileNotFoundError):
@@ -193,7 +199,12 @@ def _read(workdir: Path, step: int | None, run_id: str | None) -> tuple[dict, di
 
 
 def checkpoint_state(
-    arrays: dict[str, np.ndarray], meta: dict, params: nnx.State, model_state: nnx.State, where: str
+    arrays: dict[str, np.ndarray],
+    meta: dict,
+    params: nnx.State,
+    model_state: nnx.State,
+    where: str,
+    prefix: str = "",
 ) -> tuple[nnx.State, nnx.State]:
     """``(params, model_state)`` with the values of a checkpoint's ``TrainState`` arrays.
 
@@ -201,6 +212,7 @@ def checkpoint_state(
     shapes and dtypes wanted. Checkpoint paths are ``TrainState`` key paths
     (``.params['classifier']...``); PRNG keys are stored as key data and wrapped again. A
     missing array or one of another shape or dtype raises ``IncompatibleCheckpointError``.
+    ``prefix``: where in the ``TrainState`` they are (``".ema"``: the moving average's).
     """
     impls = meta.get("key_impls", {})
     model = meta.get("extra", {}).get("config", {}).get("model", "another model")
@@ -229,13 +241,17 @@ def checkpoint_state(
 
         return fill
 
-    params = jax.tree_util.tree_map_with_path(value(".params"), params)
-    model_state = jax.tree_util.tree_map_with_path(value(".model_state"), model_state)
+    params = jax.tree_util.tree_map_with_path(value(prefix + ".params"), params)
+    model_state = jax.tree_util.tree_map_with_path(value(prefix + ".model_state"), model_state)
     return params, model_state
 
 
-def open_run(workdir: str | Path, step: int | None = None, *, data: str | None = None) -> Run:
-    """The run in ``workdir`` restored from checkpoint ``step`` (default: the newest).
+def open_run(
+    workdir: str | Path, step: int | None = None, *, data: str | None = None, weights: str = "raw"
+) -> Run:
+    """The run in ``workdir`` restored from checkpoint ``step`` (default: the newest), with its
+    ``weights`` (``WEIGHTS``: ``"ema"``, the moving average of a run trained with
+    ``ema_decay``).
 
     ``data`` replaces the run's data spec (it must have the run's image shape and classes).
     Raises ``NoRunError`` (a ``FileNotFoundError``) for a missing workdir, config or
@@ -246,6 +262,7 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     # train_and_evaluate resolves it.
     spec = resolve_spec(read_config(workdir), num_devices=jax.device_count())
     config = spec.config
+    _check_weights(weights, config, workdir)
     arrays, meta = _read(workdir, step, config.run_id)
     dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
@@ -255,8 +272,19 @@ def open_run(workdir: str | Path, step: int | None = None, *, data: str | None =
     defs, params, model_state = split_model(abstract)
     where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
     _check_writer(meta, config, where)
-    params, model_state = checkpoint_state(arrays, meta, params, model_state, where)
+    prefix = ".ema" if weights == "ema" else ""
+    params, model_state = checkpoint_state(arrays, meta, params, model_state, where, prefix)
     return Run(workdir, config, dataset, int(meta["step"]), defs, params, model_state)
+
+
+def _check_weights(weights: str, config: TrainConfig, workdir: Path) -> None:
+    if weights not in WEIGHTS:
+        raise ValueError(f"Unknown weights {weights!r}; use one of: {', '.join(WEIGHTS)}.")
+    if weights == "ema" and not config.ema_decay:
+        raise ValueError(
+            f"{workdir} was trained without a moving average of its weights (its config.json "
+            "sets no ema_decay); use --weights raw, or train with --ema-decay D."
+        )
 
 
 # Config fields that decide the arrays' meaning; kernel_storage can transpose square kernels
@@ -294,7 +322,12 @@ def _other_data(spec: str, run_data: Dataset, config: TrainConfig) -> Dataset:
 
 
 def load_model(
-    workdir: str | Path, step: int | None = None, *, layout=None, batch_size: int | None = None
+    workdir: str | Path,
+    step: int | None = None,
+    *,
+    layout=None,
+    batch_size: int | None = None,
+    weights: str = "raw",
 ) -> nnx.Module:
     """The model trained in ``workdir``, restored from checkpoint ``step`` (default: the
     newest), in eval mode and ready to call on normalized images.
@@ -303,6 +336,7 @@ def load_model(
     converted with ``layoutlab.convert_layout``). Its ``"auto"`` convs carry the run's conv
     plan, whose entries match the training batch's shapes only; ``batch_size`` plans them for
     calls on that many images instead, as ``predict`` does (``infer.plan.planned_model``).
+    ``weights="ema"``: the moving average of a run trained with ``ema_decay``.
     Raises ``FileNotFoundError`` (``NoRunError``) when the workdir, its config.json or the
     checkpoint is missing, and ``ValueError`` when the checkpoint was written by another
     model or ``batch_size`` is not a positive integer.
@@ -316,7 +350,7 @@ def load_model(
             f"batch_size must be a positive integer (the number of images per call), got "
             f"{batch_size!r}."
         )
-    run = open_run(workdir, step)
+    run = open_run(workdir, step, weights=weights)
     model = run.model()
     if layout is not None:
         from layoutlab.nn.convert import convert_layout

@@ -33,6 +33,15 @@ _FLAGS = {
     "image_size": "image_size",
     "log_every": "log_every",
     "param_sharding": "param_sharding",
+    # The schedule, clipping and EMA (train.lr_schedule, train.ema).
+    "schedule": "schedule",
+    "warmup_epochs": "warmup_epochs",
+    "warmup_steps": "warmup_steps",
+    "min_lr": "min_lr",
+    "lr_decay_epochs": "lr_decay_epochs",
+    "lr_decay_rate": "lr_decay_rate",
+    "clip_grad_norm": "clip_grad_norm",
+    "ema_decay": "ema_decay",
 }
 
 
@@ -82,6 +91,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accum-steps", help="micro-batches per optimizer step (default 1)")
     p.add_argument("--lr", help=f"peak learning rate (default {d.learning_rate})")
     p.add_argument("--optimizer", help=f"sgd | momentum | adam | adamw (default {d.optimizer})")
+    _add_recipe_arguments(p, d)
     p.add_argument("--remat", action="store_true", default=None, help="recompute block activations")
     p.add_argument("--seed", help=f"seed of init, shuffling and dropout (default {d.seed})")
     p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
@@ -117,6 +127,40 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help=f"any config field ({', '.join(field_names())}; model_kwargs.NAME=VALUE, "
         "xla_options.NAME=VALUE)",
+    )
+
+
+def _add_recipe_arguments(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    p.add_argument(
+        "--schedule",
+        help=f"constant | cosine | step: the learning rate after the warmup (default {d.schedule})",
+    )
+    p.add_argument(
+        "--warmup-epochs",
+        metavar="E",
+        help="linear warmup over E epochs (a fraction is fine); default 5%% of the steps",
+    )
+    p.add_argument("--warmup-steps", metavar="N", help="the warmup in optimizer steps instead")
+    p.add_argument(
+        "--min-lr", metavar="LR", help="the floor: cosine ends at it, step never goes below it (0)"
+    )
+    p.add_argument(
+        "--lr-decay-epochs",
+        metavar="E1,E2,...",
+        help="--schedule step: multiply the rate by --lr-decay-rate at each of these epochs",
+    )
+    p.add_argument(
+        "--lr-decay-rate", metavar="R", help=f"--schedule step's factor (default {d.lr_decay_rate})"
+    )
+    p.add_argument(
+        "--clip-grad-norm",
+        metavar="MAX",
+        help="clip each optimizer step's whole gradient to this global L2 norm",
+    )
+    p.add_argument(
+        "--ema-decay",
+        metavar="D",
+        help="keep a moving average of the weights (e.g. 0.9998), evaluated beside them",
     )
 
 

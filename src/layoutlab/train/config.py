@@ -21,6 +21,7 @@ from layoutlab.train.config_checks import (
     check_conv,
     check_names,
     check_numbers,
+    check_recipes,
 )
 from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
 from layoutlab.train.image_size import image_size_value
@@ -71,8 +72,25 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0001
     schedule: str = "cosine"
-    # None: 5% of the optimizer steps.
+    # None: 5% of the optimizer steps (or warmup_epochs).
     warmup_steps: int | None = None
+    # Warmup in epochs (a fraction is fine), made optimizer steps with the run's steps per
+    # epoch; set this or warmup_steps, not both. The warmup rises linearly from min_lr.
+    warmup_epochs: float | None = None
+    # The floor of the learning rate: cosine ends at it, step decay never goes below it.
+    min_lr: float = 0.0
+    # schedule="step": the epochs (strictly increasing, inside the run) at which the
+    # learning rate is multiplied by lr_decay_rate, as torch's MultiStepLR milestones.
+    lr_decay_epochs: list | None = None
+    # schedule="step": the factor of each decay, in (0, 1].
+    lr_decay_rate: float = 0.1
+    # Clip the optimizer step's whole (accumulated, unscaled) gradient to this global L2
+    # norm, as torch.nn.utils.clip_grad_norm_; None: no clipping.
+    clip_grad_norm: float | None = None
+    # An exponential moving average of the weights (and BatchNorm statistics) with this
+    # decay per optimizer step, in [0, 1), e.g. 0.9998; evaluated beside the raw weights.
+    # None or 0: none.
+    ema_decay: float | None = None
     epochs: int = 5
     # Optimizer steps; overrides epochs when set.
     num_steps: int | None = None
@@ -291,6 +309,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     if config.image_size is not None:  # one stored form: [H, W]
         config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
     check_numbers(config)
+    check_recipes(config)
     policy = check_names(config)
     from layoutlab.train.model_checks import check_model
 

@@ -22,10 +22,11 @@ __all__ = [
     "check_names",
     "check_numbers",
     "check_positive",
+    "check_recipes",
 ]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "cosine", "step")
 AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
 INT32_MAX = 2**31 - 1
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
@@ -66,13 +67,20 @@ def _float32(value: float) -> float:
 
 
 def _check_float(
-    config, name: str, low: float, high: float | None = None, *, low_open: bool = False
+    config,
+    name: str,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    example: float | None = None,
 ) -> None:
     """``getattr(config, name)`` must be finite and in ``[low, high)`` (``(low, ...`` when
     ``low_open``) as the float32 it trains as; NaN and infinities fail every comparison that
-    lets a value through."""
+    lets a value through. ``example``: the value the message suggests (default: the
+    field's default)."""
     value = getattr(config, name)
-    default = getattr(type(config)(), name)
+    default = getattr(type(config)(), name) if example is None else example
     as_f32 = _float32(value) if math.isfinite(value) else value
     if math.isfinite(value) and (not math.isfinite(as_f32) or 0 < abs(value) < _F32_TINY):
         what = "overflows float32" if abs(value) > 1 else "underflows float32 (XLA flushes it to 0)"
@@ -184,3 +192,58 @@ def check_conv(config, policy) -> None:
                 f"values, got {name!r}: {value!r}; e.g. "
                 '{"xla_cpu_enable_fast_math": false} (--xla-option NAME=VALUE).'
             )
+
+
+def check_recipes(config) -> None:
+    """The schedule, clipping and EMA fields (issue 69) that need no data set; those that
+    need the run's length are ``train.lr_schedule.check_run_steps``'s."""
+    if config.warmup_epochs is not None:
+        if config.warmup_steps is not None:
+            raise ValueError(
+                f"warmup_steps={config.warmup_steps} and warmup_epochs={config.warmup_epochs} "
+                "both set the warmup; give one of them."
+            )
+        _check_float(config, "warmup_epochs", 0.0, example=1.0)
+    _check_float(config, "min_lr", 0.0)
+    if config.min_lr > config.learning_rate:
+        raise ValueError(
+            f"min_lr={config.min_lr:g} is above learning_rate={config.learning_rate:g}; a "
+            "floor must lie below the peak: lower min_lr or raise the learning rate."
+        )
+    _check_float(config, "lr_decay_rate", 0.0, low_open=True)
+    if config.lr_decay_rate > 1:
+        raise ValueError(
+            f"lr_decay_rate must be in (0, 1] (the factor of each decay), got "
+            f"{config.lr_decay_rate!r}; e.g. lr_decay_rate=0.1."
+        )
+    _check_decay_epochs(config)
+    if config.clip_grad_norm is not None:
+        _check_float(config, "clip_grad_norm", 0.0, low_open=True, example=1.0)
+    if config.ema_decay is not None:
+        _check_float(config, "ema_decay", 0.0, 1.0, example=0.9998)
+
+
+def _check_decay_epochs(config) -> None:
+    epochs = config.lr_decay_epochs
+    if config.schedule != "step":
+        if epochs:
+            raise ValueError(
+                f"lr_decay_epochs={epochs} applies to schedule='step' only, the schedule is "
+                f"{config.schedule!r}; add --schedule step or drop --lr-decay-epochs."
+            )
+        return
+    if not epochs:
+        raise ValueError(
+            "schedule='step' needs the epochs to decay at: --lr-decay-epochs E1,E2,... "
+            "(e.g. 30,60 for 90 epochs)."
+        )
+    numbers = all(isinstance(e, int | float) and not isinstance(e, bool) for e in epochs)
+    if not numbers or not all(math.isfinite(e) and e > 0 for e in epochs):
+        raise ValueError(
+            f"lr_decay_epochs must be positive finite numbers of epochs, got {epochs!r}; "
+            "e.g. --lr-decay-epochs 30,60."
+        )
+    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
+        raise ValueError(
+            f"lr_decay_epochs must be strictly increasing, got {epochs!r}; e.g. 30,60."
+        )

@@ -35,15 +35,21 @@ def parse_field_text(name: str, text: str, base: type, optional: bool):
             return int(raw)
         if base is float:
             return float(raw)
+        if base is list:  # numbers: 30,60 or [30, 60]
+            items = raw.strip("[]").replace(",", " ").split()
+            return [int(x) if x.lstrip("-").isdigit() else float(x) for x in items]
         if base is dict:
             value = json.loads(raw)
             if not isinstance(value, dict):
                 raise ValueError
             return value
     except ValueError:
-        kind = {bool: "true/false", int: "an integer", float: "a number"}.get(
-            base, 'a JSON object such as {"width": 8}'
-        )
+        kind = {
+            bool: "true/false",
+            int: "an integer",
+            float: "a number",
+            list: "numbers separated by commas",
+        }.get(base, 'a JSON object such as {"width": 8}')
         extra = " (or none)" if optional else ""
         raise ValueError(f"Bad value for {name}: {text!r} is not {kind}{extra}.") from None
     return raw

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 from layoutlab.data import Dataset, epoch_batches
+from layoutlab.train.ema import ema_view
 from layoutlab.train.sharding import Shardings, assemble, local_rows
 from layoutlab.train.skip import skipped_steps
 from layoutlab.train.spec import RunSpec
@@ -17,6 +18,7 @@ __all__ = [
     "eval_batches",
     "eval_sums",
     "evaluate",
+    "evaluate_with_ema",
     "host_scalars",
     "jit_eval_step",
     "pad_rows",
@@ -97,6 +99,17 @@ def record_metrics(sums: dict) -> dict:
 def evaluate(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
     """Loss and accuracy over the whole test split (``eval_sums``)."""
     return record_metrics(eval_sums(eval_step, state, dataset, spec, shard))
+
+
+def evaluate_with_ema(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
+    """``evaluate``, and for a state with a moving average of its weights (``train.ema``) the
+    average's figures beside them (``ema_test_loss``, ``ema_test_accuracy``), on the same
+    compiled eval step."""
+    record = evaluate(eval_step, state, dataset, spec, shard)
+    if state.ema is not None:
+        ema = evaluate(eval_step, ema_view(state), dataset, spec, shard)
+        record.update({f"ema_{name}": value for name, value in ema.items()})
+    return record
 
 
 def pad_rows(x: np.ndarray, size: int, fill=0) -> np.ndarray:

@@ -37,7 +37,13 @@ from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.divergence import Divergence
-from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
+from layoutlab.train.evaluation import (
+    evaluate,
+    evaluate_with_ema,
+    host_scalars,
+    jit_eval_step,
+    run_eval_batch,
+)
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -227,6 +233,7 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
         f"{shard.num_devices} device(s), train step compiled in {compile_s:.1f}s); "
         f"outputs in {workdir}"
     )
+    progress.write(f"schedule: {spec.optimizer.schedule_line}")
     step_log = StepLog.for_run(workdir, spec, schedule, start, enabled=main)
     scaled = not isinstance(spec.loss_scale, NoOpLossScale)
     divergence = Divergence(
@@ -256,7 +263,7 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
 
 def _eval_record(run: _Run, state, step: int) -> dict:
     record = {"step": step, "epoch": run.schedule.epoch(step)}
-    record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard))
+    record.update(evaluate_with_ema(run.eval_step, state, run.dataset, run.spec, run.shard))
     record.update(host_scalars(state))
     return record
 

@@ -5,7 +5,11 @@ frozen value, part of ``train.spec.RunSpec``) and ``build_optimizer`` makes the 
 transformation from it; ``make_optimizer``/``make_schedule`` do both for a config.
 
 Wrap order (see ``layoutlab.train.skip``): ``skip_nonfinite(MultiSteps(chain(...), k))``, so a
-micro-step with non-finite gradients leaves the accumulator untouched.
+micro-step with non-finite gradients leaves the accumulator untouched. ``clip_grad_norm`` is the
+first link of the chain: it sees the accumulated (full-batch), unscaled gradient of an
+optimizer step, never a micro-batch's.
+
+The schedule itself is ``train.lr_schedule``'s.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import optax
 
 from layoutlab.precision import Policy, get_policy
 from layoutlab.train.config import TrainConfig
+from layoutlab.train.lr_schedule import build_schedule, schedule_line, schedule_steps
 from layoutlab.train.skip import skip_nonfinite
 
 __all__ = [
@@ -47,6 +52,17 @@ class OptimizerSpec:
     total_steps: int  # optimizer steps the schedule spans
     accum_steps: int
     float32_state: bool  # half-precision params: the optimizer state is kept in float32
+    min_lr: float = 0.0  # the schedule's floor (train.lr_schedule)
+    decay_steps: tuple[int, ...] = ()  # "step": the optimizer counts at which it decays
+    decay_rate: float = 0.1
+    clip_grad_norm: float | None = None  # the accumulated gradient's global L2 norm at most
+    warmup_epochs: float | None = None  # as asked (the label says it); warmup_steps runs
+    steps_per_epoch: float | None = None  # optimizer steps per epoch, when the data is known
+
+    @property
+    def schedule_line(self) -> str:
+        """The schedule in one line (``train.lr_schedule.schedule_line``)."""
+        return schedule_line(self)
 
     @property
     def label(self) -> str:
@@ -57,9 +73,14 @@ class OptimizerSpec:
             parts.append(f"momentum={self.momentum:g}")
         if self.weight_decay:
             parts.append(f"wd={self.weight_decay:g}")
-        parts.append(f"{self.schedule} over {self.total_steps} steps")
-        if self.warmup_steps:
-            parts.append(f"warmup {self.warmup_steps}")
+        if self.min_lr or self.schedule == "step":
+            parts.append(self.schedule_line)  # what the short form below leaves out
+        else:
+            parts.append(f"{self.schedule} over {self.total_steps} steps")
+            if self.warmup_steps:
+                parts.append(f"warmup {self.warmup_steps}")
+        if self.clip_grad_norm is not None:
+            parts.append(f"clip {self.clip_grad_norm:g}")
         if self.accum_steps > 1:
             parts.append(f"accumulating {self.accum_steps}")
         if self.float32_state:
@@ -68,49 +89,47 @@ class OptimizerSpec:
 
 
 def optimizer_spec(
-    config: TrainConfig, total_steps: int, policy: Policy | None = None
+    config: TrainConfig,
+    total_steps: int,
+    policy: Policy | None = None,
+    steps_per_epoch: float | None = None,
 ) -> OptimizerSpec:
     """The ``OptimizerSpec`` of ``config`` over ``total_steps`` optimizer steps; ``policy``:
-    the run's (resolved from ``config.precision`` when not given)."""
+    the run's (resolved from ``config.precision`` when not given); ``steps_per_epoch``: the
+    run's optimizer steps per epoch, which epoch counts are converted with (None: the steps
+    over ``config.epochs``)."""
     policy = get_policy(config.precision) if policy is None else policy
+    warmup, decays = schedule_steps(config, total_steps, steps_per_epoch)
     return OptimizerSpec(
         name=config.optimizer,
         learning_rate=config.learning_rate,
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         schedule=config.schedule,
-        warmup_steps=warmup_steps(config, total_steps),
+        warmup_steps=warmup,
         total_steps=total_steps,
         accum_steps=config.accum_steps,
         float32_state=policy.param_dtype.itemsize < 4,
+        min_lr=config.min_lr,
+        decay_steps=decays,
+        decay_rate=config.lr_decay_rate,
+        clip_grad_norm=config.clip_grad_norm,
+        warmup_epochs=config.warmup_epochs,
+        steps_per_epoch=steps_per_epoch,
     )
 
 
 def warmup_steps(config: TrainConfig, total_steps: int) -> int:
     """The configured warmup, or 5% of the optimizer steps; never the whole run."""
-    steps = config.warmup_steps
-    if steps is None:
-        steps = round(0.05 * total_steps)
-    return min(steps, max(total_steps - 1, 0))
+    return schedule_steps(config, total_steps)[0]
 
 
-def make_schedule(config: TrainConfig, total_steps: int) -> optax.Schedule:
-    """Linear warmup from 0, then constant or cosine decay to 0 at ``total_steps``."""
-    return build_schedule(optimizer_spec(config, total_steps))
-
-
-def build_schedule(spec: OptimizerSpec) -> optax.Schedule:
-    """The learning rate of ``spec`` by optimizer step."""
-    warmup, lr, total_steps = spec.warmup_steps, spec.learning_rate, spec.total_steps
-    if spec.schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(
-            0.0, lr, warmup_steps=warmup, decay_steps=max(total_steps, 1), end_value=0.0
-        )
-    if warmup == 0:
-        return optax.constant_schedule(lr)
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)], [warmup]
-    )
+def make_schedule(
+    config: TrainConfig, total_steps: int, steps_per_epoch: float | None = None
+) -> optax.Schedule:
+    """Linear warmup from ``min_lr``, then constant, cosine decay to ``min_lr`` at
+    ``total_steps`` or step decay (``train.lr_schedule.build_schedule``)."""
+    return build_schedule(optimizer_spec(config, total_steps, steps_per_epoch=steps_per_epoch))
 
 
 def decay_mask(params):
@@ -119,6 +138,15 @@ def decay_mask(params):
 
 
 def _inner(spec: OptimizerSpec, schedule) -> optax.GradientTransformation:
+    base = _update_rule(spec, schedule)
+    if spec.clip_grad_norm is None:
+        return base
+    # First, so weight decay added to the gradient (sgd, adam) is not clipped, as in
+    # torch, where clip_grad_norm_ runs before optimizer.step adds it.
+    return optax.chain(optax.clip_by_global_norm(spec.clip_grad_norm), base)
+
+
+def _update_rule(spec: OptimizerSpec, schedule) -> optax.GradientTransformation:
     wd = spec.weight_decay
     if spec.name == "adamw":
         return optax.adamw(schedule, weight_decay=wd, mask=decay_mask)

@@ -146,7 +146,7 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)
         # A copy: a step may take the state's buffers (donated), the spec keeps its value.
         loss_scale = jax.tree.map(jnp.array, spec.loss_scale)
-        return create_train_state(model, tx, loss_scale)[1]
+        return create_train_state(model, tx, loss_scale, ema=spec.ema_decay is not None)[1]
 
     return Program(
         spec=spec,
@@ -155,7 +155,12 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         tx=tx,
         init=init,
         train_step=make_train_step(
-            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=axis
+            defs,
+            tx,
+            augment=_augment_fn(spec),
+            skip_branch=branch,
+            class_axis=axis,
+            ema_decay=spec.ema_decay,
         ),
         eval_step=make_eval_step(step_defs, axis),
         forward=make_forward(step_defs),

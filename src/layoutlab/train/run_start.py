@@ -18,6 +18,7 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.lr_schedule import check_run_steps
 from layoutlab.train.resume import check_resume
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
 from layoutlab.train.run_identity import numerics_environment
@@ -86,13 +87,16 @@ def resolve_run(
         schedule = make_step_schedule(config, dataset)
         # The one resolution of the run: below, everything takes the spec, and what the run
         # decides later (its resumed record, its conv plans) changes it as a value.
-        spec = resolve_spec(config, schedule.total_steps, jax.device_count())
+        per_epoch = schedule.steps_per_epoch / schedule.accum_steps  # optimizer steps
+        spec = resolve_spec(config, schedule.total_steps, jax.device_count(), per_epoch)
         if resume:
             # Before the model is built: a changed model is then named as such, not by its
             # conv plan. Reads only; the lock in train_and_evaluate keeps a second trainer out.
             make_workdir(workdir, create=False)
             note = (lambda m: print(m, file=sys.stderr)) if jax.process_index() == 0 else None
             spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
+        # After the resume check, which names a changed field first.
+        check_run_steps(spec.config, schedule.total_steps, per_epoch)
         return spec, dataset, schedule, _check_dataset(spec, dataset)
 
 

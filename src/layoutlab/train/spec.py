@@ -140,6 +140,7 @@ class RunSpec:
     seed: int
     remat: bool
     augment: bool
+    ema_decay: float | None = None  # the weights' moving average (train.ema); None: none
 
     def compile_options(self, mode: str) -> dict:
         """The XLA options of the run's ``"train"`` or ``"infer"`` programs."""
@@ -196,13 +197,17 @@ def _algorithms(conv_algorithm: str, *plans: ConvPlan | None) -> dict[str, Algor
 
 
 def resolve_spec(
-    config: TrainConfig, total_steps: int | None = None, num_devices: int = 1
+    config: TrainConfig,
+    total_steps: int | None = None,
+    num_devices: int = 1,
+    steps_per_epoch: float | None = None,
 ) -> RunSpec:
     """The ``RunSpec`` of a checked ``config`` (``train.config.validate``, or the checks of
     the command that made it); ``total_steps``: the optimizer steps the schedule spans
     (None: ``config.num_steps``, else ``SCHEDULE_STEPS``); ``num_devices``: the devices a
     data-parallel run splits its batches over (``bench`` and ``inspect`` build one
-    device's program)."""
+    device's program); ``steps_per_epoch``: the run's optimizer steps per epoch, which the
+    schedule's epoch counts are converted with (``train.optim.optimizer_spec``)."""
     policy = get_policy(config.precision)
     if total_steps is None:
         total_steps = config.num_steps or SCHEDULE_STEPS
@@ -236,12 +241,13 @@ def resolve_spec(
         kernel_storage=config.kernel_storage,
         activation_storage=config.activation_storage,
         xla_options=types.MappingProxyType(options),
-        optimizer=optimizer_spec(config, total_steps, policy),
+        optimizer=optimizer_spec(config, total_steps, policy, steps_per_epoch),
         data=config.data,
         image_size=None if config.image_size is None else tuple(config.image_size),
         seed=config.seed,
         remat=config.remat,
         augment=config.augment,
+        ema_decay=config.ema_decay or None,
     )
 
 

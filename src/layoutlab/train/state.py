@@ -10,19 +10,22 @@ import optax
 from flax import nnx
 
 from layoutlab.loss_scale import NoOpLossScale
+from layoutlab.train.ema import init_ema
 
 __all__ = ["ModelDefs", "TrainState", "create_train_state", "split_model"]
 
 
 class TrainState(NamedTuple):
     """``params`` are the model's ``nnx.Param``s; ``model_state`` is everything else the model
-    holds (BatchNorm statistics, dropout RNG keys and counters)."""
+    holds (BatchNorm statistics, dropout RNG keys and counters); ``ema``: the weights'
+    moving average (``train.ema.EmaState``), None without ``ema_decay``."""
 
     step: jax.Array
     params: nnx.State
     model_state: nnx.State
     opt_state: optax.OptState
     loss_scale: Any
+    ema: Any = None
 
 
 class ModelDefs(NamedTuple):
@@ -44,8 +47,9 @@ def split_model(model: nnx.Module) -> tuple[ModelDefs, nnx.State, nnx.State]:
 
 
 def create_train_state(
-    model: nnx.Module, tx: optax.GradientTransformation, loss_scale=None
+    model: nnx.Module, tx: optax.GradientTransformation, loss_scale=None, ema: bool = False
 ) -> tuple[ModelDefs, TrainState]:
+    """``ema``: keep a moving average of the weights (``train.ema``), starting from them."""
     defs, params, model_state = split_model(model)
     state = TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -53,5 +57,6 @@ def create_train_state(
         model_state=model_state,
         opt_state=tx.init(params),
         loss_scale=loss_scale if loss_scale is not None else NoOpLossScale(),
+        ema=init_ema(params, model_state) if ema else None,
     )
     return defs, state

@@ -14,6 +14,7 @@ import optax
 from flax import nnx
 
 from layoutlab.loss_scale import all_finite
+from layoutlab.train.ema import optimizer_stepped, update_ema
 from layoutlab.train.skip import update_and_apply
 from layoutlab.train.state import ModelDefs, TrainState
 
@@ -56,6 +57,7 @@ def make_train_step(
     augment: Callable | None = None,
     skip_branch: str = "select",
     class_axis: int = -1,
+    ema_decay: float | None = None,
 ) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict]]:
     """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
 
@@ -64,6 +66,8 @@ def make_train_step(
     ``skip_branch``: how the params keep their values on such a step (``train.skip``).
     ``class_axis``: the logits' class axis (a segmentation model's per-pixel logits: the
     layout's channel axis); the labels have the logits' shape without it.
+    ``ema_decay``: the decay of ``state.ema`` (``train.ema``), updated once per applied
+    optimizer step; the state has an EMA exactly when it is given.
     """
 
     def loss_fn(params, model_state, images, labels, loss_scale):
@@ -89,12 +93,18 @@ def make_train_step(
             params, opt_state = update_and_apply(
                 tx, grads, state.opt_state, state.params, finite, skip_branch
             )
+        model_state = _select(finite, model_state, state.model_state)
+        ema = state.ema
+        if ema_decay is not None:
+            stepped = optimizer_stepped(state.opt_state, opt_state, finite)
+            ema = update_ema(ema, params, model_state, ema_decay, stepped)
         new_state = TrainState(
             step=state.step + 1,
             params=params,
-            model_state=_select(finite, model_state, state.model_state),
+            model_state=model_state,
             opt_state=opt_state,
             loss_scale=state.loss_scale.adjust(finite),
+            ema=ema,
         )
         metrics = {
             "loss": loss,
