@@ -18,6 +18,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "check_conv",
+    "check_init",
     "check_int32",
     "check_names",
     "check_numbers",
@@ -184,3 +185,16 @@ def check_conv(config, policy) -> None:
                 f"values, got {name!r}: {value!r}; e.g. "
                 '{"xla_cpu_enable_fast_math": false} (--xla-option NAME=VALUE).'
             )
+
+
+def check_init(config) -> None:
+    """``init`` names something to read; ``freeze_backbone`` needs it (a frozen random
+    backbone probes nothing)."""
+    if config.init is not None and not config.init.strip():
+        raise ValueError("init is empty; pass a .pth/.pt state dict or a run's workdir.")
+    if config.freeze_backbone and config.init is None:
+        raise ValueError(
+            "freeze_backbone needs init: a frozen backbone would keep its random "
+            "initialization; pass --init PATH (the weights to probe), or drop "
+            "--freeze-backbone."
+        )

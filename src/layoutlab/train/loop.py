@@ -40,7 +40,9 @@ from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.divergence import Divergence
 from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
+from layoutlab.train.init_weights import initial_values, read_init, with_init_fingerprint
 from layoutlab.train.metrics import (
+    CHECKPOINT_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     RunningMean,
@@ -82,7 +84,6 @@ __all__ = [
 ]
 
 PLOT_FILE = "metrics.png"
-CHECKPOINT_DIR = "checkpoints"
 # Metrics are fetched from the device every this many micro-steps (each fetch syncs).
 _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
@@ -178,6 +179,8 @@ def train_and_evaluate(
     workdir = Path(workdir)
     dataset = load_run_data(config)
     config = with_data_fingerprint(config, dataset)
+    init_weights = None if config.init is None else read_init(config.init)
+    config = with_init_fingerprint(config, init_weights)
     # What the run records of itself: an id carried in (another run's config.json) is not its.
     config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
     try:
@@ -194,6 +197,13 @@ def train_and_evaluate(
         if spec.config.run_id is None:  # a new run, or one from before run ids
             spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
         model = _check_dataset(spec, dataset)
+        weights = None
+        if init_weights is not None:  # before the workdir: weights that do not fit fail here
+            inputs = InputSpec.of(dataset, spec.batch_size)
+            # The head's note once, when the run starts from the weights (not on a resume).
+            said = resume or jax.process_index() != 0
+            log = (lambda m: None) if said else (lambda m: print(m, file=sys.stderr))
+            weights = initial_values(spec, inputs, model, init_weights, log)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
@@ -201,8 +211,9 @@ def train_and_evaluate(
             ckpt = _open_checkpoints(workdir, spec.config, resume)
             try:
                 return _run(
-                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
-                )
+                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model,
+                    weights,
+                )  # fmt: skip
             finally:
                 ckpt.close()
     except WorkdirError:
@@ -232,8 +243,11 @@ class _Run:
     divergence: Divergence
 
 
-def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
-    """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``)."""
+def _run(
+    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model, weights=None
+) -> dict:
+    """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``);
+    ``weights``: what a new run starts from (``train.init_weights.initial_values``)."""
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(spec.data_parallel)
@@ -273,8 +287,10 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
         # The run's xla_options apply to init too, except its fast-compile level.
         run_options = program.spec.compile_options("train")
         options = {**run_options, **programs.INIT_COMPILER_OPTIONS}
-        lowered = jax.jit(init, out_shardings=state_sharding).lower()
-        state = compile_with_options(lowered, run_options, options)()
+        # The init weights go in as arguments: as constants they would be compiled in.
+        start_from = jax.jit(lambda w: init(weights=w), out_shardings=state_sharding)
+        lowered = start_from.lower(weights or {})
+        state = compile_with_options(lowered, run_options, options)(weights or {})
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)
