@@ -5,7 +5,9 @@ class more, compared), so no architecture names its head. Two parts:
 
 - the optimizer gives every other parameter a ``-0.0`` update (``frozen_updates``): ``x +
   (-0.0) == x`` bit for bit for every ``x``, ``-0.0`` included (``+0.0`` would turn a ``-0.0``
-  into ``+0.0``), and their optimizer state (moments, weight decay) is never made;
+  into ``+0.0``), and their optimizer state (moments, weight decay) is never made; the train
+  step takes no gradient of them (``steps.make_train_step``'s ``trainable``), so the
+  backbone runs forward only;
 - the backbone runs in eval mode in the train step too (``frozen_defs``): its BatchNorm
   layers normalize with their running statistics and keep them, its dropout is off. A backbone
   in train mode would normalize each batch by its own statistics, features the head never

@@ -144,11 +144,12 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))
     defs = split_model(abstract)[0]
     step_defs = eval_defs(spec, abstract, defs)
-    frozen = None
+    frozen = trainable = None
     if spec.config.freeze_backbone:  # train.freeze: only the head trains
         more = dataclasses.replace(inputs, num_classes=inputs.num_classes + 1)
         head = head_paths(abstract, nnx.eval_shape(lambda: build_model(spec, more)))
         frozen = functools.partial(frozen_updates, head=head)
+        trainable = head
         defs = frozen_defs(abstract, defs, head)
     tx = build_optimizer(spec.optimizer, branch, frozen=frozen)
     axis = class_axis(spec)
@@ -168,7 +169,12 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         tx=tx,
         init=init,
         train_step=make_train_step(
-            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=axis
+            defs,
+            tx,
+            augment=_augment_fn(spec),
+            skip_branch=branch,
+            class_axis=axis,
+            trainable=trainable,
         ),
         eval_step=make_eval_step(step_defs, axis),
         forward=make_forward(step_defs),
