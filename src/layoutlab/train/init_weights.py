@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +44,8 @@ __all__ = [
     "init_change",
     "initial_values",
     "read_init",
-    "with_init_fingerprint",
+    "run_values",
+    "with_init_weights",
 ]
 
 _CHUNK = 1 << 20
@@ -148,12 +150,15 @@ def _read_run(workdir: Path) -> InitWeights:
     return InitWeights(str(workdir), to_torch_state_dict(model), fingerprint)
 
 
-def with_init_fingerprint(config: TrainConfig, weights: InitWeights | None) -> TrainConfig:
+def with_init_weights(config: TrainConfig) -> tuple[TrainConfig, InitWeights | None]:
     """``config`` recording what its init weights were read from now (a value it carried, a
-    config.json given to ``--config``, is replaced), ``init`` as an absolute path."""
-    if weights is None:
-        return dataclasses.replace(config, init_fingerprint=None)
-    return dataclasses.replace(config, init=weights.path, init_fingerprint=weights.fingerprint)
+    config.json given to ``--config``, is replaced; ``init`` as an absolute path), and the
+    weights read (None without ``init``)."""
+    if config.init is None:
+        return dataclasses.replace(config, init_fingerprint=None), None
+    weights = read_init(config.init)
+    fields = {"init": weights.path, "init_fingerprint": weights.fingerprint}
+    return dataclasses.replace(config, **fields), weights
 
 
 def init_change(config: TrainConfig, recorded: dict | None, have: dict | None) -> str | None:
@@ -224,3 +229,15 @@ def initial_values(
             f"({was} -> {inputs.num_classes} classes; the init weights' head is not used)."
         )
     return values
+
+
+def run_values(
+    spec: RunSpec, dataset, model: nnx.Module, weights: InitWeights | None, *, announce: bool
+) -> dict[str, np.ndarray] | None:
+    """``initial_values`` for a run on ``dataset`` (None without init weights); the head's
+    note goes to stderr on process 0 when ``announce`` (a run starting, not resuming)."""
+    if weights is None:
+        return None
+    say = announce and jax.process_index() == 0
+    log = (lambda m: print(m, file=sys.stderr)) if say else (lambda m: None)
+    return initial_values(spec, InputSpec.of(dataset, spec.batch_size), model, weights, log)

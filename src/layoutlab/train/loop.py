@@ -40,7 +40,7 @@ from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.divergence import Divergence
 from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
-from layoutlab.train.init_weights import initial_values, read_init, with_init_fingerprint
+from layoutlab.train.init_weights import run_values, with_init_weights
 from layoutlab.train.metrics import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -179,8 +179,7 @@ def train_and_evaluate(
     workdir = Path(workdir)
     dataset = load_run_data(config)
     config = with_data_fingerprint(config, dataset)
-    init_weights = None if config.init is None else read_init(config.init)
-    config = with_init_fingerprint(config, init_weights)
+    config, init_weights = with_init_weights(config)
     # What the run records of itself: an id carried in (another run's config.json) is not its.
     config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
     try:
@@ -197,13 +196,9 @@ def train_and_evaluate(
         if spec.config.run_id is None:  # a new run, or one from before run ids
             spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
         model = _check_dataset(spec, dataset)
-        weights = None
-        if init_weights is not None:  # before the workdir: weights that do not fit fail here
-            inputs = InputSpec.of(dataset, spec.batch_size)
-            # The head's note once, when the run starts from the weights (not on a resume).
-            said = resume or jax.process_index() != 0
-            log = (lambda m: None) if said else (lambda m: print(m, file=sys.stderr))
-            weights = initial_values(spec, inputs, model, init_weights, log)
+        # Before the workdir: weights that do not fit fail here; the head's note only when
+        # the run starts from them (not on a resume).
+        weights = run_values(spec, dataset, model, init_weights, announce=not resume)
         make_workdir(workdir, create=not resume)
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
