@@ -25,6 +25,9 @@ from layoutlab.train.program import build_model, build_program
 from layoutlab.train.run_data import load_run_data
 from layoutlab.train.spec import InputSpec, resolve_spec
 
+# The resume reads the first run's programs back from the module's compilation cache.
+pytestmark = pytest.mark.usefixtures("shared_compiles")
+
 TINY = models.spec("small_cnn").tiny
 FAST = {"xla_backend_optimization_level": 0}
 HEAD = ("classifier.3.weight", "classifier.3.bias")  # small_cnn's last Dense
@@ -180,6 +183,12 @@ def test_resume_checks_the_init_weights(pth, frozen_run, tmp_path, capsys):
         assert "init weights are not those the run started from" in line, line
     finally:
         moved.replace(path)
+    # The same weights (named again, or not at all: config.json names them) resume the run.
+    code, err = _train([*resume, "--init", str(path)], capsys)
+    assert code == 0, err
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["init_fingerprint"] == {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
 
 
 @pytest.mark.torch
