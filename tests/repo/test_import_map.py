@@ -259,8 +259,8 @@ def test_the_import_graph_sees_importlib_and_lazy_export_edges():
     graph = _import_graph()
     assert "layoutlab.train.command" in graph["layoutlab.cli"]  # importlib, over cli.COMMANDS
     # `from layoutlab.nn import Conv, ...`: the modules nn's lazy table names, not nn itself
-    assert {"layoutlab.nn.conv", "layoutlab.nn.norm"} <= graph["layoutlab.compare.torch_weights"]
-    assert "layoutlab.nn" not in graph["layoutlab.compare.torch_weights"]
+    assert {"layoutlab.nn.conv", "layoutlab.nn.norm"} <= graph["layoutlab.models.torch_weights"]
+    assert "layoutlab.nn" not in graph["layoutlab.models.torch_weights"]
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

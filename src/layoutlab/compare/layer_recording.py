@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from layoutlab.layout import Layout, to_layout
+from layoutlab.models.torch_weights import torch_name as canonical_path
 from layoutlab.nn.base import LayoutModule
 
 __all__ = [
@@ -56,16 +57,6 @@ def highest_precision() -> Iterator[str]:
 
 def module_table(model: nnx.Module) -> dict[tuple, Any]:
     return {tuple(path): node for path, node in nnx.iter_modules(model)}
-
-
-def canonical_path(path: Sequence[Any], nodes: dict[tuple, Any]) -> str:
-    """Dotted PyTorch-style name of ``path``: the ``layers`` list of a Sequential is dropped."""
-    parts = []
-    for i, key in enumerate(path):
-        if key == "layers" and isinstance(nodes.get(tuple(path[: i + 1])), nnx.List):
-            continue
-        parts.append(str(key))
-    return ".".join(parts)
 
 
 def module_paths(model: nnx.Module, *, include_containers: bool = False) -> dict[int, tuple]:

@@ -42,6 +42,7 @@ _FLAGS = {
     "lr_decay_rate": "lr_decay_rate",
     "clip_grad_norm": "clip_grad_norm",
     "ema_decay": "ema_decay",
+    "init": "init",
 }
 
 
@@ -94,6 +95,20 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     _add_recipe_arguments(p, d)
     p.add_argument("--remat", action="store_true", default=None, help="recompute block activations")
     p.add_argument("--seed", help=f"seed of init, shuffling and dropout (default {d.seed})")
+    p.add_argument(
+        "--init",
+        metavar="PATH",
+        help="start from these weights: a PyTorch state dict (.pth/.pt, torchvision names; "
+        "needs the torch extra) or another run's workdir (its newest checkpoint), either "
+        "layout; a classifier head of another class count is re-initialized",
+    )
+    p.add_argument(
+        "--freeze-backbone",
+        action="store_true",
+        default=None,
+        help="train only the classifier head (linear probing; needs --init): the rest keeps "
+        "its weights and BatchNorm statistics",
+    )
     p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
     p.add_argument(
         "--resume",
@@ -281,6 +296,8 @@ def config_from_flags(args: argparse.Namespace) -> TrainConfig:
     ]
     if args.remat:
         overrides.append("remat=true")
+    if args.freeze_backbone:
+        overrides.append("freeze_backbone=true")
     for name in ("conv_plan", "eval_conv_plan"):
         if args.resume and any(item.partition("=")[0].strip() == name for item in args.set):
             # None is also "not given" in a TrainConfig, so only here can the ask be told apart.

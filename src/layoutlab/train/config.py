@@ -19,6 +19,7 @@ from layoutlab.train.config_checks import (
     OPTIMIZERS,
     SCHEDULES,
     check_conv,
+    check_init,
     check_names,
     check_numbers,
     check_recipes,
@@ -152,6 +153,19 @@ class TrainConfig:
     # The JAX settings that change a run's numbers (jax_enable_x64, the default matmul
     # precision, the PRNG), recorded when the run starts; a resume under others is refused.
     jax_numerics: dict | None = None
+    # Weights to start from (train.init_weights): a PyTorch state dict file (.pth/.pt, with
+    # torchvision's names; needs torch) or another layoutlab run's workdir (its newest
+    # checkpoint), in either layout; a classifier head of another class count is
+    # re-initialized. None: a fresh initialization from the seed. Stored as an absolute path.
+    init: str | None = None
+    # What init was read from, filled in when the run starts ({"sha256"} of the file, or
+    # {"run_id", "step", "sha256"} of the run's checkpoint); a resume from other weights is
+    # refused.
+    init_fingerprint: dict | None = None
+    # Linear probing: only the classifier head trains (the parameters whose shapes follow the
+    # class count); the rest keep their init weights bit for bit and their BatchNorm layers
+    # run in eval mode (running statistics used and kept). Needs init.
+    freeze_backbone: bool = False
 
     def __post_init__(self):
         # One form of a plan from here on: a ConvPlan (its dict is the JSON of to_dict).
@@ -315,5 +329,6 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
 
     check_model(config.model, config.model_kwargs, remat=config.remat)
     check_conv(config, policy)
+    check_init(config)
     _check_devices(config, num_devices)
     return config

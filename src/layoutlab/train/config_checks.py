@@ -18,6 +18,7 @@ __all__ = [
     "OPTIMIZERS",
     "SCHEDULES",
     "check_conv",
+    "check_init",
     "check_int32",
     "check_names",
     "check_numbers",
@@ -246,4 +247,17 @@ def _check_decay_epochs(config) -> None:
     if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
         raise ValueError(
             f"lr_decay_epochs must be strictly increasing, got {epochs!r}; e.g. 30,60."
+        )
+
+
+def check_init(config) -> None:
+    """``init`` names something to read; ``freeze_backbone`` needs it (a frozen random
+    backbone probes nothing)."""
+    if config.init is not None and not config.init.strip():
+        raise ValueError("init is empty; pass a .pth/.pt state dict or a run's workdir.")
+    if config.freeze_backbone and config.init is None:
+        raise ValueError(
+            "freeze_backbone needs init: a frozen backbone would keep its random "
+            "initialization; pass --init PATH (the weights to probe), or drop "
+            "--freeze-backbone."
         )

@@ -45,6 +45,7 @@ from layoutlab.train.evaluation import (
     run_eval_batch,
 )
 from layoutlab.train.metrics import (
+    CHECKPOINT_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     RunningMean,
@@ -61,7 +62,7 @@ from layoutlab.train.run_plan import (
     replan_stale_eval_plan,
     report_plan_coverage,
 )
-from layoutlab.train.run_start import CHECKPOINT_DIR, filesystem_errors, resolve_run
+from layoutlab.train.run_start import filesystem_errors, resolve_run
 from layoutlab.train.sharding import (
     Shardings,
     assemble,
@@ -140,7 +141,9 @@ def train_and_evaluate(
     ``WorkdirError`` (a ``ValueError``) naming the path and the fix.
     """
     workdir = Path(workdir)
-    spec, dataset, schedule, model = resolve_run(config, workdir, resume=resume)
+    spec, dataset, schedule, model, weights = resolve_run(
+        config, workdir, resume=resume, announce=not resume
+    )
     with filesystem_errors(workdir):
         if spec.config.run_id is None:  # a new run, or one from before run ids
             spec = spec.with_record(run_id=decided_by_process_0("run id", new_run_id))
@@ -151,8 +154,9 @@ def train_and_evaluate(
             ckpt = _open_checkpoints(workdir, spec.config, resume)
             try:
                 return _run(
-                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
-                )
+                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model,
+                    weights,
+                )  # fmt: skip
             finally:
                 ckpt.close()
 
@@ -175,8 +179,11 @@ class _Run:
     divergence: Divergence
 
 
-def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
-    """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``)."""
+def _run(
+    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model, weights=None
+) -> dict:
+    """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``);
+    ``weights``: what a new run starts from (``train.init_weights.initial_values``)."""
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(spec.data_parallel)
@@ -216,8 +223,10 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
         # The run's xla_options apply to init too, except its fast-compile level.
         run_options = program.spec.compile_options("train")
         options = {**run_options, **programs.INIT_COMPILER_OPTIONS}
-        lowered = jax.jit(init, out_shardings=state_sharding).lower()
-        state = compile_with_options(lowered, run_options, options)()
+        # The init weights go in as arguments: as constants they would be compiled in.
+        start_from = jax.jit(lambda w: init(weights=w), out_shardings=state_sharding)
+        lowered = start_from.lower(weights or {})
+        state = compile_with_options(lowered, run_options, options)(weights or {})
     if main:
         write_json(workdir / CONFIG_FILE, config.to_dict())
         truncate_records(workdir / METRICS_FILE, start)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "CHECKPOINT_DIR",
     "CONFIG_FILE",
     "METRICS_FILE",
     "RunningMean",
@@ -22,6 +23,7 @@ __all__ = [
 ]
 
 CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"  # under the workdir
 METRICS_FILE = "metrics.jsonl"
 
 

@@ -195,12 +195,15 @@ def make_optimizer(config: TrainConfig, total_steps: int) -> optax.GradientTrans
 
 
 def build_optimizer(
-    spec: OptimizerSpec, skip_branch: str = "select"
+    spec: OptimizerSpec, skip_branch: str = "select", frozen=None
 ) -> optax.GradientTransformation:
     """``skip_nonfinite(MultiSteps(optimizer, accum_steps), branch=skip_branch)``; with
     half-precision params (``spec.float32_state``) the optimizer is wrapped in
-    ``float32_state``."""
+    ``float32_state``; ``frozen(optimizer)``: the optimizer of a frozen backbone
+    (``train.freeze.frozen_updates``)."""
     inner = _inner(spec, build_schedule(spec))
+    if frozen is not None:
+        inner = frozen(inner)
     if spec.float32_state:
         inner = float32_state(inner)
     if spec.accum_steps > 1:

@@ -8,6 +8,8 @@ nothing else.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -19,10 +21,12 @@ from flax import nnx
 from layoutlab import models
 from layoutlab.data import augment as augment_images
 from layoutlab.fast_defaults import default_skip_branch
+from layoutlab.models.torch_weights import assign_torch_values
 from layoutlab.nn.configuration import configure
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.nn.conv_settings import ConvSettings
+from layoutlab.train.freeze import frozen_defs, frozen_updates, head_paths
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.optim import build_optimizer
 from layoutlab.train.spec import InputSpec, RunSpec
@@ -105,10 +109,11 @@ def _augment_fn(spec: RunSpec):
 
 
 class Program(NamedTuple):
-    """What a ``RunSpec`` runs: ``init(model=None)`` makes the initial ``TrainState`` (run
-    it under ``jax.jit`` or ``jax.eval_shape``; ``model``: one of ``create_model``'s or
-    ``build_model``'s to start from instead of a fresh one); the steps are pure functions
-    for ``jax.jit``."""
+    """What a ``RunSpec`` runs: ``init(model=None, weights=None)`` makes the initial
+    ``TrainState`` (run it under ``jax.jit`` or ``jax.eval_shape``; ``model``: one of
+    ``create_model``'s or ``build_model``'s to start from instead of a fresh one;
+    ``weights``: values by ``state_dict`` key to set, ``train.init_weights``); the steps are
+    pure functions for ``jax.jit``."""
 
     spec: RunSpec
     inputs: InputSpec
@@ -136,14 +141,23 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
     ``backend`` (None: JAX's default), which picks how a non-finite step is skipped
     (``fast_defaults.default_skip_branch``)."""
     branch = default_skip_branch(backend)
-    tx = build_optimizer(spec.optimizer, branch)
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))
     defs = split_model(abstract)[0]
     step_defs = eval_defs(spec, abstract, defs)
+    frozen = trainable = None
+    if spec.config.freeze_backbone:  # train.freeze: only the head trains
+        more = dataclasses.replace(inputs, num_classes=inputs.num_classes + 1)
+        head = head_paths(abstract, nnx.eval_shape(lambda: build_model(spec, more)))
+        frozen = functools.partial(frozen_updates, head=head)
+        trainable = head
+        defs = frozen_defs(abstract, defs, head)
+    tx = build_optimizer(spec.optimizer, branch, frozen=frozen)
     axis = class_axis(spec)
 
-    def init(model: nnx.Module | None = None) -> TrainState:
+    def init(model: nnx.Module | None = None, weights: dict | None = None) -> TrainState:
         model = build_model(spec, inputs) if model is None else configure_model(model, spec)
+        if weights:  # train --init: state_dict-keyed values (train.init_weights)
+            assign_torch_values(model, weights)
         # A copy: a step may take the state's buffers (donated), the spec keeps its value.
         loss_scale = jax.tree.map(jnp.array, spec.loss_scale)
         return create_train_state(model, tx, loss_scale, ema=spec.ema_decay is not None)[1]
@@ -161,6 +175,7 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
             skip_branch=branch,
             class_axis=axis,
             ema_decay=spec.ema_decay,
+            trainable=trainable,
         ),
         eval_step=make_eval_step(step_defs, axis),
         forward=make_forward(step_defs),

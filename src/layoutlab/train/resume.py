@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from layoutlab.train.checkpoint import Checkpointer, newest_meta
 from layoutlab.train.config import TrainConfig, field_names, with_legacy_defaults
+from layoutlab.train.init_weights import init_change
 from layoutlab.train.metrics import CONFIG_FILE, read_records
 from layoutlab.train.run_data import data_change
 from layoutlab.train.run_identity import environment_change
@@ -74,7 +75,7 @@ NOTED = (
     "param_sharding",
 )
 # Recorded by the run itself, compared on their own below.
-_RECORDED = ("data_fingerprint", "run_id", "jax_numerics")
+_RECORDED = ("data_fingerprint", "run_id", "jax_numerics", "init_fingerprint")
 
 
 class ResumeError(ValueError):
@@ -231,6 +232,9 @@ def check_resume(
         if _canonical(name, have[name], model) != _canonical(name, saved[name], model):
             raise _refuse(workdir, name, have[name], saved[name], source)
         kept[name] = saved[name]
+    # After the fields: another init path is named as such, not by its contents.
+    if change := init_change(config, saved.get("init_fingerprint"), config.init_fingerprint):
+        raise ResumeError(f"Cannot resume {workdir}: {change}")
     for name in FROM_CHECKPOINT:
         if name not in saved:
             continue

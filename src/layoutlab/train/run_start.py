@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 from flax import nnx
@@ -18,7 +19,9 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train.config import TrainConfig, validate
+from layoutlab.train.init_weights import run_values, with_init_weights
 from layoutlab.train.lr_schedule import check_run_steps
+from layoutlab.train.metrics import CHECKPOINT_DIR
 from layoutlab.train.resume import check_resume
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
 from layoutlab.train.run_identity import numerics_environment
@@ -28,9 +31,7 @@ from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.train.step_schedule import StepSchedule, make_step_schedule
 from layoutlab.train.workdir import WorkdirError, filesystem_error, make_workdir
 
-__all__ = ["CHECKPOINT_DIR", "filesystem_errors", "resolve_run"]
-
-CHECKPOINT_DIR = "checkpoints"
+__all__ = ["RunStart", "filesystem_errors", "resolve_run"]
 
 
 def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
@@ -68,19 +69,31 @@ def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
     return model
 
 
+class RunStart(NamedTuple):
+    """What a run decided before it writes anything (``resolve_run``)."""
+
+    spec: RunSpec
+    dataset: Dataset
+    schedule: StepSchedule
+    model: nnx.Module  # abstract
+    init_values: dict | None  # the --init weights converted for the model (train.init_weights)
+
+
 def resolve_run(
-    config: TrainConfig, workdir: Path | None, *, resume: bool = False
-) -> tuple[RunSpec, Dataset, StepSchedule, nnx.Module]:
+    config: TrainConfig, workdir: Path | None, *, resume: bool = False, announce: bool = False
+) -> RunStart:
     """What ``train_and_evaluate`` decides before it writes anything: the run's spec (its
     record without a run id, whose automatic fields are filled in and whose conv plans are
     as ``config`` gives them: a run decides those when it starts), data set, schedule and
     abstract model; every config error is raised here. Reads only (``train --print-config``
     shows the spec's config): nothing is compiled, tuned or written. ``workdir``: the run's,
-    read on ``resume``; None where there is none yet (no --workdir) and no resume."""
+    read on ``resume``; None where there is none yet (no --workdir) and no resume.
+    ``announce``: print the --init head's note (a run starting, not resuming or previewed)."""
     asked = config
     config = validate(config, jax.device_count())
     dataset = load_run_data(config)
     config = with_data_fingerprint(config, dataset)
+    config, init_weights = with_init_weights(config)
     # What the run records of itself: an id carried in (another run's config.json) is not its.
     config = dataclasses.replace(config, run_id=None, jax_numerics=numerics_environment())
     with filesystem_errors(workdir):
@@ -97,7 +110,10 @@ def resolve_run(
             spec = check_resume(spec, workdir, workdir / CHECKPOINT_DIR, asked, note)
         # After the resume check, which names a changed field first.
         check_run_steps(spec.config, schedule.total_steps, per_epoch)
-        return spec, dataset, schedule, _check_dataset(spec, dataset)
+        model = _check_dataset(spec, dataset)
+        # Weights that do not fit fail here, before the workdir.
+        values = run_values(spec, dataset, model, init_weights, announce=announce)
+        return RunStart(spec, dataset, schedule, model, values)
 
 
 @contextlib.contextmanager

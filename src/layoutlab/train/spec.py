@@ -69,6 +69,7 @@ _KEEP = object()  # with_plan's default eval plan: the spec's own
 # Config fields a run records that change none of its programs (RunSpec.with_record).
 RECORD_ONLY = frozenset(
     {"run_id", "data_fingerprint", "jax_numerics", "model", "model_kwargs", "layout", "precision"}
+    | {"init", "init_fingerprint"}
 )
 
 

@@ -58,6 +58,7 @@ def make_train_step(
     skip_branch: str = "select",
     class_axis: int = -1,
     ema_decay: float | None = None,
+    trainable: frozenset | None = None,
 ) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, dict]]:
     """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
 
@@ -68,9 +69,15 @@ def make_train_step(
     layout's channel axis); the labels have the logits' shape without it.
     ``ema_decay``: the decay of ``state.ema`` (``train.ema``), updated once per applied
     optimizer step; the state has an EMA exactly when it is given.
+    ``trainable``: None, or the key paths of the parameters that get gradients; the others'
+    are zero constants, so their backward is not computed (a frozen backbone).
     """
 
     def loss_fn(params, model_state, images, labels, loss_scale):
+        if trainable is not None:
+            params = jax.tree_util.tree_map_with_path(
+                lambda path, p: p if tuple(path) in trainable else jax.lax.stop_gradient(p), params
+            )
         model = nnx.merge(defs.train, params, model_state, copy=True)
         logits = model(images)
         loss = cross_entropy(logits, labels, class_axis)
