@@ -171,9 +171,9 @@ def test_one_build_model():
     # ideas; train.program.build_model(spec, inputs) is the one, the others are named for
     # what they take (bench.jax_runner.case_model).
     found = [
-        f"{path.relative_to(SRC)}:{node.lineno}"
+        str(path.relative_to(SRC))
         for path in SRC.rglob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "build_model"
     ]
-    assert found == ["train/program.py:80"], found
+    assert found == ["train/program.py"], found
