@@ -130,6 +130,6 @@ def plot_confusion(result: dict, path: str | Path) -> Path:
     return path
 
 
-def evaluate_workdir(workdir, step: int | None = None, *, data: str | None = None) -> dict:
+def evaluate_workdir(workdir, step: int | str | None = None, *, data: str | None = None) -> dict:
     """``evaluate_run`` of ``open_run(workdir, step, data=data)``."""
     return evaluate_run(open_run(workdir, step, data=data))

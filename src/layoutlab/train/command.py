@@ -33,6 +33,9 @@ _FLAGS = {
     "image_size": "image_size",
     "log_every": "log_every",
     "param_sharding": "param_sharding",
+    "val_fraction": "val_fraction",
+    "keep_best": "keep_best",
+    "early_stop": "early_stop",
 }
 
 
@@ -84,6 +87,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", help=f"sgd | momentum | adam | adamw (default {d.optimizer})")
     p.add_argument("--remat", action="store_true", default=None, help="recompute block activations")
     p.add_argument("--seed", help=f"seed of init, shuffling and dropout (default {d.seed})")
+    p.add_argument(
+        "--val-fraction",
+        metavar="F",
+        help="hold out F of each class of the train split for validation: evaluations run on "
+        "it (val_loss, val_accuracy), the test split once at the end (default 0: none)",
+    )
+    p.add_argument(
+        "--keep-best",
+        metavar="METRIC[:max|min]",
+        help="keep the checkpoint of the best val_accuracy, val_loss, test_accuracy or "
+        "test_loss in <workdir>/best (read it with --checkpoint best)",
+    )
+    p.add_argument(
+        "--early-stop",
+        metavar="PATIENCE",
+        help="stop after PATIENCE evaluations without a better --keep-best metric",
+    )
     p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
     p.add_argument(
         "--resume",

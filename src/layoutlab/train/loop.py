@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from layoutlab.data import (
     Dataset,
@@ -32,14 +30,20 @@ from layoutlab.data import (
     train_batches,
 )
 from layoutlab.loss_scale import NoOpLossScale
-from layoutlab.nn.conv_config import ConvPlanMismatch, check_plan_fits
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
+from layoutlab.train.best_run import BestKeeper, finish_run
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.divergence import Divergence
-from layoutlab.train.evaluation import evaluate, host_scalars, jit_eval_step, run_eval_batch
+from layoutlab.train.evaluation import (
+    eval_split,
+    evaluate,
+    host_scalars,
+    jit_eval_step,
+    run_eval_batch,
+)
 from layoutlab.train.metrics import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -51,11 +55,11 @@ from layoutlab.train.metrics import (
 )
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import check_resume, restore_or_start
+from layoutlab.train.run_checks import check_dataset as _check_dataset
+from layoutlab.train.run_checks import check_xla_options
 from layoutlab.train.run_data import load_run_data, with_data_fingerprint
 from layoutlab.train.run_identity import new_run_id, numerics_environment
-from layoutlab.train.run_memory import PROBE_BATCH, check_run_fits, forward_bytes
 from layoutlab.train.run_plan import (
-    abstract_model,
     planned,
     replan_stale_eval_plan,
     report_plan_coverage,
@@ -88,50 +92,9 @@ _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
 
 
-def _check_dataset(spec: RunSpec, dataset: Dataset) -> nnx.Module:
-    """The run's abstract model (``run_plan.abstract_model``) once ``spec`` is known to
-    build and run on ``dataset``'s images; the run's later steps reuse it."""
-    config = spec.config
-    channels = config.model_kwargs.get("in_channels")
-    if channels is not None and channels != dataset.num_channels:
-        raise ValueError(
-            f"model_kwargs.in_channels={channels} but {config.data!r} has "
-            f"{dataset.num_channels} channels; drop in_channels (it is set from the data)."
-        )
-    # Abstractly (no compile, no FLOPs): values the types allow but the model cannot take,
-    # such as width=-3, fail here with the kwargs named instead of deep inside JAX.
-    # The model depends on the data's classes and channels, not on the batch: built for the
-    # run's batch (what the run reuses), called on two images (all the check needs).
-    try:
-        model = abstract_model(spec, InputSpec.of(dataset, spec.batch_size))
-        images, _ = InputSpec.of(dataset, PROBE_BATCH).batch(spec.layout)
-        probe = forward_bytes(model, images)  # what a batch's forward keeps for backward
-    except ConvPlanMismatch as e:  # not a model_kwargs problem: the plan came from elsewhere
-        raise ValueError(f"conv_plan: {e}") from None
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ValueError(
-            f"{config.model!r} cannot be built with model_kwargs {config.model_kwargs} for "
-            f"{dataset.name} ({type(e).__name__}: {first}); fix those values."
-        ) from None
-    check_run_fits(config, model, probe, dataset.num_classes)
-    if config.eval_conv_plan is not None:
-        try:
-            check_plan_fits(model, config.eval_conv_plan)
-        except ConvPlanMismatch as e:
-            raise ValueError(f"eval_conv_plan: {e.message('eval_conv_plan')}") from None
-    return model
-
-
-def check_xla_options(options: dict) -> None:
-    """Raise the ``ValueError`` of ``train_and_evaluate`` if XLA rejects ``options`` (a name
-    it does not know, a value of the wrong type), by compiling a trivial program."""
-    if options:
-        lowered = jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0))
-        compile_with_options(lowered, options)
-
-
-def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
+def _open_checkpoints(
+    workdir: Path, config: TrainConfig, resume: bool
+) -> tuple[Checkpointer, BestKeeper]:
     ckpt = Checkpointer(
         workdir / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints, run_id=config.run_id
     )
@@ -141,7 +104,7 @@ def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Check
             f"{workdir} already holds checkpoints (latest step {ckpt.steps()[-1]}); pass "
             "resume=True (--resume) to continue that run, or choose a new workdir."
         )
-    return ckpt
+    return ckpt, BestKeeper.open(config, workdir)
 
 
 def _abstract(init, shardings):
@@ -198,13 +161,15 @@ def train_and_evaluate(
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
             agree_on_run(lambda: run_fingerprint(spec, dataset, schedule, model), workdir)
-            ckpt = _open_checkpoints(workdir, spec.config, resume)
+            ckpt, keeper = _open_checkpoints(workdir, spec.config, resume)
             try:
                 return _run(
-                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model
-                )
+                    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model,
+                    keeper,
+                )  # fmt: skip
             finally:
                 ckpt.close()
+                keeper.close()
     except WorkdirError:
         raise
     except Exception as e:
@@ -230,10 +195,14 @@ class _Run:
     main: bool  # process 0 writes the workdir files
     step_log: StepLog
     divergence: Divergence
+    keeper: BestKeeper  # keep_best's checkpoint and early_stop's count
 
 
-def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model) -> dict:
+def _run(
+    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model, keeper
+) -> dict:
     """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``)."""
+    run_start = time.perf_counter()
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(spec.data_parallel)
@@ -260,12 +229,16 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
             ckpt, abstract, schedule, workdir / METRICS_FILE, progress_log
         )
         meter = RunningMean.from_dict(extra.get(_METER_KEY))
-        records = read_records(workdir / METRICS_FILE) if start >= schedule.total_steps else []
+        keeper.restore(extra)
+        done = start >= schedule.total_steps or keeper.stops()
+        records = read_records(workdir / METRICS_FILE) if done else []
         if records and records[-1]["step"] == start:  # finished: nothing to compile or redo
             if main:
+                how = "raise --steps or --epochs" if start >= schedule.total_steps else (
+                    f"{keeper.stop_reason()}; raise --early-stop")  # fmt: skip
                 print(
                     f"note: {workdir} is complete at step {start} of {schedule.total_steps}; "
-                    "nothing to train (raise --steps or --epochs to continue it).",
+                    f"nothing to train ({how} to continue it).",
                     file=sys.stderr,
                 )
             return records[-1]
@@ -296,15 +269,16 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
         schedule.accum_steps, lambda: max(ckpt.steps(), default=None), loss_scaled=scaled
     )
     run = _Run(spec, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
-               main, step_log, divergence)  # fmt: skip
+               main, step_log, divergence, keeper)  # fmt: skip
     try:
-        state, record = _loop(run, state, start, meter)
+        state, record, trained = _loop(run, state, start, meter)
     finally:
         progress.close()
         step_log.close()
     if record is None:  # nothing left to train: report the final state as it is
-        record = _eval_record(run, state, schedule.total_steps)
+        record = _eval_record(run, state, schedule.total_steps, final=True)
     if main:
+        finish_run(workdir, config, record, schedule.total_steps, keeper, run_start, trained)
         # matplotlib takes about 1 s to import: only the process that plots pays it.
         from layoutlab.train.plot import plot_metrics
 
@@ -317,15 +291,22 @@ def _run(spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, mo
     return record
 
 
-def _eval_record(run: _Run, state, step: int) -> dict:
+def _eval_record(run: _Run, state, step: int, final: bool = False) -> dict:
+    """The eval record of ``state``: on the validation split when the run has one, and then,
+    when ``final``, on the test split too (its one test evaluation)."""
     record = {"step": step, "epoch": run.schedule.epoch(step)}
-    record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard))
+    splits = [eval_split(run.dataset)]
+    if final and splits[0] != "test":
+        splits.append("test")
+    for split in splits:
+        record.update(evaluate(run.eval_step, state, run.dataset, run.spec, run.shard, split))
     record.update(host_scalars(state))
     return record
 
 
 def _loop(run: _Run, state, start: int, meter: RunningMean):
-    """Steps ``start + 1 .. total``; returns the final state and the last eval record.
+    """Steps ``start + 1 .. total`` (fewer when ``early_stop`` stops the run); returns the
+    final state, the last eval record and ``(images, seconds)`` trained.
 
     ``meter`` holds the train metrics since the last evaluation; every checkpoint carries it
     (``extra["train_meter"]``), so a resumed run's first record averages the same steps, in
@@ -345,6 +326,7 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
     step, micro, record = start, start * accum, None
     run_start = interval_start = time.perf_counter()
     interval_images = 0
+    trained = [0, 0.0]  # images and seconds of training, evaluations and saves left out
 
     def fetch():
         # One host transfer for many steps' metrics; the device keeps running ahead.
@@ -373,10 +355,13 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
             run.progress.update(1, postfix)
             is_last = step == schedule.total_steps
             evaluating = step % schedule.eval_every == 0 or is_last
+            stopping = False
             if evaluating:
                 fetch()
                 jax.block_until_ready(state)
                 elapsed = time.perf_counter() - interval_start
+                trained[0] += interval_images
+                trained[1] += elapsed
                 record = {
                     "step": step,
                     "train_loss": meter.mean("loss"),
@@ -386,17 +371,26 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
                     "elapsed": time.perf_counter() - run_start,
                 }
                 run.divergence.check_eval(record)
+                # Before the record and the step's checkpoint, which carries the best so far.
+                stopping = run.keeper.evaluated(record, state, {"config": spec.config.to_dict()})
+                if (is_last or stopping) and eval_split(run.dataset) != "test":
+                    test = evaluate(run.eval_step, state, run.dataset, spec, run.shard, "test")
+                    record.update(test)  # the run's one test evaluation
                 if run.main:
                     append_record(run.workdir / METRICS_FILE, record)
                     run.step_log.add_eval(record)
                 run.progress.write(format_record(record))
+                if stopping and run.main:  # said even when quiet: the run ends before its steps
+                    print(run.keeper.stop_reason(), flush=True)
                 meter.reset()
-            if step % schedule.checkpoint_every == 0 or is_last:
+            if step % schedule.checkpoint_every == 0 or is_last or stopping:
                 saving = time.perf_counter()
                 fetch()  # the meter then covers every step up to this one
                 extra = {"config": spec.config.to_dict(), _METER_KEY: meter.to_dict()}
-                run.ckpt.save(step, state, extra)
+                run.ckpt.save(step, state, {**extra, **run.keeper.extra()})
                 interval_start += time.perf_counter() - saving  # not training time
             if evaluating:
                 interval_start, interval_images = time.perf_counter(), 0
-    return state, record
+            if stopping:
+                break
+    return state, record, tuple(trained)

@@ -55,10 +55,16 @@ def plot_metrics(
         xs, ys = _series(list(steps), key)
         if xs:
             ax.plot(xs, ys, linewidth=0.8, alpha=0.6, label="train (per step)")
-        for prefix, label in (("train_", "train (mean per eval)"), ("test_", "test")):
+        for prefix, label in (
+            ("train_", "train (mean per eval)"),
+            ("val_", "validation"),
+            ("test_", "test"),
+        ):
             xs, ys = _series(records, prefix + key)
+            if prefix == "val_" and not xs:  # a run without a validation split
+                continue
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
-            if key == "accuracy" and prefix == "test_":
+            if key == "accuracy" and prefix != "train_":
                 accuracies += ys
     loss_ax.set(xlabel="step", ylabel="loss", title="loss")
     acc_ax.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=_zoom(accuracies))
