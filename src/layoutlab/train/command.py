@@ -340,12 +340,14 @@ def _run(args: argparse.Namespace, start: float, autotune, conv_planner) -> int:
 def _outputs(workdir: Path) -> str:
     """The run's outputs that are in ``workdir``: ``steps.jsonl`` only with ``log_every``,
     ``tensorboard/`` only with TensorBoard on (or from an earlier part of the run)."""
+    from layoutlab.train.best import BEST_DIR
     from layoutlab.train.loop import CHECKPOINT_DIR, PLOT_FILE
     from layoutlab.train.metrics import CONFIG_FILE, METRICS_FILE
     from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
+    from layoutlab.train.summary import SUMMARY_FILE
 
-    files = [CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE]
-    dirs = [TENSORBOARD_DIR, CHECKPOINT_DIR]
+    files = [CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE, SUMMARY_FILE]
+    dirs = [TENSORBOARD_DIR, CHECKPOINT_DIR, BEST_DIR]
     found = [f for f in files if (workdir / f).is_file()]
     return ", ".join(found + [f"{d}/" for d in dirs if (workdir / d).is_dir()])
 
