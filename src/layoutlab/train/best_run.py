@@ -37,7 +37,9 @@ class BestKeeper:
         if config.keep_best is None:
             return cls(None, None, None)
         metric = parse_metric(config.keep_best, validation=config.val_fraction > 0)
-        ckpt = Checkpointer(Path(workdir) / BEST_DIR, max_to_keep=1, run_id=config.run_id)
+        ckpt = Checkpointer(
+            Path(workdir) / BEST_DIR, max_to_keep=1, run_id=config.run_id, barrier_prefix=BEST_DIR
+        )
         return cls(Best(metric), ckpt, config.early_stop)
 
     def restore(self, extra: dict) -> None:
