@@ -167,6 +167,12 @@ def test_early_stop_stops_after_patience_evaluations_without_a_better_metric(tmp
     note = capsys.readouterr().err
     assert again["step"] == 3 and f"({stops[0]}; raise --early-stop to continue it)" in note
     assert (workdir / "summary.json").read_text() == before
+    # A kill after the last checkpoint but before the summary: the resume writes it.
+    (workdir / "summary.json").unlink()
+    train_and_evaluate(config, workdir, resume=True, quiet=True)
+    assert {**_summary(workdir), "wall_time_s": 1, "images_per_sec": 1} == {
+        **json.loads(before), "wall_time_s": 1, "images_per_sec": 1
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("phase", ["before_save", "after_save", "after_manifest", "during_delete"])

@@ -79,19 +79,24 @@ class BestKeeper:
 
 
 def finish_run(
-    workdir: Path, config, record: dict, total_steps: int, keeper: BestKeeper, start: float,
-    trained: tuple[int, float],
+    workdir: Path, config, record: dict, total_steps: int, keeper: BestKeeper,
+    start: float | None = None, trained: tuple[int, float] | None = None,
 ) -> None:  # fmt: skip
     """Writes the finished run's ``summary.json`` (atomically); ``start``: when this process's
-    run began (``time.perf_counter``), ``trained``: the images and seconds it trained."""
-    images, seconds = trained
+    run began (``time.perf_counter``), ``trained``: the images and seconds it trained. Without
+    them (a resume that found the run complete) the file is written only where it is missing,
+    its time and speed unknown (null)."""
+    path = Path(workdir) / SUMMARY_FILE
+    if start is None and path.exists():
+        return
+    images, seconds = trained or (0, 0.0)
     summary = run_summary(
         config,
         record,
         total_steps=total_steps,
         best=None if keeper.best is None else keeper.best.to_dict(),
-        wall_time_s=round(time.perf_counter() - start, 3),
+        wall_time_s=None if start is None else round(time.perf_counter() - start, 3),
         images_per_sec=images / seconds if seconds > 0 else None,
         stop_reason=keeper.stop_reason(),
     )
-    write_summary(Path(workdir) / SUMMARY_FILE, summary)
+    write_summary(path, summary)

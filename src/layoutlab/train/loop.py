@@ -241,6 +241,8 @@ def _run(
                     f"nothing to train ({how} to continue it).",
                     file=sys.stderr,
                 )
+                # A kill between the last checkpoint and the summary left none: written now.
+                finish_run(workdir, spec.config, records[-1], schedule.total_steps, keeper)
             return records[-1]
     if state is None:
         # The run's xla_options apply to init too, except its fast-compile level.

@@ -45,7 +45,7 @@ def run_summary(
     *,
     total_steps: int,
     best: dict | None,
-    wall_time_s: float,
+    wall_time_s: float | None,
     images_per_sec: float | None,
     stop_reason: str | None,
 ) -> dict:
