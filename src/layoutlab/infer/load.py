@@ -174,7 +174,7 @@ def read_config(workdir: Path) -> TrainConfig:
     return validate(TrainConfig.from_dict(raw), jax.device_count())
 
 
-def checkpoint_choice(step) -> int | str | None:
+def _checkpoint_choice(step) -> int | str | None:
     """``step`` as ``open_run`` reads it: a step number, ``"best"`` (the ``keep_best``
     checkpoint) or None for the newest (``"latest"`` too); anything else is a ``ValueError``."""
     if step is None or step == "best":
@@ -275,7 +275,7 @@ def open_run(workdir: str | Path, step: int | str | None = None, *, data: str | 
     checkpoint, and ``ValueError`` for a checkpoint of another model or mismatched data.
     """
     workdir = Path(workdir)
-    step = checkpoint_choice(step)
+    step = _checkpoint_choice(step)
     # The record with any field it lacks (a run from before that field) filled in, as
     # train_and_evaluate resolves it.
     spec = resolve_spec(read_config(workdir), num_devices=jax.device_count())
