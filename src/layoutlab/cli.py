@@ -22,6 +22,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS = (
     "layoutlab.train.command",
     "layoutlab.infer.command",
+    "layoutlab.infer.runs",
     "layoutlab.models.command",
     "layoutlab.data.command",
     "layoutlab.xla.command",

@@ -16,6 +16,7 @@ def test_every_subcommand_is_registered():
         "evaluate",
         "predict",
         "export",
+        "runs",
         "models",
         "data",
         "inspect",

@@ -121,6 +121,8 @@ def test_loss_scale_none_stays_none_for_float16_compute(capsys):
         (["--set", "model_kwargs.hidden=8"], "model_kwargs"),
         (["--set", "warmup_steps=3"], "warmup_steps"),
         (["--set", "augment=true"], "augment"),
+        (["--val-fraction", "0.1"], "val_fraction"),
+        (["--keep-best", "test_accuracy"], "keep_best"),
     ],
 )
 def test_resume_refuses_a_changed_field(copy, capsys, flags, field):
@@ -162,7 +164,7 @@ def test_resume_may_change_length_and_cadence(resumed_over_a_stale_lock, run_dir
     assert MAY_CHANGE == {
         "epochs", "num_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
         "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "xla_options",
-        "log_every", "tensorboard", "param_sharding", "cpu_fast",
+        "log_every", "tensorboard", "param_sharding", "cpu_fast", "early_stop",
     }  # fmt: skip
     copy, code, err, _ = resumed_over_a_stale_lock
     assert code == 0, err

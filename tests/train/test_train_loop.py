@@ -221,6 +221,11 @@ def test_workdir_outputs(base_run):
     assert 0.0 <= record["test_accuracy"] <= 1.0 and record["skipped_steps"] == 0
     assert (workdir / "config.json").is_file()
     assert (workdir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A run without a validation split or keep_best: its summary has the test metrics of
+    # the last record, and no best.
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["test"]["test_accuracy"] == record["test_accuracy"]
+    assert (summary["step"], summary["best"], summary["stopped_early"]) == (6, None, False)
 
 
 def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path, linear_model):

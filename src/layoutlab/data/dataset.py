@@ -15,7 +15,7 @@ from layoutlab.data.errors import DataError
 
 __all__ = ["Dataset", "SPLITS", "channel_stats", "make_dataset", "split_by_seed"]
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 
 # Statistics are accumulated over this many images at a time, so a float64 copy of a
 # 50k-image split is never made.
@@ -41,6 +41,10 @@ class Dataset:
     # Bits per pixel of the image files it was read from (folder data of 16-bit images: 16),
     # so that predict scales an image file as the data set's were.
     pixel_bits: int = 8
+    # The validation split held out of the train split (data.validation.with_validation);
+    # None: the data set has none.
+    val_images: np.ndarray | None = None
+    val_labels: np.ndarray | None = None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -52,11 +56,15 @@ class Dataset:
         return self.train_images.shape[-1]
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """``(images, labels)`` of split ``"train"`` or ``"test"``."""
+        """``(images, labels)`` of split ``"train"``, ``"val"`` (when it has one) or ``"test"``."""
         if name == "train":
             return self.train_images, self.train_labels
         if name == "test":
             return self.test_images, self.test_labels
+        if name == "val" and self.val_labels is not None:
+            return self.val_images, self.val_labels
+        if name == "val":
+            raise ValueError("This data set has no validation split (val_fraction is 0).")
         raise ValueError(f"Unknown split {name!r}; valid splits are: {', '.join(SPLITS)}.")
 
     def summary(self) -> dict:
@@ -65,6 +73,7 @@ class Dataset:
             "name": self.name,
             "train_size": int(self.train_images.shape[0]),
             "test_size": int(self.test_images.shape[0]),
+            **({} if self.val_labels is None else {"val_size": int(self.val_labels.shape[0])}),
             "image_shape": list(self.image_shape),
             "num_classes": self.num_classes,
             "class_names": list(self.class_names),

@@ -1,7 +1,8 @@
 """Image-folder data sets read with Pillow.
 
 Layouts: ``DIR/train/<class>/*`` plus ``DIR/test/<class>/*`` (used as given), or
-``DIR/<class>/*`` (split into train/test by seed). A directory is taken as pre-split exactly
+``DIR/<class>/*`` (split into train/test by seed, stratified: ``test_fraction`` of every
+class is test, ``data.validation.stratified_indices``). A directory is taken as pre-split exactly
 when it has both ``train/`` and ``test/``. Classes are the sorted sub-directory names of the
 train part; files ending in .png, .jpg, .jpeg, .bmp or .gif are images, other files are skipped.
 
@@ -20,15 +21,19 @@ from pathlib import Path
 
 import numpy as np
 
-from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
+from layoutlab.data.dataset import Dataset, make_dataset
 from layoutlab.data.errors import DataError
 from layoutlab.data.fingerprint import files_fingerprint
 from layoutlab.data.memory import check_fits, peak_bytes
 from layoutlab.data.pixels import DEEP_MAX, GRAY_MODES, SIXTEEN_BIT_MODES, check_mode, read_pixels
+from layoutlab.data.validation import stratified_indices
 
 __all__ = ["load_folder", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+# How a single-split folder is split, in its fingerprint: before it was recorded, a seeded
+# permutation of all images (a class could miss from test); now per class.
+SPLIT = "stratified"
 
 
 def _open(path: Path):
@@ -150,7 +155,10 @@ def load_folder(
     if pre_split:
         test = _read_split(test_files, classes, gray, size, deep)
     else:
-        train, test = split_by_seed(*train, test_fraction=test_fraction, seed=seed)
+        kept, held = stratified_indices(
+            train[1], test_fraction, seed=seed, what="test_fraction", names=classes
+        )
+        train, test = (train[0][kept], train[1][kept]), (train[0][held], train[1][held])
     dataset = make_dataset(
         f"folder:{root.name}",
         train,
@@ -160,4 +168,6 @@ def load_folder(
         class_names=classes,
     )
     fingerprint = files_fingerprint(root, all_paths)
+    if not pre_split:  # a run of the random split of earlier versions is told apart on resume
+        fingerprint["split"] = SPLIT
     return dataclasses.replace(dataset, fingerprint=fingerprint, pixel_bits=16 if deep else 8)

@@ -33,6 +33,18 @@ def _guarded(fn):
     return run
 
 
+def _checkpoint(text: str) -> int | str | None:
+    if text in ("best", "latest"):
+        return None if text == "latest" else text
+    try:
+        step = int(text)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step number, latest or best")
+    return step
+
+
 def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
     """A sub-command reading one run: ``--workdir`` and ``--checkpoint``, errors guarded."""
     p = subparsers.add_parser(name, **texts)
@@ -40,9 +52,9 @@ def _parser(subparsers, name: str, func, **texts) -> argparse.ArgumentParser:
     p.add_argument("--workdir", required=True, help="the run's directory (`layoutlab train`)")
     p.add_argument(
         "--checkpoint",
-        type=int,
-        metavar="STEP",
-        help="the checkpoint's step (default: the newest)",
+        type=_checkpoint,
+        metavar="STEP|latest|best",
+        help="the checkpoint's step, latest (the default) or best (the run's --keep-best one)",
     )
     p.add_argument(
         "--weights",

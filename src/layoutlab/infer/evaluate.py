@@ -149,7 +149,7 @@ def plot_confusion(result: dict, path: str | Path) -> Path:
 
 def evaluate_workdir(
     workdir,
-    step: int | None = None,
+    step: int | str | None = None,
     *,
     data: str | None = None,
     batch_size: int | None = None,

@@ -23,6 +23,7 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.infer.plan import planned_model
+from layoutlab.train.best import BEST_DIR
 from layoutlab.train.checkpoint import (
     ForeignCheckpointError,
     IncompatibleCheckpointError,
@@ -179,12 +180,43 @@ def read_config(workdir: Path) -> TrainConfig:
     return validate(TrainConfig.from_dict(raw), jax.device_count())
 
 
-def _read(workdir: Path, step: int | None, run_id: str | None) -> tuple[dict, dict]:
+def _checkpoint_choice(step) -> int | str | None:
+    """``step`` as ``open_run`` reads it: a step number, ``"best"`` (the ``keep_best``
+    checkpoint) or None for the newest (``"latest"`` too); anything else is a ``ValueError``."""
+    if step is None or step == "best":
+        return step
+    if step == "latest":
+        return None
+    if isinstance(step, str) and step.strip().isdigit():
+        return int(step)
+    if isinstance(step, int | np.integer) and not isinstance(step, bool) and step >= 0:
+        return int(step)
+    raise ValueError(
+        f"checkpoint {step!r} is not a step number, 'latest' or 'best'; pass one of those."
+    )
+
+
+def _read_best(workdir: Path, run_id: str | None) -> tuple[dict, dict, Path]:
+    directory = workdir / BEST_DIR
+    try:
+        arrays, meta = read_checkpoint(directory, None, run_id=run_id)
+    except FileNotFoundError:
+        raise NoRunError(
+            f"{workdir} has no best checkpoint: the run kept none (train with --keep-best "
+            "METRIC, e.g. val_accuracy), or none was saved yet; pass a step number or leave out "
+            "--checkpoint for the newest."
+        ) from None
+    return arrays, meta, directory
+
+
+def _read(workdir: Path, step: int | str | None, run_id: str | None) -> tuple[dict, dict, Path]:
     """A certified step of this run (``run_id``, None for a run from before run ids: any
-    run's) that is the step its directory names."""
+    run's) that is the step its directory names, and the directory it is in."""
+    if step == "best":
+        return _read_best(workdir, run_id)
     directory = workdir / CHECKPOINT_DIR
     try:
-        return read_checkpoint(directory, step, run_id=run_id)
+        return (*read_checkpoint(directory, step, run_id=run_id), directory)
     except ForeignCheckpointError as e:  # only for an asked step: the newest falls back
         raise ForeignCheckpointError(
             f"{e} Pick another step (or leave out --checkpoint for the run's newest own one)."
@@ -247,10 +279,15 @@ def checkpoint_state(
 
 
 def open_run(
-    workdir: str | Path, step: int | None = None, *, data: str | None = None, weights: str = "raw"
+    workdir: str | Path,
+    step: int | str | None = None,
+    *,
+    data: str | None = None,
+    weights: str = "raw",
 ) -> Run:
-    """The run in ``workdir`` restored from checkpoint ``step`` (default: the newest), with its
-    ``weights`` (``WEIGHTS``: ``"ema"``, the moving average of a run trained with
+    """The run in ``workdir`` restored from checkpoint ``step``: a step number, ``"best"``
+    (the ``keep_best`` checkpoint, in ``<workdir>/best``) or None/``"latest"`` (the newest),
+    with its ``weights`` (``WEIGHTS``: ``"ema"``, the moving average of a run trained with
     ``ema_decay``).
 
     ``data`` replaces the run's data spec (it must have the run's image shape and classes).
@@ -258,19 +295,20 @@ def open_run(
     checkpoint, and ``ValueError`` for a checkpoint of another model or mismatched data.
     """
     workdir = Path(workdir)
+    step = _checkpoint_choice(step)
     # The record with any field it lacks (a run from before that field) filled in, as
     # train_and_evaluate resolves it.
     spec = resolve_spec(read_config(workdir), num_devices=jax.device_count())
     config = spec.config
     _check_weights(weights, config, workdir)
-    arrays, meta = _read(workdir, step, config.run_id)
+    arrays, meta, directory = _read(workdir, step, config.run_id)
     dataset = load_run_data(config)  # as train_and_evaluate loads it
     if data is not None:
         dataset = _other_data(data, dataset, config)
     inputs = InputSpec.of(dataset, spec.batch_size)
     abstract = nnx.eval_shape(lambda: build_model(spec, inputs))  # train's builder
     defs, params, model_state = split_model(abstract)
-    where = str(workdir / CHECKPOINT_DIR / str(meta["step"]))
+    where = str(directory / str(meta["step"]))
     _check_writer(meta, config, where)
     prefix = ".ema" if weights == "ema" else ""
     params, model_state = checkpoint_state(arrays, meta, params, model_state, where, prefix)
@@ -323,14 +361,15 @@ def _other_data(spec: str, run_data: Dataset, config: TrainConfig) -> Dataset:
 
 def load_model(
     workdir: str | Path,
-    step: int | None = None,
+    step: int | str | None = None,
     *,
     layout=None,
     batch_size: int | None = None,
     weights: str = "raw",
 ) -> nnx.Module:
-    """The model trained in ``workdir``, restored from checkpoint ``step`` (default: the
-    newest), in eval mode and ready to call on normalized images.
+    """The model trained in ``workdir``, restored from checkpoint ``step`` (a step number,
+    ``"best"``: the ``keep_best`` checkpoint, or None/``"latest"``: the newest), in eval mode
+    and ready to call on normalized images.
 
     It runs in the run's layout and precision policy, or in ``layout`` (``"NHWC"``/``"NCHW"``,
     converted with ``layoutlab.convert_layout``). Its ``"auto"`` convs carry the run's conv

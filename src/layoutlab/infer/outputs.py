@@ -17,20 +17,23 @@ __all__ = ["check_outputs"]
 def _run_paths(workdir: Path) -> tuple[dict[Path, str], dict[Path, str]]:
     """``(trees, files)`` of the run: the folders nothing may be written into, and the
     run's own files, each with its name in the message."""
+    from layoutlab.train.best import BEST_DIR
     from layoutlab.train.loop import CHECKPOINT_DIR, PLOT_FILE
     from layoutlab.train.metrics import CONFIG_FILE, METRICS_FILE
     from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
+    from layoutlab.train.summary import SUMMARY_FILE
     from layoutlab.train.workdir import LOCK_FILE
 
     root = workdir.resolve()
-    trees = {root / d: f"{d}/" for d in (CHECKPOINT_DIR, TENSORBOARD_DIR)}
-    names = (CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE, LOCK_FILE)
+    trees = {root / d: f"{d}/" for d in (CHECKPOINT_DIR, BEST_DIR, TENSORBOARD_DIR)}
+    names = (CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE, LOCK_FILE, SUMMARY_FILE)
     return trees, {root / name: name for name in names}
 
 
 def check_outputs(workdir: str | os.PathLike, outputs: dict[str, str | os.PathLike]) -> None:
     """Raises a one-line ``ValueError`` when an output (``{flag: path}``; None: not asked
-    for) is inside the run's ``checkpoints/`` or ``tensorboard/`` or is one of its files."""
+    for) is inside the run's ``checkpoints/``, ``best/`` or ``tensorboard/`` or is one of its
+    files."""
     trees, files = _run_paths(Path(workdir))
     for flag, path in outputs.items():
         if path is None:

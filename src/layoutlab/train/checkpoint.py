@@ -168,6 +168,7 @@ class Checkpointer:
         max_to_keep: int | None = 3,
         log: Callable[[str], None] = _stderr,
         run_id: str | None = None,
+        barrier_prefix: str | None = None,
     ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1 or None, got {max_to_keep}.")
@@ -176,7 +177,7 @@ class Checkpointer:
         self.log = log
         self.run_id = run_id  # recorded in every step saved, checked in every step restored
         self._main = jax.process_index() == 0
-        self._manager = open_manager(self.directory, writing=True)
+        self._manager = open_manager(self.directory, writing=True, barrier_prefix=barrier_prefix)
         if self._main:  # what a kill during deletion left
             shutil.rmtree(self.directory / TRASH, ignore_errors=True)
             make_readers_lock(self.directory)

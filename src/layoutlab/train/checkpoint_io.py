@@ -56,7 +56,7 @@ def stored_dtype(name: str):
     return jnp.uint32 if name.startswith("key<") else jnp.dtype(name)
 
 
-def _options(writing: bool = True):
+def _options(writing: bool = True, barrier_prefix: str | None = None):
     # Synchronous saves: save() returns once the checkpoint is committed, so the manifest
     # can be written right after, and the next (buffer-donating) step cannot race it.
     # max_to_keep=None: retention is ours (see the module docstring).
@@ -66,10 +66,17 @@ def _options(writing: bool = True):
         create=writing,
         enable_async_checkpointing=False,
         cleanup_tmp_directories=writing,
+        # A second manager of the run (its best checkpoint) saves the same step numbers: its
+        # own prefix keeps orbax's barriers of the two apart across processes.
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            barrier_sync_key_prefix=barrier_prefix
+        ),
     )
 
 
-def open_manager(directory: Path, writing: bool) -> ocp.CheckpointManager:
+def open_manager(
+    directory: Path, writing: bool, barrier_prefix: str | None = None
+) -> ocp.CheckpointManager:
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(
             f"Cannot use {directory}: it exists and is not a directory (checkpoints are kept "
@@ -81,7 +88,7 @@ def open_manager(directory: Path, writing: bool) -> ocp.CheckpointManager:
     try:
         with quiet_orbax_failure():
             return ocp.CheckpointManager(
-                directory, options=_options(writing), item_handlers=handlers
+                directory, options=_options(writing, barrier_prefix), item_handlers=handlers
             )
     except OSError:
         raise  # the caller names the path and the fix (train.workdir.filesystem_error)

@@ -43,6 +43,9 @@ _FLAGS = {
     "clip_grad_norm": "clip_grad_norm",
     "ema_decay": "ema_decay",
     "init": "init",
+    "val_fraction": "val_fraction",
+    "keep_best": "keep_best",
+    "early_stop": "early_stop",
 }
 
 
@@ -108,6 +111,23 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="train only the classifier head (linear probing; needs --init): the rest keeps "
         "its weights and BatchNorm statistics",
+    )
+    p.add_argument(
+        "--val-fraction",
+        metavar="F",
+        help="hold out F of each class of the train split for validation: evaluations run on "
+        "it (val_loss, val_accuracy), the test split once at the end (default 0: none)",
+    )
+    p.add_argument(
+        "--keep-best",
+        metavar="METRIC[:max|min]",
+        help="keep the checkpoint of the best val_accuracy, val_loss, test_accuracy or "
+        "test_loss in <workdir>/best (read it with --checkpoint best)",
+    )
+    p.add_argument(
+        "--early-stop",
+        metavar="PATIENCE",
+        help="stop after PATIENCE evaluations without a better --keep-best metric",
     )
     p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
     p.add_argument(
@@ -392,12 +412,14 @@ def _run(args: argparse.Namespace, start: float, autotune, conv_planner) -> int:
 def _outputs(workdir: Path) -> str:
     """The run's outputs that are in ``workdir``: ``steps.jsonl`` only with ``log_every``,
     ``tensorboard/`` only with TensorBoard on (or from an earlier part of the run)."""
+    from layoutlab.train.best import BEST_DIR
     from layoutlab.train.loop import CHECKPOINT_DIR, PLOT_FILE
     from layoutlab.train.metrics import CONFIG_FILE, METRICS_FILE
     from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
+    from layoutlab.train.summary import SUMMARY_FILE
 
-    files = [CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE]
-    dirs = [TENSORBOARD_DIR, CHECKPOINT_DIR]
+    files = [CONFIG_FILE, METRICS_FILE, STEPS_FILE, PLOT_FILE, SUMMARY_FILE]
+    dirs = [TENSORBOARD_DIR, CHECKPOINT_DIR, BEST_DIR]
     found = [f for f in files if (workdir / f).is_file()]
     return ", ".join(found + [f"{d}/" for d in dirs if (workdir / d).is_dir()])
 

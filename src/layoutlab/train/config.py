@@ -23,6 +23,7 @@ from layoutlab.train.config_checks import (
     check_names,
     check_numbers,
     check_recipes,
+    check_validation,
 )
 from layoutlab.train.config_text import parse_field_text, parse_kwarg, parse_option
 from layoutlab.train.image_size import image_size_value
@@ -109,6 +110,18 @@ class TrainConfig:
     # Optimizer steps between checkpoints; None: at every evaluation.
     checkpoint_every: int | None = None
     keep_checkpoints: int = 3
+    # The fraction of each class of the train split held out as the validation split (the
+    # same images for every seed, layout and device count): evaluations during training run
+    # on it (val_loss, val_accuracy) and the test split is evaluated once, at the end. 0: no
+    # validation split; evaluations run on the test split.
+    val_fraction: float = 0.0
+    # The metric whose best checkpoint is kept in <workdir>/best, beside the newest ones:
+    # val_accuracy, val_loss, test_accuracy or test_loss, with ":max" or ":min" for which way
+    # is better (default: max for accuracy, min for loss). None: no best checkpoint.
+    keep_best: str | None = None
+    # Stop after this many evaluations in a row without a better keep_best metric (the test
+    # split is still evaluated at the end). None: train every step.
+    early_stop: int | None = None
     # None: True when there is more than one device.
     data_parallel: bool | None = None
     # Every 2D conv's algorithm (layoutlab.nn.conv_algos.algorithm_names() or "auto": the
@@ -330,5 +343,6 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     check_model(config.model, config.model_kwargs, remat=config.remat)
     check_conv(config, policy)
     check_init(config)
+    check_validation(config)
     _check_devices(config, num_devices)
     return config

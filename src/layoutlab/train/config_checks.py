@@ -24,6 +24,7 @@ __all__ = [
     "check_numbers",
     "check_positive",
     "check_recipes",
+    "check_validation",
 ]
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -261,3 +262,24 @@ def check_init(config) -> None:
             "initialization; pass --init PATH (the weights to probe), or drop "
             "--freeze-backbone."
         )
+
+
+def check_validation(config) -> None:
+    """``val_fraction``, ``keep_best`` and ``early_stop`` (``train.best``)."""
+    from layoutlab.train.best import parse_metric
+
+    fraction = config.val_fraction
+    if not (fraction == 0 or 0 < fraction < 1):  # NaN fails both
+        raise ValueError(
+            f"val_fraction must lie in (0, 1) (the share of each class held out for "
+            f"validation), or be 0 for none; got {fraction!r}."
+        )
+    if config.keep_best is not None:
+        parse_metric(config.keep_best, validation=fraction > 0)
+    if config.early_stop is not None:
+        check_positive(config, "early_stop")
+        if config.keep_best is None:
+            raise ValueError(
+                "early_stop watches the keep_best metric, and this run keeps none; add "
+                "--keep-best METRIC (e.g. val_accuracy with --val-fraction, or test_accuracy)."
+            )

@@ -66,12 +66,14 @@ class Divergence:
             )
 
     def check_eval(self, record: dict) -> None:
-        """Raises ``DivergedError`` when ``record``'s test loss is not finite."""
-        loss = record.get("test_loss")
+        """Raises ``DivergedError`` when ``record``'s validation or test loss is not finite."""
+        split = "val" if "val_loss" in record else "test"
+        loss = record.get(f"{split}_loss")
         if loss is None or math.isfinite(loss):
             return
+        name = "validation" if split == "val" else "test"
         raise DivergedError(
-            f"training diverged: the test loss at step {record['step']} is {loss:g} (the "
+            f"training diverged: the {name} loss at step {record['step']} is {loss:g} (the "
             "model's outputs are no longer finite); the run stopped without recording or "
             f"saving step {record['step']}; {self._kept()}. {self._fix()}"
         )

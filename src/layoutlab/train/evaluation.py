@@ -1,5 +1,6 @@
-"""``evaluate``: loss and accuracy of a train state over a data set's whole test split, and
-the host-side scalars (loss scale, skipped steps) that go into the same record."""
+"""``evaluate``: loss and accuracy of a train state over a data set's whole test split (or its
+validation split), and the host-side scalars (loss scale, skipped steps) that go into the
+same record."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from layoutlab.train.state import TrainState
 __all__ = [
     "PAD_LABEL",
     "eval_batches",
+    "eval_split",
     "eval_sums",
     "evaluate",
     "evaluate_with_ema",
@@ -64,16 +66,21 @@ def jit_eval_step(eval_step, spec: RunSpec, shard: Shardings):
     )
 
 
-def eval_sums(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
-    """The eval step's sums (``train.steps.make_eval_step``) over the whole test split, as
-    NumPy values: every image counted once, in batches of one shape (``eval_batches``), each
-    split over the devices."""
-    labels = dataset.split("test")[1]
+def eval_sums(
+    eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings, split: str = "test"
+) -> dict:
+    """The eval step's sums (``train.steps.make_eval_step``) over the whole ``split``
+    (``"test"`` or ``"val"``), as NumPy values: every image counted once, in batches of one
+    shape, each split over the devices. The batch is the test split's (``eval_batches``) for
+    either split, so the validation split runs the program (and eval plan) the test split
+    does."""
+    labels = dataset.split(split)[1]
     count = labels.shape[0]
-    steps, size = eval_batches(count, spec.eval_batch_size, shard.num_devices)
+    size = run_eval_batch(dataset, spec, shard.num_devices)
+    steps = -(-count // size)
     rows = local_rows(shard.batch, size)  # this process's rows of each batch
     batches = epoch_batches(
-        dataset, "test", size, layout=spec.config.layout, shuffle=False, drop_last=False, rows=rows
+        dataset, split, size, layout=spec.config.layout, shuffle=False, drop_last=False, rows=rows
     )
     total = None
     for i, local in enumerate(batches):
@@ -83,31 +90,42 @@ def eval_sums(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Sharding
         total = out if total is None else {k: total[k] + out[k] for k in total}
     counted = int(total["count"])
     if counted != labels.size:  # padding counted, or rows lost: a silently wrong metric
-        raise RuntimeError(f"evaluate counted {counted} test labels of {labels.size}.")
+        raise RuntimeError(f"evaluate counted {counted} {split} labels of {labels.size}.")
     return total
 
 
-def record_metrics(sums: dict) -> dict:
-    """The record's ``test_loss`` and ``test_accuracy`` from ``eval_sums``."""
+def record_metrics(sums: dict, split: str = "test") -> dict:
+    """The record's ``test_loss`` and ``test_accuracy`` (``val_*`` for the validation split)
+    from ``eval_sums``."""
     counted = int(sums["count"])
     return {
-        "test_loss": float(sums["loss_sum"]) / counted,
-        "test_accuracy": int(sums["correct"]) / counted,
+        f"{split}_loss": float(sums["loss_sum"]) / counted,
+        f"{split}_accuracy": int(sums["correct"]) / counted,
     }
 
 
-def evaluate(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
-    """Loss and accuracy over the whole test split (``eval_sums``)."""
-    return record_metrics(eval_sums(eval_step, state, dataset, spec, shard))
+def evaluate(
+    eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings, split: str = "test"
+) -> dict:
+    """Loss and accuracy over the whole ``split`` (``eval_sums``), named for it."""
+    return record_metrics(eval_sums(eval_step, state, dataset, spec, shard, split), split)
 
 
-def evaluate_with_ema(eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings) -> dict:
+def eval_split(dataset: Dataset) -> str:
+    """The split a run evaluates while it trains: ``"val"`` when the data set holds one
+    (``val_fraction``), else ``"test"``."""
+    return "test" if dataset.val_labels is None else "val"
+
+
+def evaluate_with_ema(
+    eval_step, state, dataset: Dataset, spec: RunSpec, shard: Shardings, split: str = "test"
+) -> dict:
     """``evaluate``, and for a state with a moving average of its weights (``train.ema``) the
-    average's figures beside them (``ema_test_loss``, ``ema_test_accuracy``), on the same
+    average's figures beside them (``ema_test_loss``, ``ema_val_accuracy``, ...), on the same
     compiled eval step."""
-    record = evaluate(eval_step, state, dataset, spec, shard)
+    record = evaluate(eval_step, state, dataset, spec, shard, split)
     if state.ema is not None:
-        ema = evaluate(eval_step, ema_view(state), dataset, spec, shard)
+        ema = evaluate(eval_step, ema_view(state), dataset, spec, shard, split)
         record.update({f"ema_{name}": value for name, value in ema.items()})
     return record
 

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 
 from layoutlab.data import (
     Dataset,
@@ -33,11 +32,13 @@ from layoutlab.data import (
 from layoutlab.loss_scale import NoOpLossScale
 from layoutlab.train import program as programs
 from layoutlab.train.agreement import agree_on_run, decided_by_process_0, run_fingerprint
+from layoutlab.train.best_run import BestKeeper, finish_run
 from layoutlab.train.checkpoint import Checkpointer
 from layoutlab.train.compiled_step import compile_train_step
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.divergence import Divergence
 from layoutlab.train.evaluation import (
+    eval_split,
     evaluate,
     evaluate_with_ema,
     host_scalars,
@@ -56,6 +57,7 @@ from layoutlab.train.metrics import (
 )
 from layoutlab.train.progress import Progress, bar_postfix, format_record
 from layoutlab.train.resume import restore_or_start
+from layoutlab.train.run_checks import check_xla_options
 from layoutlab.train.run_identity import new_run_id
 from layoutlab.train.run_plan import (
     planned,
@@ -90,15 +92,9 @@ _FETCH_EVERY = 10
 _METER_KEY = "train_meter"  # checkpoint extra: the running train metrics since the last eval
 
 
-def check_xla_options(options: dict) -> None:
-    """Raise the ``ValueError`` of ``train_and_evaluate`` if XLA rejects ``options`` (a name
-    it does not know, a value of the wrong type), by compiling a trivial program."""
-    if options:
-        lowered = jax.jit(lambda x: x + 1, compiler_options=options).lower(jnp.float32(0))
-        compile_with_options(lowered, options)
-
-
-def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Checkpointer:
+def _open_checkpoints(
+    workdir: Path, config: TrainConfig, resume: bool
+) -> tuple[Checkpointer, BestKeeper]:
     ckpt = Checkpointer(
         workdir / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints, run_id=config.run_id
     )
@@ -108,7 +104,7 @@ def _open_checkpoints(workdir: Path, config: TrainConfig, resume: bool) -> Check
             f"{workdir} already holds checkpoints (latest step {ckpt.steps()[-1]}); pass "
             "resume=True (--resume) to continue that run, or choose a new workdir."
         )
-    return ckpt
+    return ckpt, BestKeeper.open(config, workdir)
 
 
 def _abstract(init, shardings):
@@ -151,14 +147,15 @@ def train_and_evaluate(
         main = jax.process_index() == 0
         with WorkdirLock(workdir) if main else contextlib.nullcontext():
             agree_on_run(lambda: run_fingerprint(spec, dataset, schedule, model), workdir)
-            ckpt = _open_checkpoints(workdir, spec.config, resume)
+            ckpt, keeper = _open_checkpoints(workdir, spec.config, resume)
             try:
                 return _run(
                     spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model,
-                    weights,
+                    weights, keeper,
                 )  # fmt: skip
             finally:
                 ckpt.close()
+                keeper.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,13 +174,15 @@ class _Run:
     main: bool  # process 0 writes the workdir files
     step_log: StepLog
     divergence: Divergence
+    keeper: BestKeeper  # keep_best's checkpoint and early_stop's count
 
 
 def _run(
-    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model, weights=None
+    spec, workdir, dataset, schedule, ckpt, resume, quiet, conv_planner, model, weights, keeper
 ) -> dict:
     """The run of a resolved ``spec``; ``model``: its abstract model (``_check_dataset``);
     ``weights``: what a new run starts from (``train.init_weights.initial_values``)."""
+    run_start = time.perf_counter()
     main = jax.process_index() == 0
     progress_log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr))
     shard = make_shardings(spec.data_parallel)
@@ -210,14 +209,20 @@ def _run(
             ckpt, abstract, schedule, workdir / METRICS_FILE, progress_log
         )
         meter = RunningMean.from_dict(extra.get(_METER_KEY))
-        records = read_records(workdir / METRICS_FILE) if start >= schedule.total_steps else []
+        keeper.restore(extra)
+        done = start >= schedule.total_steps or keeper.stops()
+        records = read_records(workdir / METRICS_FILE) if done else []
         if records and records[-1]["step"] == start:  # finished: nothing to compile or redo
             if main:
+                how = "raise --steps or --epochs" if start >= schedule.total_steps else (
+                    f"{keeper.stop_reason()}; raise --early-stop")  # fmt: skip
                 print(
                     f"note: {workdir} is complete at step {start} of {schedule.total_steps}; "
-                    "nothing to train (raise --steps or --epochs to continue it).",
+                    f"nothing to train ({how} to continue it).",
                     file=sys.stderr,
                 )
+                # A kill between the last checkpoint and the summary left none: written now.
+                finish_run(workdir, spec.config, records[-1], schedule.total_steps, keeper)
             return records[-1]
     if state is None:
         # The run's xla_options apply to init too, except its fast-compile level.
@@ -249,15 +254,16 @@ def _run(
         schedule.accum_steps, lambda: max(ckpt.steps(), default=None), loss_scaled=scaled
     )
     run = _Run(spec, workdir, dataset, schedule, ckpt, shard, train_step, eval_step, progress,
-               main, step_log, divergence)  # fmt: skip
+               main, step_log, divergence, keeper)  # fmt: skip
     try:
-        state, record = _loop(run, state, start, meter)
+        state, record, trained = _loop(run, state, start, meter)
     finally:
         progress.close()
         step_log.close()
     if record is None:  # nothing left to train: report the final state as it is
-        record = _eval_record(run, state, schedule.total_steps)
+        record = _eval_record(run, state, schedule.total_steps, final=True)
     if main:
+        finish_run(workdir, config, record, schedule.total_steps, keeper, run_start, trained)
         # matplotlib takes about 1 s to import: only the process that plots pays it.
         from layoutlab.train.plot import plot_metrics
 
@@ -270,15 +276,24 @@ def _run(
     return record
 
 
-def _eval_record(run: _Run, state, step: int) -> dict:
+def _eval_record(run: _Run, state, step: int, final: bool = False) -> dict:
+    """The eval record of ``state``: on the validation split when the run has one, and then,
+    when ``final``, on the test split too (its one test evaluation)."""
     record = {"step": step, "epoch": run.schedule.epoch(step)}
-    record.update(evaluate_with_ema(run.eval_step, state, run.dataset, run.spec, run.shard))
+    splits = [eval_split(run.dataset)]
+    if final and splits[0] != "test":
+        splits.append("test")
+    for split in splits:
+        record.update(
+            evaluate_with_ema(run.eval_step, state, run.dataset, run.spec, run.shard, split)
+        )
     record.update(host_scalars(state))
     return record
 
 
 def _loop(run: _Run, state, start: int, meter: RunningMean):
-    """Steps ``start + 1 .. total``; returns the final state and the last eval record.
+    """Steps ``start + 1 .. total`` (fewer when ``early_stop`` stops the run); returns the
+    final state, the last eval record and ``(images, seconds)`` trained.
 
     ``meter`` holds the train metrics since the last evaluation; every checkpoint carries it
     (``extra["train_meter"]``), so a resumed run's first record averages the same steps, in
@@ -298,6 +313,7 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
     step, micro, record = start, start * accum, None
     run_start = interval_start = time.perf_counter()
     interval_images = 0
+    trained = [0, 0.0]  # images and seconds of training, evaluations and saves left out
 
     def fetch():
         # One host transfer for many steps' metrics; the device keeps running ahead.
@@ -326,10 +342,13 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
             run.progress.update(1, postfix)
             is_last = step == schedule.total_steps
             evaluating = step % schedule.eval_every == 0 or is_last
+            stopping = False
             if evaluating:
                 fetch()
                 jax.block_until_ready(state)
                 elapsed = time.perf_counter() - interval_start
+                trained[0] += interval_images
+                trained[1] += elapsed
                 record = {
                     "step": step,
                     "train_loss": meter.mean("loss"),
@@ -339,17 +358,26 @@ def _loop(run: _Run, state, start: int, meter: RunningMean):
                     "elapsed": time.perf_counter() - run_start,
                 }
                 run.divergence.check_eval(record)
+                # Before the record and the step's checkpoint, which carries the best so far.
+                stopping = run.keeper.evaluated(record, state, {"config": spec.config.to_dict()})
+                if (is_last or stopping) and eval_split(run.dataset) != "test":
+                    test = evaluate(run.eval_step, state, run.dataset, spec, run.shard, "test")
+                    record.update(test)  # the run's one test evaluation
                 if run.main:
                     append_record(run.workdir / METRICS_FILE, record)
                     run.step_log.add_eval(record)
                 run.progress.write(format_record(record))
+                if stopping and run.main:  # said even when quiet: the run ends before its steps
+                    print(run.keeper.stop_reason(), flush=True)
                 meter.reset()
-            if step % schedule.checkpoint_every == 0 or is_last:
+            if step % schedule.checkpoint_every == 0 or is_last or stopping:
                 saving = time.perf_counter()
                 fetch()  # the meter then covers every step up to this one
                 extra = {"config": spec.config.to_dict(), _METER_KEY: meter.to_dict()}
-                run.ckpt.save(step, state, extra)
+                run.ckpt.save(step, state, {**extra, **run.keeper.extra()})
                 interval_start += time.perf_counter() - saving  # not training time
             if evaluating:
                 interval_start, interval_images = time.perf_counter(), 0
-    return state, record
+            if stopping:
+                break
+    return state, record, tuple(trained)

@@ -1,7 +1,9 @@
 """Run outputs in the workdir: ``config.json`` and ``metrics.jsonl`` (one JSON object per eval).
 
 Every record has ``step``, ``epoch``, ``train_loss``, ``train_accuracy``, ``test_loss``,
-``test_accuracy``, ``images_per_sec``, ``loss_scale``, ``skipped_steps`` and ``elapsed``.
+``test_accuracy``, ``images_per_sec``, ``loss_scale``, ``skipped_steps`` and ``elapsed``; with
+``val_fraction`` a record has ``val_loss`` and ``val_accuracy`` instead of the test metrics,
+which only the last record has.
 """
 
 from __future__ import annotations

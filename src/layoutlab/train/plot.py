@@ -62,8 +62,14 @@ def metrics_figure(records: list[dict], *, title: str = "", steps: list[dict] = 
         if xs:
             ax.plot(xs, ys, linewidth=0.8, alpha=0.6, label="train (per step)")
         drawn = [ys]
-        for prefix, label in (("train_", "train (mean per eval)"), ("test_", "test")):
+        for prefix, label in (
+            ("train_", "train (mean per eval)"),
+            ("val_", "validation"),
+            ("test_", "test"),
+        ):
             xs, ys = _series(records, prefix + key)
+            if prefix == "val_" and not xs:  # a run without a validation split
+                continue
             ax.plot(xs, ys, marker="o", markersize=3, label=label)
             drawn.append(ys)
         if key == "accuracy":

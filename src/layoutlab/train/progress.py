@@ -39,10 +39,15 @@ class Progress:
 
 
 def format_record(r: dict) -> str:
+    # A run with a validation split evaluates it, and the test split once at the end.
+    splits = "".join(
+        f"{s}_loss {r[s + '_loss']:.4f} {s}_accuracy {r[s + '_accuracy']:.4f} "
+        for s in ("val", "test")
+        if s + "_loss" in r
+    )
     return (
         f"step {r['step']} (epoch {r['epoch']:g}): train_loss {r['train_loss']:.4f} "
-        f"test_loss {r['test_loss']:.4f} test_accuracy {r['test_accuracy']:.4f} "
-        f"images/s {r['images_per_sec']:.0f} loss_scale {r['loss_scale']:g}"
+        f"{splits}images/s {r['images_per_sec']:.0f} loss_scale {r['loss_scale']:g}"
     )
 
 

@@ -58,6 +58,7 @@ MAY_CHANGE = frozenset(
         "log_every",
         "tensorboard",
         "param_sharding",
+        "early_stop",  # how long, as epochs: a stopped run resumed with more patience goes on
     }
 )
 # A resumed run keeps its conv plans and where its layers compute (the stored kernels of a

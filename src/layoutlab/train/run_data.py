@@ -23,11 +23,18 @@ __all__ = [
 def load_run_data(config: TrainConfig) -> Dataset:
     """The run's data set, as training, autotuning, evaluation and prediction all load it:
     the split is drawn with seed 0 (not the training seed), so every seed of a run family
-    trains and is evaluated on the same split."""
+    trains and is evaluated on the same split; with ``val_fraction`` its validation split is
+    held out of the train split (``data.validation.with_validation``)."""
     from layoutlab.data import get_dataset
 
     size = None if config.image_size is None else tuple(config.image_size)
-    return get_dataset(config.data, image_size=size)
+    dataset = get_dataset(config.data, image_size=size)
+    if config.val_fraction:
+        # Seed 0 too: every seed of a run family is validated on the same images.
+        from layoutlab.data.validation import with_validation
+
+        dataset = with_validation(dataset, config.val_fraction)
+    return dataset
 
 
 def _what_changed(recorded: dict, have: dict) -> str:
@@ -60,6 +67,13 @@ def data_change(config: TrainConfig, recorded: dict | None, have: dict | None) -
         return None
     if not isinstance(have, dict) or not isinstance(recorded, dict):
         what = "it has no fingerprint now"
+    elif have.get("split") != recorded.get("split"):
+        return (
+            f"The run was trained on the random train/test split that earlier versions drew "
+            f"of {config.data!r}; its split is now drawn per class (stratified), so its test "
+            "images would change. Finish the run with the version that started it, or train "
+            "again in a new workdir."
+        )
     elif all(have.get(k) == v for k, v in recorded.items()):
         return None
     else:

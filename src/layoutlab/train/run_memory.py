@@ -1,7 +1,7 @@
 """What a run needs in memory, estimated before anything is compiled or allocated.
 
 The data set is checked as it loads (``data.memory``). Here, once the model is known as
-shapes (``train.run_start._check_dataset``), the run's train state and its largest per-batch
+shapes (``train.run_checks.check_dataset``), the run's train state and its largest per-batch
 buffers are compared with the memory of the device they go on:
 
 - the train state: the parameters, their gradients and the optimizer's float32 moments;

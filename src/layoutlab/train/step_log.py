@@ -26,6 +26,8 @@ STEPS_FILE = "steps.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 # Evaluation record keys shown in TensorBoard, under these tags.
 _EVAL_TAGS = {
+    "val_loss": "val/loss",
+    "val_accuracy": "val/accuracy",
     "test_loss": "test/loss",
     "test_accuracy": "test/accuracy",
     "train_loss": "train_epoch/loss",
