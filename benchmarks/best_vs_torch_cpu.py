@@ -34,6 +34,7 @@ from pathlib import Path
 
 from layoutlab.bench import SweepConfig, load_results, plot_all, run_sweep, save_results
 from layoutlab.host import keep_host_memory
+from layoutlab.train.spec import config_for
 
 PARTS = {
     "cifar_fp32": ("cifar", 32, 128, ("NHWC", "NCHW"), "fp32"),
@@ -59,18 +60,22 @@ def part_dir(out: Path, name: str) -> Path:
 def run_part(name: str, out: Path, note: str | None) -> None:
     stem, size, batch, layouts, precision = {**PARTS, **COMPILE_PARTS}[name]
     half = precision != "fp32"
-    config = SweepConfig(
-        "resnet18",
+    run = config_for(
+        "pytorch",
+        model="resnet18",
         model_kwargs={"stem": stem},
-        image_size=size,
-        batch_sizes=(batch,),
-        layouts=layouts,
-        precisions=(precision,),
-        modes=("infer", "train"),
-        conv_algorithms=("auto",),
-        conv_tune_repeats=2,
+        batch_size=batch,
+        precision=precision,
+        conv_algorithm="auto",
         kernel_storage="channels_last",
         cpu_fast=True,
+    )
+    config = SweepConfig(
+        run,
+        axes={"layout": layouts},
+        modes=("infer", "train"),
+        image_size=size,
+        conv_tune_repeats=2,
         torch=True,
         torch_compile=name in COMPILE_PARTS,
         repeats=3 if half else 5,

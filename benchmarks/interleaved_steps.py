@@ -60,9 +60,9 @@ def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch"
     """A ``cls`` runner of ``w`` on ``backend`` in NHWC fp32 with HWIO kernels, conv
     algorithm ``algo`` (no tuning), compile ``options`` and ``optimizer``, labelled
     ``label``; 20 steps."""
-    case = JaxCase(w, "NHWC", "fp32", algo, "channels_last", tuple(sorted(options.items())),
-                   label, conv_tune="never", activation_storage="channels_last",
-                   optimizer=optimizer)  # fmt: skip
+    case = JaxCase.of(w, optimizer, layout="NHWC", precision="fp32", conv_algorithm=algo,
+                      kernel_storage="channels_last", activation_storage="channels_last",
+                      xla_options=options, defaults=label, conv_tune="never")  # fmt: skip
     return cls(case, backend=backend, steps=20)
 
 

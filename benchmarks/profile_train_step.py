@@ -45,10 +45,10 @@ def main() -> None:
     args = p.parse_args()
     w = workload(args.model, args.mode, args.batch)
     options = bench_options(w, args.optimizer)
-    options = tuple(sorted(options.items()))
-    case = JaxCase(w, "NHWC", args.precision, "auto", "channels_last", options, "fast",
-                   conv_tune="never", activation_storage="channels_last",
-                   optimizer=args.optimizer)  # fmt: skip
+    case = JaxCase.of(w, args.optimizer, layout="NHWC", precision=args.precision,
+                      conv_algorithm="auto", kernel_storage="channels_last",
+                      activation_storage="channels_last", xla_options=options,
+                      defaults="fast", conv_tune="never")  # fmt: skip
     runner = JaxRunner(case, backend="cpu", steps=50)
     runner.setup()
     for _ in range(5):

@@ -29,6 +29,7 @@ from layoutlab.bench import (
     run_sweep,
     save_results,
 )
+from layoutlab.train.spec import config_for
 
 PARTS = {
     "cifar": {"stem": "cifar", "image_size": 32, "batch_sizes": (32, 128)},
@@ -39,13 +40,14 @@ PARTS = {
 def run_part(name: str, out_root: Path, args: argparse.Namespace) -> Path:
     part = PARTS[name]
     config = SweepConfig(
-        "resnet18",
-        model_kwargs={"stem": part["stem"]},
-        image_size=part["image_size"],
-        layouts=("NHWC", "NCHW"),
-        precisions=("fp32", "mixed_bf16"),
-        batch_sizes=part["batch_sizes"],
+        config_for("pytorch", model="resnet18", model_kwargs={"stem": part["stem"]}),
+        axes={
+            "layout": ("NHWC", "NCHW"),
+            "precision": ("fp32", "mixed_bf16"),
+            "batch_size": part["batch_sizes"],
+        },
         modes=("infer", "train"),
+        image_size=part["image_size"],
         repeats=args.repeats,
         warmup=args.warmup,
         backend="cpu",

@@ -107,16 +107,16 @@ def main(argv=None) -> int:
     machine = machine_info(note=args.note)
     runners, temp_bytes = {}, {}
     for name in names:
-        case = JaxCase(
+        case = JaxCase.of(
             workload,
-            args.layout,
-            args.precision,
-            args.conv_algo,
-            "channels_last",
-            options(name, args.optimizer),
-            conv_tune="never",
+            args.optimizer,
+            layout=args.layout,
+            precision=args.precision,
+            conv_algorithm=args.conv_algo,
+            kernel_storage="channels_last",
             activation_storage="channels_last",
-            optimizer=args.optimizer,
+            xla_options=options(name, args.optimizer),
+            conv_tune="never",
         )
         runner = JaxRunner(case)
         temp_bytes[name] = runner.setup().get("temp_bytes")

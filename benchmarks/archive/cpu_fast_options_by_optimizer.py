@@ -52,18 +52,17 @@ def run(models: list[str], batches: list[int], optimizers: list[str], budget: fl
         w = workload(model, "train", batch)
         runners = [
             JaxRunner(
-                JaxCase(
+                JaxCase.of(
                     w,
-                    "NHWC",
-                    "fp32",
-                    "auto",
-                    "channels_last",
-                    ((KEY, value),),
-                    f"{optimizer}:{name}",
-                    conv_tune="never",
+                    optimizer,
+                    layout="NHWC",
+                    conv_algorithm="auto",
+                    kernel_storage="channels_last",
                     activation_storage="channels_last",
-                    optimizer=optimizer,
-                ),  # fmt: skip
+                    xla_options={KEY: value},
+                    defaults=f"{optimizer}:{name}",
+                    conv_tune="never",
+                ),
                 backend="cpu",
                 steps=20,
             )

@@ -16,6 +16,8 @@ from layoutlab.bench.timing import JaxStep
 from layoutlab.bench.tuning import command as autotune_command
 from layoutlab.nn.conv_algos import ConvPlan
 from layoutlab.nn.conv_config import conv_settings
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.spec import config_for
 
 TINY = models.spec("small_cnn").tiny
 EIGEN = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
@@ -63,8 +65,8 @@ def _cli(argv):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"conv_algorithms": ("xla", "fft")}, "Unknown conv algorithm 'fft'"),
-        ({"conv_algorithms": ()}, "conv_algorithms is empty"),
+        ({"axes": {"conv_algorithm": ("xla", "fft")}}, "Unknown conv algorithm 'fft'"),
+        ({"axes": {"conv_algorithm": ()}}, "axis conv_algorithm is empty"),
         ({"kernel_storage": "OIHW"}, "Unknown kernel_storage 'OIHW'"),
         ({"xla_options": {"xla_cpu_no_such_flag": True}}, "xla_cpu_no_such_flag"),
         ({"xla_options": {"xla_cpu_enable_fast_math": [1]}}, "use a bool, int, float or str"),
@@ -72,7 +74,10 @@ def _cli(argv):
     ],
 )
 def test_bad_conv_settings_fail_before_anything_runs(change, message):
-    config = SweepConfig("small_cnn", model_kwargs=TINY, modes=("infer",), **change)
+    axes = change.pop("axes", {})
+    measure = {k: change.pop(k) for k in ("conv_tune_repeats",) if k in change}
+    run = TrainConfig(model="small_cnn", model_kwargs=TINY, **change)
+    config = SweepConfig(run, axes=axes, modes=("infer",), **measure)
 
     def never(case):
         raise AssertionError("a runner was built for an invalid sweep")
@@ -84,18 +89,16 @@ def test_bad_conv_settings_fail_before_anything_runs(change, message):
 def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
     seen = []
 
-    config = SweepConfig(
-        "small_cnn",
+    run = TrainConfig(
+        model="small_cnn",
         model_kwargs=TINY,
-        layouts=("NCHW",),
-        precisions=("fp32",),
-        modes=("infer",),
-        batch_sizes=(2,),
-        conv_algorithms=("xla", "im2col", "xla"),
+        layout="NCHW",
+        batch_size=2,
         kernel_storage="channels_last",
         xla_options=EIGEN,
-        repeats=1,
-        warmup=0,
+    )
+    config = SweepConfig(
+        run, {"conv_algorithm": ("xla", "im2col", "xla")}, ("infer",), repeats=1, warmup=0
     )
     rows = run_sweep(config, jax_runner=_recorder(seen)).rows
     assert [c.conv_algo for c in seen] == ["xla", "im2col"]  # duplicates dropped
@@ -109,18 +112,12 @@ def test_each_conv_algorithm_is_a_configuration_with_its_settings_in_the_row():
 
 
 def test_runner_applies_the_conv_settings_to_the_model_it_times():
-    config = SweepConfig(
-        "small_cnn",
-        model_kwargs=TINY,
-        layouts=("NCHW",),
-        precisions=("fp32",),
-        modes=("infer",),
-        batch_sizes=(2,),
-        conv_algorithms=("xla", "im2col"),
+    run = TrainConfig(
+        model="small_cnn", model_kwargs=TINY, layout="NCHW", batch_size=2,
         kernel_storage="channels_last",
-        repeats=1,
-        warmup=0,
-    )
+    )  # fmt: skip
+    config = SweepConfig(run, {"conv_algorithm": ("xla", "im2col")}, ("infer",), repeats=1,
+                         warmup=0)  # fmt: skip
     hlo = {}
 
     class Recording(JaxRunner):
@@ -144,7 +141,7 @@ def _case(algo):
     from layoutlab.bench.cases import JaxCase, make_workload
 
     w = make_workload("small_cnn", TINY, (8, 8, 1), 10, "infer", 2)
-    return JaxCase(w, "NCHW", "fp32", algo, "channels_last")
+    return JaxCase.of(w, layout="NCHW", conv_algorithm=algo, kernel_storage="channels_last")
 
 
 def test_compile_options_reach_the_executable():
@@ -285,8 +282,8 @@ def test_cpu_fast_flag_merges_with_explicit_options():
     from layoutlab.xla import cpu_fast_options
 
     fast_math_off = {"xla_cpu_enable_fast_math": False}
-    config = SweepConfig(model="small_cnn", xla_options=parse_assignments(args.xla_option, "x"))
-    assert config.xla_options == fast_math_off  # the sweep adds the per-mode ones
+    config = SweepConfig(TrainConfig(xla_options=parse_assignments(args.xla_option, "x")))
+    assert config.run.xla_options == fast_math_off  # the sweep adds the per-mode ones
     assert options_for(config, "infer", "cpu") == {**cpu_fast_options("infer"), **fast_math_off}
     assert args.cpu_fast
 
@@ -296,18 +293,14 @@ def test_cpu_fast_sweep_uses_each_modes_options():
 
     seen = []
 
-    config = SweepConfig(
-        "small_cnn",
+    run = TrainConfig(
+        model="small_cnn",
         model_kwargs=TINY,
-        layouts=("NHWC",),
-        precisions=("fp32",),
-        modes=("infer", "train"),
-        batch_sizes=(2,),
+        batch_size=2,
         cpu_fast=True,
         xla_options={"xla_cpu_enable_fast_math": False},
-        repeats=1,
-        warmup=0,
     )
+    config = SweepConfig(run, {}, ("infer", "train"), repeats=1, warmup=0)
     run_sweep(config, jax_runner=_recorder(seen))
     by_mode = {c.workload.mode: dict(c.xla_options) for c in seen}
     for mode in ("infer", "train"):
@@ -343,11 +336,13 @@ def test_train_options_follow_the_optimizer():
         size = config.batch_size * models.largest_conv_output(config.model, {}, (8, 8, 1))
         got = compile_options(config, "train")
         assert got == cpu_fast_options("train", optimizer, activation=size)
-    sweep = dict(model="small_cnn", model_kwargs=TINY, batch_sizes=(2,), cpu_fast=True)
-    assert options_for(SweepConfig(**sweep, torch=True), "train", "cpu") == cpu_fast_options(
-        "train", "pytorch"
+    sweep = dict(model="small_cnn", model_kwargs=TINY, batch_size=2, cpu_fast=True)
+    assert options_for(SweepConfig(config_for("pytorch", **sweep)), "train", "cpu") == (
+        cpu_fast_options("train", "pytorch")
     )
-    assert options_for(SweepConfig(**sweep), "train", "cpu") == cpu_fast_options("train")
+    assert options_for(SweepConfig(TrainConfig(**sweep)), "train", "cpu") == cpu_fast_options(
+        "train"
+    )
 
 
 def test_batch_one_training_on_avx512_runs_without_the_options():
@@ -372,7 +367,7 @@ def test_batch_one_training_on_avx512_runs_without_the_options():
     want = cpu_fast_options("train", "adamw", batch=1, activation=1)
     assert compile_options(TrainConfig(batch_size=1), "train") == want
     assert compile_options(TrainConfig(batch_size=1), "infer") == cpu_fast_options("infer")
-    sweep = SweepConfig(model="small_cnn", model_kwargs=TINY, batch_sizes=(1,), cpu_fast=True)
+    sweep = SweepConfig(TrainConfig(model="small_cnn", model_kwargs=TINY, batch_size=1))
     assert options_for(sweep, "train", "cpu", 1) == want
 
 
@@ -411,7 +406,7 @@ def test_depthwise_models_train_without_elementwise_fusions_on_avx512(monkeypatc
     want = fast_compile_options(
         "train", "cpu", "pytorch", 8, depthwise=True, activation=8 * largest
     )
-    sweep = SweepConfig(**mobilenet, batch_sizes=(8,), cpu_fast=True, torch=True)
+    sweep = SweepConfig(config_for("pytorch", **mobilenet, batch_size=8), torch=True)
     assert options_for(sweep, "train", "cpu", 8) == want
     config = TrainConfig(**mobilenet, optimizer="momentum", batch_size=8)
     # The run's data (digits, 8x8) makes its largest conv output small as well.
@@ -471,8 +466,8 @@ def test_small_training_steps_run_without_elementwise_fusions(monkeypatch):
     for model, kwargs, batch, eltwise in (("unet", {}, 8, False), ("unet", {}, 128, True),
                                           ("resnet18", {"stem": "cifar"}, 8, False),
                                           ("resnet18", {"stem": "cifar"}, 16, True)):  # fmt: skip
-        sweep = SweepConfig(model=model, model_kwargs=kwargs, batch_sizes=(batch,),
-                            cpu_fast=True, torch=True)  # fmt: skip
+        run = config_for("pytorch", model=model, model_kwargs=kwargs, batch_size=batch)
+        sweep = SweepConfig(run, torch=True)
         got = options_for(sweep, "train", "cpu", batch)[key]
         assert (got != no_eltwise) == eltwise, (model, batch, got)
     # And through a run's config, whose data spec fixes the image size (nothing is loaded); a

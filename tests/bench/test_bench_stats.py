@@ -179,9 +179,10 @@ def test_a_spent_budget_with_an_undecided_ratio_still_gets_decisive_repeats():
 def test_the_documented_auto_budget_is_the_default_of_the_api_and_the_cli():
     from layoutlab.bench import SweepConfig
     from layoutlab.cli import build_parser
+    from layoutlab.train.config import TrainConfig
 
     # docs/guides/benchmarks.md: "--time-budget seconds (240)".
-    assert SweepConfig("small_cnn").time_budget_s == 240.0
+    assert SweepConfig(TrainConfig()).time_budget_s == 240.0
     args = build_parser().parse_args(["bench", "--model", "small_cnn", "--out", "o"])
     assert args.time_budget == 240.0 and args.repeats == "auto"
 

@@ -11,6 +11,9 @@ from layoutlab import models
 from layoutlab.bench import command
 from layoutlab.bench.results import load_results
 from layoutlab.bench.sweep import SweepConfig, run_sweep
+from layoutlab.cli import build_parser
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.spec import config_for
 
 TINY = models.spec("small_cnn").tiny
 
@@ -23,11 +26,8 @@ def real_sweep():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     config = SweepConfig(
-        "small_cnn",
-        model_kwargs=TINY,
-        layouts=("NHWC",),
-        precisions=("fp32",),
-        batch_sizes=(2,),
+        config_for("pytorch", model="small_cnn", model_kwargs=TINY, batch_size=2),
+        axes={"precision": ("fp32",)},
         modes=("infer", "train"),
         repeats=2,
         warmup=1,
@@ -102,14 +102,11 @@ class FakeRunner:
         pass
 
 
-def _fake_sweep(fail, **kw):
+def _fake_sweep(fail, optimizer="train", **kw):
     calls = []
     config = SweepConfig(
-        "small_cnn",
-        model_kwargs=TINY,
-        layouts=("NHWC",),
-        precisions=("fp32",),
-        batch_sizes=(2, 64, 128, 4),
+        config_for(optimizer, model="small_cnn", model_kwargs=TINY),
+        axes={"batch_size": (2, 64, 128, 4)},
         modes=("infer",),
         repeats=2,
         warmup=1,
@@ -134,7 +131,7 @@ def test_oom_and_error_rows_and_the_sweep_goes_on():
 
 def test_torch_missing_is_a_note_and_layoutlab_still_runs(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
-    results, _ = _fake_sweep({}, torch=True)
+    results, _ = _fake_sweep({}, "pytorch", torch=True)
     assert any("PyTorch is not installed" in n and "layoutlab[torch]" in n for n in results.notes)
     assert {r["framework"] for r in results.rows} == {"layoutlab"}
     assert all(r["status"] == "ok" for r in results.rows)
@@ -149,8 +146,9 @@ class SlowNCHW(FakeRunner):
 def test_slow_configurations_are_skipped_and_predicted():
     calls = []
     config = SweepConfig(
-        "small_cnn", model_kwargs=TINY, layouts=("NHWC", "NCHW"), precisions=("fp32",),
-        batch_sizes=(2, 4), modes=("infer", "train"), repeats=2, warmup=1, max_step_s=0.02,
+        TrainConfig(model="small_cnn", model_kwargs=TINY),
+        axes={"layout": ("NHWC", "NCHW"), "batch_size": (2, 4)},
+        modes=("infer", "train"), repeats=2, warmup=1, max_step_s=0.02,
     )  # fmt: skip
     results = run_sweep(config, jax_runner=lambda case: SlowNCHW(case, {}, calls))
     rows = {(r["mode"], r["batch_size"], r["layout"]): r for r in results.rows}
@@ -168,21 +166,21 @@ def test_slow_configurations_are_skipped_and_predicted():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model": "resnet9000"}, "Unknown model 'resnet9000'"),
-        ({"precisions": ("fp32", "fp12")}, "Unknown precision policy 'fp12'"),
+        ({"run": TrainConfig(model="resnet9000")}, "Unknown model 'resnet9000'"),
+        ({"axes": {"precision": ("fp32", "fp12")}}, "Unknown precision policy 'fp12'"),
         ({"modes": ("infer", "serve")}, "Unknown modes"),
-        ({"batch_sizes": (0,)}, "positive ints"),
-        ({"layouts": ("NWHC",)}, "NWHC"),
-        ({"optimizer": "adam"}, "Unknown optimizer 'adam'"),
+        ({"axes": {"batch_size": (0,)}}, "positive ints"),
+        ({"axes": {"layout": ("NWHC",)}}, "NWHC"),
+        ({"axes": {"layout": ()}}, "axis layout is empty"),
         # PyTorch rows run SGD with momentum: layoutlab's side of a ratio must too.
-        ({"torch": True, "optimizer": "train"}, "drop --optimizer train"),
+        ({"torch": True}, "must make the same update"),
         # The auto repeats' stopping rule: a budget and a relative target it can meet.
         ({"time_budget_s": 0}, "time_budget_s be > 0"),
         ({"target": 1.5}, "target must lie in"),
     ],
 )
 def test_bad_arguments_fail_before_anything_runs(change, message):
-    base = dict(model="small_cnn", model_kwargs=TINY, modes=("infer",))
+    base = dict(run=TrainConfig(model="small_cnn", model_kwargs=TINY), modes=("infer",))
     config = SweepConfig(**{**base, **change})
 
     def never(case):
@@ -192,13 +190,16 @@ def test_bad_arguments_fail_before_anything_runs(change, message):
         run_sweep(config, jax_runner=never)
 
 
-def test_the_train_step_runs_trains_optimizer_unless_pytorch_sits_beside_it():
-    from layoutlab.bench.sweep_config import validate
+def test_the_train_step_runs_trains_optimizer_unless_pytorch_sits_beside_it(tmp_path):
+    def run(*flags):
+        argv = ["bench", "--model", "small_cnn", "--modes", "train", *flags, "--out", "o"]
+        return command._sweep_config(build_parser().parse_args(argv)).run
 
-    base = dict(model="small_cnn", model_kwargs=TINY, modes=("train",))
-    assert validate(SweepConfig(**base)).optimizer == "train"
-    assert validate(SweepConfig(**base, torch=True)).optimizer == "pytorch"
-    assert validate(SweepConfig(**base, optimizer="pytorch")).optimizer == "pytorch"
+    assert run().optimizer == "adamw"
+    assert run("--torch") == config_for("pytorch", model="small_cnn")
+    assert run("--optimizer", "pytorch").optimizer == "momentum"
+    with pytest.raises(ValueError, match="drop --optimizer train"):
+        run("--torch", "--optimizer", "train")
 
 
 def _cli(argv):

@@ -100,9 +100,10 @@ def test_inspect_and_bench_build_the_step_train_runs(train_step):
     assert _fingerprint(sgd.train_step, sgd_state, images, labels) != fingerprint
 
     workload = make_workload("small_cnn", KWARGS, (8, 8, 1), 10, "train", 2)
-    case = JaxCase(
-        workload, "NCHW", "fp16", "auto", spec.kernel_storage, tuple(sorted(options.items())),
-        conv_tune="never", activation_storage=spec.activation_storage, optimizer="train",
+    case = JaxCase.of(
+        workload, layout="NCHW", precision="fp16", conv_algorithm="auto",
+        kernel_storage=spec.kernel_storage, activation_storage=spec.activation_storage,
+        xla_options=options, conv_tune="never",
     )  # fmt: skip
     runner = JaxRunner(case, steps=2)
     runner.prepare()

@@ -1,4 +1,5 @@
-"""One benchmark configuration: the workload (model, input, mode, batch) and how it runs."""
+"""One benchmark configuration: the workload (model, input, mode, batch) and how it runs
+(a layoutlab run as its ``TrainConfig``, or PyTorch's memory format and precision)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import dataclasses
 import json
 
 import numpy as np
+
+from layoutlab.train.config import TrainConfig
 
 __all__ = [
     "JaxCase",
@@ -97,25 +100,89 @@ def make_workload(model, model_kwargs, input_shape, num_classes, mode, batch_siz
 
 @dataclasses.dataclass(frozen=True)
 class JaxCase:
+    """A layoutlab configuration: ``run`` on ``workload``'s batches. ``run`` is the
+    ``TrainConfig`` its step is resolved from (``train.spec.resolve_spec``, as for
+    ``layoutlab train``): its model, kwargs and batch size are the workload's, its
+    ``xla_options`` the compile options of the workload's mode, with ``cpu_fast``'s
+    already in them (so ``cpu_fast`` is off). A sweep makes one per point of its axes
+    (``bench.sweep_cases``); ``JaxCase.of`` makes one by hand."""
+
     workload: Workload
-    layout: str  # canonical layout name, e.g. NHWC
-    precision: str  # a precision policy name or spec
-    conv_algo: str = "xla"  # a layoutlab.nn.conv_algos name; "auto": a plan per shape
-    kernel_storage: str = "layout"  # or "channels_last": HWIO kernels in every layout
-    xla_options: tuple[tuple[str, object], ...] = ()  # sorted XLA compile options
+    run: TrainConfig
     # Which settings these are: "fast" (layoutlab's defaults), "plain" (XLA's conv, the
     # layout's kernels, no options: --baseline-plain) or "custom" (flags changed them).
     defaults: str = "custom"
     conv_tune: str = "auto"  # where an "auto" case's plan comes from (bench.tuning.plan_source)
-    # Where a channels-first model computes: "layout" or "channels_last" (NHWC inside).
-    activation_storage: str = "layout"
-    # The train step's optimizer: "train" (what `layoutlab train` runs) or "pytorch" (the
-    # PyTorch runner's SGD with momentum); train.spec.OPTIMIZER_CHOICES.
-    optimizer: str = "train"
+
+    def __post_init__(self):
+        w, run = self.workload, self.run
+        if (run.model, dict(run.model_kwargs), run.batch_size) != (w.model, w.kwargs, w.batch_size):
+            raise ValueError(
+                f"A JaxCase's run ({run.model} {run.model_kwargs} b{run.batch_size}) must be "
+                f"its workload's ({w.model} {w.kwargs} b{w.batch_size})."
+            )
+
+    @classmethod
+    def of(
+        cls,
+        workload: Workload,
+        optimizer: str = "train",
+        *,
+        defaults: str = "custom",
+        conv_tune: str = "auto",
+        xla_options=(),
+        **fields,
+    ) -> JaxCase:
+        """A case of ``workload`` whose run is ``train.spec.config_for(optimizer, **fields)``
+        (layout, precision, conv settings, ...) on the workload's model and batch, compiled
+        with ``xla_options`` (a dict or items) alone; conv settings not given are XLA's conv
+        with the layout's kernels and activations, as a plain XLA step."""
+        from layoutlab.train.spec import config_for
+
+        plain = {
+            "conv_algorithm": "xla",
+            "kernel_storage": "layout",
+            "activation_storage": "layout",
+        }
+        run = config_for(
+            optimizer,
+            **{**plain, **fields},
+            model=workload.model,
+            model_kwargs=workload.kwargs,
+            batch_size=workload.batch_size,
+            xla_options=dict(xla_options),
+            cpu_fast=False,
+        )
+        return cls(workload, run, defaults, conv_tune)
+
+    @property
+    def layout(self) -> str:  # canonical layout name, e.g. NHWC
+        return self.run.layout
+
+    @property
+    def precision(self) -> str:  # a precision policy name or spec
+        return self.run.precision
+
+    @property
+    def conv_algo(self) -> str:  # a layoutlab.nn.conv_algos name; "auto": a plan per shape
+        return self.run.conv_algorithm
+
+    @property
+    def kernel_storage(self) -> str:
+        return self.run.kernel_storage
+
+    @property
+    def activation_storage(self) -> str:
+        return self.run.activation_storage
+
+    @property
+    def xla_options(self) -> tuple[tuple[str, object], ...]:
+        """The compile options as sorted items."""
+        return tuple(sorted(self.run.xla_options.items()))
 
     @property
     def compiler_options(self) -> dict | None:
-        return dict(self.xla_options) or None
+        return dict(self.run.xla_options) or None
 
     def row(self) -> dict:
         from layoutlab.bench.results import precision_class

@@ -52,6 +52,43 @@ _fraction = _checked(float, lambda v: 0 < v < 1, "a fraction in (0, 1) such as 0
 _non_negative = _checked(int, lambda v: v >= 0, "an integer >= 0")
 
 
+def _sweep_config(args: argparse.Namespace):
+    """The ``SweepConfig`` of ``bench``'s flags: the run flags' ``TrainConfig`` (its
+    optimizer ``--optimizer``'s: PyTorch's SGD by default with ``--torch``, else train's),
+    the comma lists as axes, and the measurement flags."""
+    from layoutlab.bench.sweep import SweepConfig
+    from layoutlab.train.spec import config_for
+
+    torch = args.torch or args.torch_compile
+    optimizer = args.optimizer or ("pytorch" if torch else "train")
+    if torch and optimizer != "pytorch":
+        raise ValueError(
+            "--torch times PyTorch's SGD-with-momentum step beside layoutlab's, which must "
+            "make the same update: drop --optimizer train (with --torch it is pytorch), or drop "
+            "--torch."
+        )
+    return SweepConfig(
+        run_config(args, base=config_for(optimizer)),
+        axes=run_axes(args),
+        modes=parse_comma_list(args.modes),
+        image_size=args.image_size,
+        num_classes=args.num_classes,
+        backend=args.backend,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        target=args.target,
+        roofline=not args.no_roofline,
+        time_budget_s=args.time_budget,
+        torch=torch,
+        torch_compile=args.torch_compile,
+        max_step_s=args.max_step_seconds,
+        note=args.note,
+        conv_tune_repeats=args.conv_tune_repeats,
+        conv_tune=args.conv_tune,
+        baseline_plain=args.baseline_plain,
+    )
+
+
 def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """``layoutlab bench``; ``argv``: its command line, which a sweep across the host-memory
     threshold runs again per part (None: one process, as parts need the command line)."""
@@ -63,36 +100,10 @@ def run_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from layoutlab.bench.plots import plot_all
     from layoutlab.bench.report import markdown_table
     from layoutlab.bench.results import save_results
-    from layoutlab.bench.sweep import SweepConfig, run_sweep, validate
+    from layoutlab.bench.sweep import run_sweep, validate
 
     try:
-        run = run_config(args)
-        config = SweepConfig(
-            model=run.model,
-            **run_axes(args),
-            modes=parse_comma_list(args.modes),
-            model_kwargs=dict(run.model_kwargs),
-            image_size=args.image_size,
-            num_classes=args.num_classes,
-            backend=args.backend,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            target=args.target,
-            roofline=not args.no_roofline,
-            time_budget_s=args.time_budget,
-            torch=args.torch or args.torch_compile,
-            torch_compile=args.torch_compile,
-            max_step_s=args.max_step_seconds,
-            note=args.note,
-            kernel_storage=run.kernel_storage,
-            activation_storage=run.activation_storage,
-            xla_options=dict(run.xla_options),
-            cpu_fast=run.cpu_fast,
-            conv_tune_repeats=args.conv_tune_repeats,
-            conv_tune=args.conv_tune,
-            baseline_plain=args.baseline_plain,
-            optimizer=args.optimizer,
-        )
+        config = _sweep_config(args)
         output_dir(args.out)  # before the sweep, whose results would be lost at the end
         parts = host_memory_parts(args, argv)
         if parts is None:

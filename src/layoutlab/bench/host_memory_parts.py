@@ -69,6 +69,7 @@ def run_parts(argv: list[str], parts: list[list[int]], out: str | Path) -> Bench
         for b, r in zip(parts, runs, strict=True)
     ]  # fmt: skip
     machine["finished_utc"] = runs[-1].machine.get("finished_utc")
-    machine["sweep"] = {**machine.get("sweep", {}), "batch_sizes": sum(parts, [])}
+    sweep = machine.get("sweep", {})
+    machine["sweep"] = {**sweep, "axes": {**sweep.get("axes", {}), "batch_size": sum(parts, [])}}
     notes = list(dict.fromkeys(n for r in runs for n in r.notes))
     return BenchResults(machine, [row for r in runs for row in r.rows], notes)

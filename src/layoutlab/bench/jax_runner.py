@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -16,7 +17,7 @@ from layoutlab.bench.timing import JaxStep
 from layoutlab.bench.tuning.conv_reference import effective_compute_dtype
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.train import program as programs
-from layoutlab.train.spec import InputSpec, RunSpec, config_for, resolve_spec
+from layoutlab.train.spec import InputSpec, RunSpec, resolve_spec
 from layoutlab.xla.backends import resolve_backend
 
 __all__ = ["JaxRunner", "case_model", "case_spec", "layout_images", "tune_convs"]
@@ -31,32 +32,18 @@ def layout_images(images_channels_last: np.ndarray, layout: str) -> np.ndarray:
 
 
 def case_spec(
-    case: JaxCase, seed: int = 0, total_steps: int | None = None
+    case: JaxCase, seed: int | None = None, total_steps: int | None = None
 ) -> tuple[RunSpec, InputSpec]:
-    """The ``RunSpec`` and ``InputSpec`` of ``case``: the run ``layoutlab train`` would make
-    of its model, layout, precision, conv settings and XLA options (so its optimizer and
-    loss-scale rule, or with ``case.optimizer == "pytorch"`` the PyTorch runner's SGD), its
-    learning-rate schedule over ``total_steps`` (None: ``train.spec.SCHEDULE_STEPS``)."""
+    """The ``RunSpec`` and ``InputSpec`` of ``case``: its run resolved as ``layoutlab train``
+    resolves a config (so its optimizer and loss-scale rule), with ``seed`` (None: the run's)
+    and a learning-rate schedule over ``total_steps`` (None: ``train.spec.SCHEDULE_STEPS``)."""
     w = case.workload
-    config = config_for(
-        case.optimizer,
-        model=w.model,
-        model_kwargs=w.kwargs,
-        layout=case.layout,
-        precision=case.precision,
-        batch_size=w.batch_size,
-        seed=seed,
-        conv_algorithm=case.conv_algo,
-        kernel_storage=case.kernel_storage,
-        activation_storage=case.activation_storage,
-        xla_options=dict(case.xla_options),
-        cpu_fast=False,  # the case's options are already the ones to compile with
-    )
+    config = case.run if seed is None else dataclasses.replace(case.run, seed=seed)
     inputs = InputSpec.for_model(w.model, w.input_shape, w.num_classes, w.batch_size)
     return resolve_spec(config, total_steps), inputs
 
 
-def case_model(case: JaxCase, seed: int = 0) -> nnx.Module:
+def case_model(case: JaxCase, seed: int | None = None) -> nnx.Module:
     """The case's model with its conv settings: ``train.program.build_model`` (the one
     ``build_model``) of ``case_spec``; the same ``seed`` gives the same weights in every layout.
     ``conv_algo="auto"`` convs run XLA's conv until given a plan (``tune_convs``)."""
@@ -107,12 +94,14 @@ class JaxRunner:
         case: JaxCase,
         *,
         backend: str | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         conv_tune_repeats: int = 6,
         log=None,
         steps: int = 10,
     ):
-        self.case, self.backend, self.seed = case, backend, seed
+        # None: the run's seed, which makes the weights, images and labels.
+        self.case, self.backend = case, backend
+        self.seed = case.run.seed if seed is None else seed
         self.steps = steps  # the steps the case will run: what a conv tuning must pay for
         self.conv_tune_repeats, self.log = conv_tune_repeats, log
         self.step_fn: JaxStep | None = None

@@ -1,5 +1,5 @@
-"""The sweep: model x layout x precision x batch size x mode on one backend, with PyTorch
-side by side.
+"""The sweep: a run over axes of its fields (layout x precision x batch size x conv
+algorithm, ...) x mode on one backend (``bench.sweep_cases``), with PyTorch side by side.
 
 Configurations run in groups that share a workload (model, input, mode, batch size,
 precision class): every layoutlab and PyTorch configuration of a group is set up, warmed up,
@@ -13,7 +13,6 @@ arguments fail before anything runs.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import json
 import statistics
@@ -21,15 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from layoutlab.bench.cases import JaxCase, TorchCase, Workload, make_workload
 from layoutlab.bench.machine import finish_machine_info, machine_info
-from layoutlab.bench.results import (
-    BenchResults,
-    add_roofline,
-    add_torch_ratios,
-    precision_class,
-    variant,
-)
+from layoutlab.bench.results import BenchResults, add_roofline, add_torch_ratios, variant
 from layoutlab.bench.stats import (
     AUTO_BUDGET_S,
     DECISIVE_REPEATS,
@@ -45,15 +37,13 @@ from layoutlab.bench.stats import (
 )
 from layoutlab.bench.status import OK, SKIPPED, classify_failure
 from layoutlab.bench.step_limit import predicted_step_s, skip_message
+from layoutlab.bench.sweep_cases import sweep_groups
+from layoutlab.bench.sweep_checks import validate
 from layoutlab.bench.sweep_config import (
-    MEMORY_FORMATS,
     SweepConfig,
     check_compile_options,
     config_dict,
-    defaults_label,
-    options_for,
     resolve_input,
-    validate,
 )
 from layoutlab.bench.timing import (
     SETTLE_MAX_S,
@@ -78,44 +68,6 @@ __all__ = [
 def _interleave(*lists):
     """A1 B1 A2 B2 ...: the frameworks alternate in the timing rounds."""
     return [x for xs in itertools.zip_longest(*lists) for x in xs if x is not None]
-
-
-def _groups(config: SweepConfig, torch_device: str | None):
-    shape = (*config.image_size, config.channels)
-    platform = resolve_backend(config.backend).platform
-    classes = list(dict.fromkeys(precision_class(p) for p in config.precisions))
-    for mode, batch, cls in itertools.product(config.modes, config.batch_sizes, classes):
-        w: Workload = make_workload(
-            config.model, config.model_kwargs, shape, config.num_classes, mode, batch
-        )
-        options = tuple(sorted(options_for(config, mode, platform, batch).items()))
-        storages = (config.kernel_storage, config.activation_storage)
-        settings = [
-            (algo, storages, options, defaults_label(config, algo, platform))
-            for algo in config.conv_algorithms
-        ]
-        if config.baseline_plain:
-            settings.append(("xla", ("layout", "layout"), (), "plain"))
-        case = functools.partial(JaxCase, conv_tune=config.conv_tune, optimizer=config.optimizer)
-        jax_cases = [
-            case(w, layout, p, algo, kernels, opts, label, activation_storage=activations)
-            for p in config.precisions
-            if precision_class(p) == cls
-            for layout in config.layouts
-            for algo, (kernels, activations), opts, label in dict.fromkeys(settings)
-        ]
-        torch_cases = []
-        if torch_device is not None:
-            from layoutlab.bench.torch_runner import torch_precisions
-
-            compiled = (False, True) if config.torch_compile else (False,)
-            torch_cases = [
-                TorchCase(w, fmt, p, compile=c)
-                for c in compiled
-                for p in torch_precisions(torch_device, cls)
-                for fmt in MEMORY_FORMATS
-            ]
-        yield jax_cases, torch_cases
 
 
 def _row(runner, fields: dict, status: str = OK, error: str | None = None) -> dict:
@@ -415,7 +367,7 @@ def run_sweep(
             log(f"peak: {peaks['peak_gflops']:.0f} GFLOP/s float32 matmul, "
                 f"{peaks['copy_gb_per_s']:.1f} GB/s copy")  # fmt: skip
     rows, history = [], []
-    for jax_cases, torch_cases in _groups(config, device):
+    for jax_cases, torch_cases in sweep_groups(config, device):
         runners = _interleave(
             [jax_runner(c) for c in jax_cases], [torch_runner(c, device) for c in torch_cases]
         )

@@ -95,7 +95,8 @@ _FLAGS = {
         {"action": argparse.BooleanOptionalAction},
     ),
 }
-# The sweep's form (``multi``) of the axes: dest -> (flag, SweepConfig field, keywords).
+# The sweep's form (``multi``) of the axes: dest -> (flag, argparse dest, keywords); the
+# axis is the flag's TrainConfig field (``RUN_FLAGS``).
 AXES = {
     "layout": ("--layouts", "layouts", {"metavar": "NAME,NAME"}),
     "precision": ("--precisions", "precisions", {"metavar": "NAME,NAME"}),
@@ -206,11 +207,14 @@ def run_config(
 
 
 def run_axes(args: argparse.Namespace) -> dict[str, tuple]:
-    """A sweep's axes from ``add_run_flags(multi=True)``: ``SweepConfig`` field -> values."""
+    """A sweep's axes from ``add_run_flags(multi=True)``: ``TrainConfig`` field -> values
+    (``bench.sweep_config.SweepConfig.axes``)."""
     flags = vars(args)
     out = {}
-    for _, field, _ in AXES.values():
-        if field in flags:
-            value = flags[field]
-            out[field] = tuple(value if isinstance(value, list) else parse_comma_list(value))
+    for dest, (_, name, _) in AXES.items():
+        if name in flags:
+            value = flags[name]
+            out[RUN_FLAGS[dest]] = tuple(
+                value if isinstance(value, list) else parse_comma_list(value)
+            )
     return out

@@ -290,7 +290,8 @@ def autotune(
 
     results, logits = [], {}
     for layout, precision in cands:
-        case = JaxCase(workload, models.resolve_layout(layout, len(shape) - 1).name, precision)
+        canonical = models.resolve_layout(layout, len(shape) - 1).name
+        case = JaxCase.of(workload, layout=canonical, precision=precision)
         entry = {"layout": layout, "precision": precision, "status": OK, "error": None}
         entry.update(round_ms=[], _runner=make_runner(case))
         try:
@@ -355,8 +356,13 @@ def _name(e: dict) -> str:
     return f"{e['layout']}:{e['precision']}"
 
 
+def _case(workload, name: tuple[str, str]) -> JaxCase:
+    layout, precision = name
+    return JaxCase.of(workload, layout=layout, precision=precision)
+
+
 def _check_numerics(ok, logits, workload, images, backend) -> None:
-    ref_case = JaxCase(workload, *_REFERENCE)
+    ref_case = _case(workload, _REFERENCE)
     reference = logits.get(_REFERENCE)
     if reference is None:
         reference = _forward_logits(ref_case, images, backend)
@@ -369,7 +375,7 @@ def _check_numerics(ok, logits, workload, images, backend) -> None:
         if out is None and name == _REFERENCE:  # the same model and weights, already run
             out = reference
         if out is None:
-            out = _forward_logits(JaxCase(workload, *name), images, backend)
+            out = _forward_logits(_case(workload, name), images, backend)
         tol = candidate_tolerance(e["precision"], layers, reference, platform)
         report = compare(out, reference, rtol=tol.rtol, atol=tol.atol, name="logits")
         e.update(
