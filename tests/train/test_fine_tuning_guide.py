@@ -1,7 +1,8 @@
 """The fine-tuning guide's example runs as written (docs/guides/fine-tuning.md): its
 ``layoutlab`` commands, through ``cli.main``, on a torchvision-definition ResNet-18 state
 dict made here from a seed (1000 ImageNet classes; the repository's torch mirror, so neither
-torchvision nor a download) and a folder of 36 tiny PNGs in three classes."""
+torchvision nor a download) and a folder of 36 tiny PNGs in three classes: trained with a new
+head and a validation split, then evaluated from the best checkpoint."""
 
 import re
 import shlex
@@ -51,5 +52,7 @@ def test_the_fine_tuning_example_runs(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     note = "note: classifier head fc re-initialized for the data's classes (1000 -> 3 classes"
     assert note in err and note in GUIDE.read_text(), err
+    assert (tmp_path / "runs" / "flowers" / "best").is_dir()  # --keep-best's checkpoint
+    assert evaluate[-2:] == ["--checkpoint", "best"]
     assert cli.main(evaluate) == 0
     assert "accuracy" in capsys.readouterr().out
