@@ -16,7 +16,7 @@ from flax import nnx
 
 from layoutlab import cli, models, nn
 from layoutlab.compare.numpy_forward import numpy_forward
-from layoutlab.layout import channels_last
+from layoutlab.layout import Layout, channels_last
 from layoutlab.nn.convert import activation_storage
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
@@ -127,7 +127,7 @@ def test_bad_activation_storage_is_refused():
     model, _ = _tiny("small_cnn")
     with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
         nn.configure(model, activation_storage="nhwc")
-    conv = nn.Conv(1, 2, 3, layout="NCHW", rngs=nnx.Rngs(0))
+    conv = nn.Conv(1, 2, 3, layout=Layout.NCHW, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="not a layoutlab.models model"):
         nn.configure(conv, activation_storage="channels_last")
     with pytest.raises(ValueError, match="conv settings: Unknown activation_storage"):
