@@ -61,7 +61,7 @@ def test_configure_returns_a_copy_and_leaves_the_model_alone():
     # Where the model computes too (concrete: moving layers needs values).
     concrete = models.create("small_cnn", layout="NCHW", activation_storage="layout", **KW)
     inside = nn.configure(concrete, activation_storage="channels_last")
-    assert concrete.compute_layout is None and inside.compute_layout is not None
+    assert concrete.compute_layout == Layout.NCHW and inside.compute_layout == Layout.NHWC
     stored = [c for _, c in convs(nn.configure(model, {path: hwio}))]
     assert stored[0].kernel_spec == "HWIO" and stored[1].kernel_spec == "OIHW"
     assert stored[0].kernel.shape == (3, 3, 1, first.out_features)
