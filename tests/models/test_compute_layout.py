@@ -12,6 +12,7 @@ from layoutlab.layout import Layout
 from layoutlab.models.small_cnn import SmallCNN
 from layoutlab.precision import PRESETS
 from layoutlab.train.model_checks import check_model, with_builder_defaults
+from layoutlab.xla.inspect import inspect_model
 
 
 def _create(name, storage, then=None):
@@ -68,3 +69,5 @@ def test_compute_layout_is_not_a_model_option():
     with pytest.raises(ValueError, match="may not set.*activation_storage"):
         check_model("small_cnn", {"compute_layout": "NHWC"}, remat=False)
     assert "compute_layout" not in with_builder_defaults("small_cnn", {})
+    with pytest.raises(ValueError, match=r"may not set \['compute_layout'\].*activation_storage"):
+        inspect_model("small_cnn", model_kwargs={"compute_layout": "NHWC"})
