@@ -56,7 +56,7 @@ def fast_and_plain():
 def test_models_create_stores_hwio_and_computes_channels_last_inside_by_default(fast_and_plain):
     fast, plain = fast_and_plain
     assert fast.compute_layout == Layout.NHWC and fast.conv1.kernel_spec == "HWIO"
-    assert plain.compute_layout is None and plain.conv1.kernel_spec == "OIHW"
+    assert plain.compute_layout == Layout.NCHW and plain.conv1.kernel_spec == "OIHW"
     _assert_same_params(fast, plain, oihw_from_hwio=True)  # the same seed, the same weights
     with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
         _create(activation_storage="nhwc")

@@ -237,7 +237,9 @@ def test_batchnorm_large_mean_needs_f32_statistics():
     x = (1000.0 + rng.standard_normal((8, 4, 4, 3))).astype(np.float16).astype(np.float32)
     ref = _bn_reference(x, 1e-5)
 
-    y_mixed = np.asarray(nn.BatchNorm(3, policy="mixed_bf16")(jnp.asarray(x)), np.float64)
+    y_mixed = np.asarray(
+        nn.BatchNorm(3, policy=get_policy("mixed_bf16"))(jnp.asarray(x)), np.float64
+    )
     err_mixed = np.abs(y_mixed - ref)
     # Statistics in f32 (values ~1000 carry f32 spacing 6e-5, i.e. 6e-5 std) are accurate far
     # below what bf16 resolves; the bf16 output rounds to a relative 2^-8 (8 significant
@@ -249,7 +251,7 @@ def test_batchnorm_large_mean_needs_f32_statistics():
     # this seed). That shift is not rounding noise: its rms is >10x that of the bf16 output
     # rounding above (measured 0.048 vs 0.0015), even though O3 rounds its output to f16,
     # which is 8x finer than bf16.
-    y_o3 = np.asarray(nn.BatchNorm(3, policy="O3")(jnp.asarray(x)), np.float64)
+    y_o3 = np.asarray(nn.BatchNorm(3, policy=get_policy("O3"))(jnp.asarray(x)), np.float64)
     err_o3 = np.abs(y_o3 - ref)
     assert err_o3.max() > 0.05
     rms = lambda e: float(np.sqrt(np.mean(np.square(e))))

@@ -16,7 +16,7 @@ from flax import nnx
 
 from layoutlab import cli, models, nn
 from layoutlab.compare.numpy_forward import numpy_forward
-from layoutlab.layout import channels_last
+from layoutlab.layout import Layout, channels_last
 from layoutlab.nn.convert import activation_storage
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
@@ -79,7 +79,7 @@ def test_channels_last_inside_matches_float64_numpy_and_keeps_the_interface(name
     again, _ = numpy_forward(model, x)
     np.testing.assert_array_equal(again, ref)
     model = nn.configure(model, activation_storage="layout")
-    assert model.compute_layout is None and _param_shapes(model) == before
+    assert model.compute_layout == model.layout and _param_shapes(model) == before
 
 
 def test_gradients_match_the_model_computing_in_nchw():
@@ -118,7 +118,7 @@ def test_convert_layout_returns_a_model_computing_in_the_new_layout():
     expected = _jitted(model, x)
     for dst in ("NCHW", "NHWC"):
         other = nn.convert_layout(model, dst)
-        assert other.compute_layout is None and str(other.layout) == dst
+        assert other.compute_layout == other.layout and str(other.layout) == dst
         xin = x if dst == "NCHW" else jnp.moveaxis(x, 1, -1)
         np.testing.assert_allclose(_jitted(other, xin), expected, rtol=1e-5, atol=1e-5)
 
@@ -127,7 +127,7 @@ def test_bad_activation_storage_is_refused():
     model, _ = _tiny("small_cnn")
     with pytest.raises(ValueError, match="Unknown activation_storage 'nhwc'"):
         nn.configure(model, activation_storage="nhwc")
-    conv = nn.Conv(1, 2, 3, layout="NCHW", rngs=nnx.Rngs(0))
+    conv = nn.Conv(1, 2, 3, layout=Layout.NCHW, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="not a layoutlab.models model"):
         nn.configure(conv, activation_storage="channels_last")
     with pytest.raises(ValueError, match="conv settings: Unknown activation_storage"):

@@ -19,6 +19,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.bench.tuning.conv_reference import conv_tolerance, reference_conv, spec_inputs
 from layoutlab.compare import compare, default_tolerance
+from layoutlab.layout import Layout
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import composed
 from layoutlab.nn.conv_config import conv_settings, conv_specs
@@ -374,7 +375,7 @@ def test_bad_names_raise_clear_errors():
     with pytest.raises(ValueError, match="Unknown conv algorithm 'fast'.*im2col"):
         nn.Conv(2, 2, 3, algorithm="fast", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="2D convs"):
-        nn.Conv(2, 2, 3, layout="NDHWC", algorithm="im2col", rngs=nnx.Rngs(0))
+        nn.Conv(2, 2, 3, layout=Layout.NDHWC, algorithm="im2col", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="kernel_storage"):
         nn.Conv(2, 2, 3, kernel_storage="OIHW", rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="NHWC and NCHW"):
@@ -391,7 +392,7 @@ def _hlo_ops(module, x):
 
 def test_conv_layer_default_is_native_and_algorithms_agree():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 8, 8)), jnp.float32)
-    conv = nn.Conv(3, 4, 3, layout="NCHW", rngs=nnx.Rngs(0))
+    conv = nn.Conv(3, 4, 3, layout=Layout.NCHW, rngs=nnx.Rngs(0))
     assert conv.algorithm == "xla"
     assert _hlo_ops(conv, x)["convolutions"] == 1
     ref = np.asarray(conv(x))
@@ -405,7 +406,7 @@ def test_conv_layer_default_is_native_and_algorithms_agree():
 
 def test_channels_last_kernel_storage_removes_kernel_transposes():
     x = jnp.zeros((2, 8, 16, 16), jnp.float32)
-    conv = nn.Conv(8, 16, 3, layout="NCHW", use_bias=False, rngs=nnx.Rngs(0))
+    conv = nn.Conv(8, 16, 3, layout=Layout.NCHW, use_bias=False, rngs=nnx.Rngs(0))
     y_layout = np.asarray(conv(x + 1.0))
     before = _hlo_ops(conv, x)["transposes"]
     conv = nn.configure(conv, nn.ConvSettings(kernel_storage="channels_last"))

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from layoutlab import models, nn
+from layoutlab.layout import Layout
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import registry
 from layoutlab.nn.conv_algos.algorithm import plain_2d
@@ -60,7 +61,7 @@ def test_configure_returns_a_copy_and_leaves_the_model_alone():
     # Where the model computes too (concrete: moving layers needs values).
     concrete = models.create("small_cnn", layout="NCHW", activation_storage="layout", **KW)
     inside = nn.configure(concrete, activation_storage="channels_last")
-    assert concrete.compute_layout is None and inside.compute_layout is not None
+    assert concrete.compute_layout == Layout.NCHW and inside.compute_layout == Layout.NHWC
     stored = [c for _, c in convs(nn.configure(model, {path: hwio}))]
     assert stored[0].kernel_spec == "HWIO" and stored[1].kernel_spec == "OIHW"
     assert stored[0].kernel.shape == (3, 3, 1, first.out_features)
@@ -68,7 +69,7 @@ def test_configure_returns_a_copy_and_leaves_the_model_alone():
 
 
 def test_kernel_storage_moves_the_kernel_of_the_copy_only_and_the_outputs_stay():
-    conv = nn.Conv(2, 3, 3, layout="NCHW", rngs=nnx.Rngs(0))
+    conv = nn.Conv(2, 3, 3, layout=Layout.NCHW, rngs=nnx.Rngs(0))
     kernel = np.asarray(conv.kernel[...])
     x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 5, 5)), jnp.float32)
     hwio = nn.configure(conv, nn.ConvSettings(kernel_storage="channels_last"))
@@ -93,7 +94,7 @@ def test_settings_are_frozen_and_a_conv_has_no_setters():
     with pytest.raises(ValueError, match="Unknown kernel_storage"):
         nn.ConvSettings(kernel_storage="HWIO")
     with pytest.raises(ValueError, match="is for 2D convs"):
-        nn.Conv(2, 3, 3, layout="NCW", algorithm="im2col", rngs=nnx.Rngs(0))
+        nn.Conv(2, 3, 3, layout=Layout.NCW, algorithm="im2col", rngs=nnx.Rngs(0))
 
 
 def _halved(x, w, geometry, preferred):

@@ -12,6 +12,7 @@ from layoutlab import fast_defaults
 from layoutlab.bench import machine
 from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm, table_key
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
+from layoutlab.precision import get_policy
 
 
 def _spec(n, size, cin, cout, k=3, stride=1, dtype="bfloat16"):
@@ -104,7 +105,9 @@ def test_a_mixed_bf16_model_plans_onednn_on_the_bf16_kind_only():
 
     class One(nnx.Module):
         def __init__(self):
-            self.conv = nn.Conv(64, 64, 3, algorithm="auto", policy="mixed_bf16", rngs=nnx.Rngs(0))
+            self.conv = nn.Conv(
+                64, 64, 3, algorithm="auto", policy=get_policy("mixed_bf16"), rngs=nnx.Rngs(0)
+            )
 
         def __call__(self, x):
             return self.conv(x)

@@ -20,13 +20,13 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.compare import numpy_ref as ref
 from layoutlab.compare.report import assert_close
-from layoutlab.layout import parse_layout
+from layoutlab.layout import Layout, parse_layout
 
 RTOL = ATOL = 1e-5
 
 
 def _layer(layout, algorithm="auto", kernel=2, cin=4, cout=3):
-    return nn.ConvTranspose(cin, cout, kernel, strides=kernel, layout=layout,
+    return nn.ConvTranspose(cin, cout, kernel, strides=kernel, layout=parse_layout(layout),
                             algorithm=algorithm, rngs=nnx.Rngs(0))  # fmt: skip
 
 
@@ -91,7 +91,7 @@ def test_gradients_match_numpy(layout):
     ],
 )
 def test_which_form_runs(kw, dilated):
-    layer = nn.ConvTranspose(4, 3, layout="NHWC", rngs=nnx.Rngs(0), **kw)
+    layer = nn.ConvTranspose(4, 3, layout=Layout.NHWC, rngs=nnx.Rngs(0), **kw)
     jaxpr = str(jax.make_jaxpr(layer)(jnp.zeros((1, 4, 4, 4))))
     assert ("lhs_dilation=(2, 2)" in jaxpr) == dilated, jaxpr
 

@@ -16,6 +16,7 @@ from flax import nnx
 
 from layoutlab import nn
 from layoutlab.compare.report import assert_close
+from layoutlab.precision import get_policy
 
 TOLERANCE = {"fp32": (1e-5, 1e-6), "mixed_bf16": (4e-2, 4e-2), "mixed_fp16": (5e-3, 5e-3)}
 
@@ -24,7 +25,7 @@ TOLERANCE = {"fp32": (1e-5, 1e-6), "mixed_bf16": (4e-2, 4e-2), "mixed_fp16": (5e
 @pytest.mark.parametrize("shape", [(1, 6), (3, 6), (2, 3, 6)])
 def test_gradients_match_float64(policy, shape):
     rtol, atol = TOLERANCE[policy]
-    layer = nn.Dense(6, 4, policy=policy, rngs=nnx.Rngs(0))
+    layer = nn.Dense(6, 4, policy=get_policy(policy), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(layer)
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     g = np.random.default_rng(1).standard_normal((*shape[:-1], 4))

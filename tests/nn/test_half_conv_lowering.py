@@ -18,6 +18,8 @@ from flax import nnx
 from jax import export
 
 from layoutlab import nn
+from layoutlab.layout import Layout
+from layoutlab.precision import get_policy
 
 # `stablehlo.convolution(%a, %b) ... : (tensor<2x8x8x4xbf16>, tensor<...>) -> tensor<...>`
 _TENSOR = r"tensor<[^>]*x(\w+)>"
@@ -25,8 +27,8 @@ _CONV = re.compile(rf"stablehlo\.convolution\(.*: \({_TENSOR}, {_TENSOR}\) -> {_
 _HALF = {"mixed_bf16": "bf16", "mixed_fp16": "f16"}
 
 
-def _layers(policy):
-    rngs = nnx.Rngs(0)
+def _layers(name):
+    rngs, policy = nnx.Rngs(0), get_policy(name)
     return {
         "conv 3x3, auto": (
             nn.Conv(4, 8, 3, algorithm="auto", policy=policy, rngs=rngs),
@@ -41,7 +43,7 @@ def _layers(policy):
             nn.ConvTranspose(4, 8, 3, strides=2, padding=1, policy=policy, rngs=rngs),
             (2, 5, 5, 4),
         ),
-        "3d": (nn.Conv(4, 8, 3, layout="NDHWC", policy=policy, rngs=rngs), (2, 4, 4, 4, 4)),
+        "3d": (nn.Conv(4, 8, 3, layout=Layout.NDHWC, policy=policy, rngs=rngs), (2, 4, 4, 4, 4)),
     }
 
 

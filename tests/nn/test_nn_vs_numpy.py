@@ -15,7 +15,7 @@ from flax import nnx
 from layoutlab import nn
 from layoutlab.compare import numpy_ref as ref
 from layoutlab.compare.report import assert_close
-from layoutlab.layout import channels_first, channels_last, to_layout
+from layoutlab.layout import Layout, channels_first, channels_last, to_layout
 
 RTOL = ATOL = 1e-5
 
@@ -55,7 +55,7 @@ CONV_CASES = {
 def test_conv2d(case, layout):
     kw = dict(CONV_CASES[case])
     out = kw.pop("out", 6)
-    factory = lambda: nn.Conv(4, out, layout="NHWC", rngs=nnx.Rngs(0), **kw)
+    factory = lambda: nn.Conv(4, out, layout=Layout.NHWC, rngs=nnx.Rngs(0), **kw)
     layer, x, y = _run(factory, layout, _input((2, 7, 8, 4)))
     expected = ref.conv(
         x,
@@ -96,7 +96,7 @@ TRANSPOSE_CASES = {
 @pytest.mark.parametrize("case", TRANSPOSE_CASES)
 def test_conv_transpose(case, layout):
     kw = TRANSPOSE_CASES[case]
-    factory = lambda: nn.ConvTranspose(4, 3, layout="NHWC", rngs=nnx.Rngs(0), **kw)
+    factory = lambda: nn.ConvTranspose(4, 3, layout=Layout.NHWC, rngs=nnx.Rngs(0), **kw)
     layer, x, y = _run(factory, layout, _input((2, 5, 6, 4)))
     expected = ref.conv_transpose(
         x,
@@ -137,7 +137,7 @@ POOL_CASES = {
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_pooling_and_upsampling(case, layout):
     make, reference = POOL_CASES[case]
-    layer, x, y = _run(lambda: make("NHWC"), layout, _input((2, 7, 7, 3)))
+    layer, x, y = _run(lambda: make(Layout.NHWC), layout, _input((2, 7, 7, 3)))
     assert_close(y, reference(x, layout), rtol=RTOL, atol=ATOL, name=f"{case} {layout}")
 
 
@@ -155,7 +155,7 @@ def test_pooling_1d_3d(num_spatial, kind):
 
 @pytest.mark.parametrize("layout", _cases(2))
 def test_batch_norm_train_and_eval(layout):
-    factory = lambda: nn.BatchNorm(5, layout="NHWC")
+    factory = lambda: nn.BatchNorm(5, layout=Layout.NHWC)
     layer, x, _ = _run(factory, layout, _input((4, 3, 3, 5)) * 3.0 + 1.0)
     scale, bias = _w(layer.scale), _w(layer.bias)
     mean, var = _w(layer.mean), _w(layer.var)
@@ -174,7 +174,7 @@ def test_batch_norm_train_and_eval(layout):
 @pytest.mark.parametrize("layout", _cases(2))
 def test_group_norm(layout):
     layer, x, y = _run(
-        lambda: nn.GroupNorm(3, 6, layout="NHWC"), layout, _input((2, 4, 5, 6)) * 2.0 - 1.0
+        lambda: nn.GroupNorm(3, 6, layout=Layout.NHWC), layout, _input((2, 4, 5, 6)) * 2.0 - 1.0
     )
     expected = ref.group_norm(x, 3, _w(layer.scale), _w(layer.bias), layout=layout)
     assert_close(y, expected, rtol=RTOL, atol=ATOL, name=f"group_norm {layout}")

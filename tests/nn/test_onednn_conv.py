@@ -34,6 +34,7 @@ from onednn_helpers import (
 
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn, onednn_load
+from layoutlab.precision import get_policy
 
 LAYOUTS = ("NHWC", "NCHW")
 F32_PARAMS = [(c, lay) for c in CASES for lay in LAYOUTS]
@@ -163,7 +164,8 @@ def test_a_bias_free_mixed_bf16_conv_layer_lets_onednn_write_bfloat16():
 
     x = jnp.ones((2, 8, 8, 16), jnp.float32)
     for bias, want in ((False, "bf16"), (True, "f32")):
-        conv = nn.Conv(16, 16, 3, use_bias=bias, algorithm="onednn", policy="mixed_bf16",
+        mixed = get_policy("mixed_bf16")
+        conv = nn.Conv(16, 16, 3, use_bias=bias, algorithm="onednn", policy=mixed,
                        rngs=nnx.Rngs(0))  # fmt: skip
         text = jax.jit(lambda x, conv=conv: conv(x)).lower(x).compile().as_text()
         fwd = [c for c in hlo_report(text).custom_calls if c.target.endswith("_fwd")]

@@ -44,22 +44,31 @@ def check_model_input(x, layout: Layout, where: str):
 class ImageModel(nnx.Module):
     """Base of the architectures: ``model(x)`` checks ``x`` then runs ``forward(x)``.
 
-    ``layout`` is the layout of the inputs (and of a spatial output). ``compute_layout``,
-    when set (``nn.configure``'s ``activation_storage``), is the one the layers run in: ``x`` is
-    transposed into it before ``forward`` and a spatial output back out of it after.
+    ``layout`` is the layout of the inputs (and of a spatial output); ``compute_layout`` the
+    one the layers are built with and run in (``models.create``'s ``activation_storage``
+    chooses it; ``nn.configure`` moves a copy): when they differ, ``x`` is transposed into
+    it before ``forward`` and a spatial output back out of it after. A builder calls
+    ``_set_layouts`` first and builds its layers in the layout it returns.
     """
 
     layout: Layout
-    compute_layout: Layout | None = None
+    compute_layout: Layout
 
-    @property
-    def layers_layout(self) -> Layout:
-        """The layout ``forward`` and the layers see."""
-        return self.compute_layout or self.layout
+    def _set_layouts(self, layout: Layout, compute_layout: Layout | None) -> Layout:
+        """Record ``layout`` and ``compute_layout`` (None: ``layout``); the latter."""
+        self.layout = layout
+        inner = layout if compute_layout is None else compute_layout
+        if not isinstance(inner, Layout) or inner.rank != layout.rank:
+            raise ValueError(
+                f"{type(self).__name__}: compute_layout must be a Layout of the same rank as "
+                f"layout {layout.value}, got {compute_layout!r}."
+            )
+        self.compute_layout = inner
+        return inner
 
     def __call__(self, x):
         x = check_model_input(x, self.layout, type(self).__name__)
-        inner = self.layers_layout
+        inner = self.compute_layout
         if inner == self.layout:
             return self.forward(x)
         y = self.forward(to_layout(x, self.layout, inner))

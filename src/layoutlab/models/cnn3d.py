@@ -11,8 +11,11 @@ __all__ = ["SmallCNN3D"]
 
 
 class SmallCNN3D(ImageModel):
-    def __init__(self, *, num_classes, layout, policy, rngs, in_channels=3, width=16):
-        self.layout, self.policy = layout, policy
+    def __init__(
+        self, *, num_classes, layout, policy, rngs, in_channels=3, width=16, compute_layout=None
+    ):
+        self.policy = policy
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         conv, norm = layer_factories(layout, policy, rngs)
         self.features = Sequential(
             conv_bn_act(conv, norm, in_channels, width, 3),

@@ -64,8 +64,10 @@ class MobileNetV2(ImageModel):
         last_channel=1280,
         dropout=0.2,
         remat=False,
+        compute_layout=None,
     ):
-        self.layout, self.policy, self.remat = layout, policy, remat
+        self.policy, self.remat = policy, remat
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         conv, norm = layer_factories(layout, policy, rngs)
         cin = make_divisible(32 * width_mult)
         self.last_channel = make_divisible(last_channel * max(1.0, width_mult))

@@ -16,7 +16,7 @@ from layoutlab.fast_defaults import (
     resolve_activation_storage,
     resolve_kernel_storage,
 )
-from layoutlab.layout import Layout
+from layoutlab.layout import Layout, channels_last
 from layoutlab.models.registration import (
     POSITIVE,
     PROBABILITY,
@@ -111,6 +111,10 @@ def create(
 ) -> nnx.Module:
     """Build a registered model. Extra keywords go to its builder (``stem``, ``width``, ...).
 
+    ``layout`` and ``policy`` may be names (``"NCHW"``, ``"mixed_bf16"``): parsed here, once,
+    the layers get the values. ``activation_storage`` becomes the model's ``compute_layout``,
+    the layout its layers are built in.
+
     ``kernel_storage`` and ``activation_storage`` (``nn.configure``) default to
     ``"auto"``, the fast defaults of JAX's default backend (``fast_defaults``): on CPU, conv
     kernels stored ``HWIO`` and a channels-first model computing channels-last inside, with
@@ -120,7 +124,8 @@ def create(
     kernel_storage = resolve_kernel_storage(kernel_storage)
     activation_storage = resolve_activation_storage(activation_storage)
     check_conv_options(None, kernel_storage, activation_storage)
-    params = _accepted_options(s.builder)
+    # compute_layout is the model's, set from activation_storage below, not an option.
+    params = [p for p in _accepted_options(s.builder) if p != "compute_layout"]
     unknown = sorted(set(kw) - set(params))
     if unknown:
         allowed = [p for p in params if p not in ("num_classes", "layout", "policy", "rngs")]
@@ -130,17 +135,21 @@ def create(
         )
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
+    lay = resolve_layout(layout, s.num_spatial)
+    # The activation storage becomes the layout the layers are built in. A registered model
+    # without a compute_layout (not an ImageModel) computes in its own layout.
+    if "compute_layout" in _accepted_options(s.builder):
+        kw["compute_layout"] = (
+            channels_last(s.num_spatial) if activation_storage == "channels_last" else lay
+        )
     model = s.builder(
         num_classes=num_classes,
-        layout=resolve_layout(layout, s.num_spatial),
+        layout=lay,
         policy=get_policy(policy),
         rngs=rngs if rngs is not None else nnx.Rngs(0),
         **kw,
     )
-    # A registered model that is not an ImageModel (no compute_layout) computes in its own
-    # layout: the activation storage is for those that are.
-    inside = activation_storage if hasattr(model, "compute_layout") else None
-    return configure(model, ConvSettings(kernel_storage=kernel_storage), activation_storage=inside)
+    return configure(model, ConvSettings(kernel_storage=kernel_storage))
 
 
 def cached_when_hashable(fn):

@@ -74,10 +74,12 @@ class ResNet(ImageModel):
         in_channels=3,
         width=64,
         remat=False,
+        compute_layout=None,
     ):
         if stem not in ("imagenet", "cifar"):
             raise ValueError(f"Unknown ResNet stem {stem!r}; use 'imagenet' or 'cifar'.")
-        self.layout, self.policy, self.stem, self.remat = layout, policy, stem, remat
+        self.policy, self.stem, self.remat = policy, stem, remat
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         conv, norm = layer_factories(layout, policy, rngs)
         if stem == "imagenet":
             self.conv1 = conv(in_channels, width, 7, strides=2, padding=3)

@@ -24,8 +24,10 @@ class SmallCNN(ImageModel):
         width=32,
         hidden=128,
         dropout=0.1,
+        compute_layout=None,
     ):
-        self.layout, self.policy = layout, policy
+        self.policy = policy
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         conv, norm = layer_factories(layout, policy, rngs)
         self.features = Sequential(
             conv_bn_act(conv, norm, in_channels, width, 3),

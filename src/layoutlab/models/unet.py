@@ -44,9 +44,19 @@ class UNet(ImageModel):
     """Per-pixel logits ``(N, num_classes, H, W)`` in the model's layout; H, W divisible by 4."""
 
     def __init__(
-        self, *, num_classes, layout, policy, rngs, in_channels=3, width=16, up="transpose"
+        self,
+        *,
+        num_classes,
+        layout,
+        policy,
+        rngs,
+        in_channels=3,
+        width=16,
+        up="transpose",
+        compute_layout=None,
     ):
-        self.layout, self.policy = layout, policy
+        self.policy = policy
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         conv, norm = layer_factories(layout, policy, rngs)
         w = width
         self.enc1 = double_conv(conv, norm, in_channels, w)
@@ -59,7 +69,7 @@ class UNet(ImageModel):
         self.head = nn.Conv(w, num_classes, 1, padding=0, layout=layout, policy=policy, rngs=rngs)
 
     def forward(self, x):
-        spatial = self.layers_layout.spatial_shape(x.shape)
+        spatial = self.compute_layout.spatial_shape(x.shape)
         if any(s % 4 for s in spatial):
             raise ValueError(f"UNet needs spatial sizes divisible by 4, got {spatial}.")
         e1 = self.enc1(x)

@@ -29,8 +29,10 @@ class VGG(ImageModel):
         hidden=4096,
         pool_size=7,
         dropout=0.5,
+        compute_layout=None,
     ):
-        self.layout, self.policy = layout, policy
+        self.policy = policy
+        layout = self._set_layouts(layout, compute_layout)  # the layers are built in it
         layers = []
         cin = in_channels
         for item in cfg:

@@ -1,7 +1,8 @@
 """Layout- and policy-aware Flax NNX layers.
 
-Every layer takes ``layout`` (``Layout`` or its name) and ``policy`` (``Policy`` or a spec
-understood by ``get_policy``). Convs, norms and pooling work in 1D, 2D and 3D layouts.
+Every layer takes a ``layout`` (a ``Layout``) and a ``policy`` (a ``Policy``, None: ``fp32``);
+a name is parsed once, at the edges (``parse_layout``, ``get_policy``), and a string given to
+a layer raises ``TypeError``. Convs, norms and pooling work in 1D, 2D and 3D layouts.
 ``configure(model, settings)`` returns a copy whose convs run other ``ConvSettings`` (or a
 conv plan); what a model's convs are and run: ``nn.conv_config``.
 

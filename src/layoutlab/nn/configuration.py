@@ -46,12 +46,13 @@ def configure(
       does not have raises ``ConvPlanMismatch`` (it was made for another model);
     - None: the convs keep theirs.
 
-    ``activation_storage`` (a ``models.ImageModel``'s): ``"channels_last"`` computes a
-    channels-first model channels-last inside, its inputs and outputs keeping its layout
-    (PyTorch's ``channels_last`` memory format, which XLA:CPU's convs prefer); ``"layout"``
-    in its own layout. It applies first, so the convs' settings see the layout they compute
-    in. The settings are static attributes: the copy's graph definition, and with it
-    ``jax.jit``'s cache key, differs from ``model``'s exactly where the settings do.
+    ``activation_storage`` (a ``models.ImageModel``'s, whose ``compute_layout`` it sets):
+    ``"channels_last"`` computes a channels-first model channels-last inside, its inputs and
+    outputs keeping its layout (PyTorch's ``channels_last`` memory format, which XLA:CPU's
+    convs prefer); ``"layout"`` in its own layout. It applies first, so the convs' settings
+    see the layout they compute in. The settings are static attributes: the copy's graph
+    definition, and with it ``jax.jit``'s cache key, differs from ``model``'s exactly where
+    the settings do.
     """
     per_conv = _per_conv(model, settings, algorithms)
     copy = nnx.clone(model)
@@ -113,14 +114,14 @@ def _compute_in(model: nnx.Module, storage: str) -> None:
         )
     inner = layout if storage == "layout" else channels_last(layout.num_spatial)
     move_layers(model, inner, skip=model)
-    model.compute_layout = None if inner == layout else inner
+    model.compute_layout = inner
 
 
 def in_own_layout(model: M) -> M:
     """``model`` if its layers run in its own layout, else a copy whose layers do (same
     weights): what a layer-by-layer reference expects, each layer's output in the model's
     layout."""
-    if getattr(model, "compute_layout", None) is None:
+    if getattr(model, "compute_layout", None) in (None, getattr(model, "layout", None)):
         return model
     return configure(model, activation_storage="layout")
 

@@ -1,5 +1,6 @@
 """``convert_layout``: the same model, weights moved to the other layout; and where a model
-computes (``activation_storage``; ``nn.configure`` sets it, on a copy)."""
+computes (its ``compute_layout``, named by ``activation_storage``; ``nn.configure`` moves a
+copy)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def convert_layout(model: nnx.Module, layout: Layout | str) -> nnx.Module:
             "converts models built from layoutlab.nn."
         )
     if getattr(new, "compute_layout", None) is not None:
-        new.compute_layout = None
+        new.compute_layout = new.layout
     return new
 
 
@@ -66,4 +67,5 @@ def check_activation_storage(storage: str) -> str:
 def activation_storage(model: nnx.Module) -> str:
     """``"channels_last"`` if ``model`` computes channels-last inside another layout, else
     ``"layout"``."""
-    return "layout" if getattr(model, "compute_layout", None) is None else "channels_last"
+    inner = getattr(model, "compute_layout", None)
+    return "layout" if inner in (None, getattr(model, "layout", None)) else "channels_last"

@@ -10,10 +10,10 @@ from flax import nnx
 from jax import lax
 
 from layoutlab.layout import Layout, channels_first, channels_last, to_layout
-from layoutlab.nn.base import LayoutModule
+from layoutlab.nn.base import LayoutModule, layer_policy
 from layoutlab.nn.dtypes import accumulation_dtype
 from layoutlab.nn.init import flat_uniform
-from layoutlab.precision import Policy, get_policy
+from layoutlab.precision import Policy
 
 __all__ = ["Dense", "Dropout", "Flatten", "dense_matmul"]
 
@@ -70,11 +70,11 @@ class Dense(nnx.Module):
         out_features: int,
         *,
         use_bias: bool = True,
-        policy: Policy | str | None = None,
+        policy: Policy | None = None,
         kernel_init=None,
         rngs: nnx.Rngs,
     ):
-        self.policy = get_policy(policy)
+        self.policy = layer_policy(policy, "Dense")
         self.in_features = in_features
         self.out_features = out_features
         dtype = self.policy.param_dtype
@@ -112,7 +112,9 @@ class Flatten(LayoutModule):
     ``order="HWC"`` is the channels-last order, free of transposes for NHWC models.
     """
 
-    def __init__(self, *, order: str = "CHW", layout: Layout | str = Layout.NHWC, policy=None):
+    def __init__(
+        self, *, order: str = "CHW", layout: Layout = Layout.NHWC, policy: Policy | None = None
+    ):
         if order not in ("CHW", "HWC"):
             raise ValueError(f"Flatten order must be 'CHW' or 'HWC', got {order!r}.")
         self._set_layout_policy(layout, policy)

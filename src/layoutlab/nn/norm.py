@@ -158,8 +158,8 @@ class BatchNorm(LayoutModule):
         momentum: float = 0.1,
         epsilon: float = 1e-5,
         use_running_average: bool = False,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
         rngs: nnx.Rngs | None = None,
     ):
         del rngs  # deterministic init; accepted so every layer has the same signature
@@ -218,8 +218,8 @@ class GroupNorm(LayoutModule):
         num_features: int,
         *,
         epsilon: float = 1e-5,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
         rngs: nnx.Rngs | None = None,
     ):
         del rngs

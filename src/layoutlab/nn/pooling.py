@@ -42,8 +42,8 @@ class _Pool(LayoutModule):
         strides: int | Sequence[int] | None = None,
         padding: int | Sequence[int] | str = 0,
         *,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
     ):
         self._set_layout_policy(layout, policy)
         n = self.layout.num_spatial
@@ -185,8 +185,8 @@ class GlobalAvgPool(LayoutModule):
         self,
         *,
         keepdims: bool = False,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
     ):
         self._set_layout_policy(layout, policy)
         self.keepdims = keepdims
@@ -240,8 +240,8 @@ class AdaptiveAvgPool(LayoutModule):
         self,
         output_size: int | Sequence[int],
         *,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
     ):
         self._set_layout_policy(layout, policy)
         self.output_size = normalize_tuple(output_size, self.layout.num_spatial, "output_size")

@@ -40,8 +40,8 @@ class Upsample(LayoutModule):
         *,
         method: str = "nearest",
         align_corners: bool = False,
-        layout: Layout | str = Layout.NHWC,
-        policy: Policy | str | None = None,
+        layout: Layout = Layout.NHWC,
+        policy: Policy | None = None,
     ):
         self._set_layout_policy(layout, policy)
         if method not in ("nearest", "bilinear", "linear", "trilinear"):

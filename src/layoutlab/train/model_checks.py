@@ -18,7 +18,7 @@ from layoutlab import models
 __all__ = ["builder_options", "check_model", "with_builder_defaults"]
 
 # Builder arguments the loop sets itself (remat has its own field).
-_RESERVED_KWARGS = ("num_classes", "layout", "policy", "rngs", "remat")
+_RESERVED_KWARGS = ("num_classes", "layout", "policy", "rngs", "remat", "compute_layout")
 
 
 def _builder_parameters(model: str) -> list[inspect.Parameter]:
@@ -109,7 +109,7 @@ def check_model(model: str, model_kwargs: dict, *, remat: bool) -> None:
     if reserved:
         raise ValueError(
             f"model_kwargs may not set {reserved}: the trainer sets them (use the layout, "
-            "precision and remat fields)."
+            "precision, remat and activation_storage fields)."
         )
     unknown = sorted(set(model_kwargs) - set(accepted))
     if unknown:

@@ -58,6 +58,10 @@ __all__ = ["MODES", "build_abstract", "inspect_model", "inspect_spec"]
 MODES = ("infer", "train")
 
 
+# Arguments inspect_model sets itself (compute_layout: from activation_storage).
+_RESERVED = frozenset({"layout", "policy", "rngs", "num_classes", "compute_layout"})
+
+
 def _check_config(mode, batch_size, image_size, model_kwargs):
     if mode not in MODES:
         raise ValueError(
@@ -76,11 +80,11 @@ def _check_config(mode, batch_size, image_size, model_kwargs):
         )
     if model_kwargs is not None and not isinstance(model_kwargs, Mapping):
         raise ValueError(f"model_kwargs must be a dict, got {type(model_kwargs).__name__}.")
-    reserved = sorted(set(model_kwargs or {}) & {"layout", "policy", "rngs", "num_classes"})
+    reserved = sorted(set(model_kwargs or {}) & _RESERVED)
     if reserved:
         raise ValueError(
-            f"model_kwargs may not set {reserved}: pass layout=, precision= and num_classes= "
-            "to inspect_model instead."
+            f"model_kwargs may not set {reserved}: pass layout=, precision=, "
+            "num_classes= and activation_storage= to inspect_model instead."
         )
 
 
