@@ -121,6 +121,9 @@ def test_loss_scale_none_stays_none_for_float16_compute(capsys):
         (["--set", "model_kwargs.hidden=8"], "model_kwargs"),
         (["--set", "warmup_steps=3"], "warmup_steps"),
         (["--set", "augment=true"], "augment"),
+        (["--auto-augment", "trivial"], "auto_augment"),
+        (["--mixup", "0.2"], "mixup"),
+        (["--label-smoothing", "0.1"], "label_smoothing"),
     ],
 )
 def test_resume_refuses_a_changed_field(copy, capsys, flags, field):

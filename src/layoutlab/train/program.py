@@ -17,12 +17,12 @@ import optax
 from flax import nnx
 
 from layoutlab import models
-from layoutlab.data import augment as augment_images
 from layoutlab.fast_defaults import default_skip_branch
 from layoutlab.nn.configuration import configure
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.nn.conv_settings import ConvSettings
+from layoutlab.train.batch_augment import image_augment, soft_targets
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.optim import build_optimizer
 from layoutlab.train.spec import InputSpec, RunSpec
@@ -93,17 +93,6 @@ def eval_defs(spec: RunSpec, model: nnx.Module, defs: ModelDefs) -> ModelDefs:
     return split_model(configure(model, spec.eval_conv_plan, algorithms=spec.algorithms))[0]
 
 
-def _augment_fn(spec: RunSpec):
-    if not spec.augment:
-        return None
-    layout, seed = spec.layout, spec.seed
-
-    def fn(key, images):
-        return augment_images(jax.random.fold_in(key, seed), images, layout)
-
-    return fn
-
-
 class Program(NamedTuple):
     """What a ``RunSpec`` runs: ``init(model=None)`` makes the initial ``TrainState`` (run
     it under ``jax.jit`` or ``jax.eval_shape``; ``model``: one of ``create_model``'s or
@@ -155,7 +144,12 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         tx=tx,
         init=init,
         train_step=make_train_step(
-            defs, tx, augment=_augment_fn(spec), skip_branch=branch, class_axis=axis
+            defs,
+            tx,
+            augment=image_augment(spec, inputs),
+            targets=soft_targets(spec, inputs),
+            skip_branch=branch,
+            class_axis=axis,
         ),
         eval_step=make_eval_step(step_defs, axis),
         forward=make_forward(step_defs),
