@@ -14,7 +14,7 @@ from cli_helpers import one_line_error, run_cli
 from layoutlab import models
 from layoutlab.train.batch_augment import image_augment, soft_targets
 from layoutlab.train.checkpoint import read_checkpoint
-from layoutlab.train.config import TrainConfig
+from layoutlab.train.config import TrainConfig, validate
 from layoutlab.train.loop import train_and_evaluate
 from layoutlab.train.program import INIT_COMPILER_OPTIONS
 from layoutlab.train.spec import InputSpec, resolve_spec
@@ -100,6 +100,15 @@ def test_a_mixup_run_resumes_bit_for_bit(tmp_path):
         np.testing.assert_array_equal(resumed[path], whole[path], err_msg=path)
     before = read_checkpoint(tmp_path / "a" / "checkpoints", step=2)[0]
     assert any(not np.array_equal(before[p], whole[p]) for p in whole if "params" in p)
+
+
+def test_a_policy_has_one_spelling():
+    for text, want in [
+        ("RAND", "rand-m10-n2"),
+        ("rand-n3-m9", "rand-m9-n3"),
+        (" Trivial", "trivial"),
+    ]:
+        assert validate(TrainConfig(auto_augment=text), 1).auto_augment == want
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,13 @@ class AutoAugmentPolicy:
     num_ops: int = 1
     magnitude: int = _DEFAULT_MAGNITUDE
 
+    @property
+    def text(self) -> str:
+        """The one spelling of the policy (what a run records): ``trivial``, ``rand-mM-nN``."""
+        if self.kind == "trivial":
+            return "trivial"
+        return f"rand-m{self.magnitude}-n{self.num_ops}"
+
 
 def parse_auto_augment(text: str) -> AutoAugmentPolicy:
     """The policy of ``text`` (see the module); ``ValueError`` naming the accepted forms."""

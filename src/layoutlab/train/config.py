@@ -308,7 +308,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
     if config.image_size is not None:  # one stored form: [H, W]
         config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
     check_numbers(config)
-    check_augment(config)
+    config = check_augment(config)
     policy = check_names(config)
     from layoutlab.train.model_checks import check_model
 

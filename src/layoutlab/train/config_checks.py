@@ -8,6 +8,7 @@ that need JAX, the data set forms or the conv algorithms import them when they r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -187,13 +188,16 @@ def check_conv(config, policy) -> None:
             )
 
 
-def check_augment(config) -> None:
+def check_augment(config):
     """The augmentation and regularization fields (``train.batch_augment``): rates in range,
-    known names, and none on a model whose labels or inputs they do not fit."""
+    known names, and none on a model whose labels or inputs they do not fit. Returns the
+    config with ``auto_augment`` in its one spelling (``rand`` is ``rand-m10-n2``), so a
+    resume compares policies, not spellings."""
     from layoutlab.data.augment_policy import ERASING_MODES, parse_auto_augment
 
     if config.auto_augment is not None:
-        parse_auto_augment(config.auto_augment)  # ValueError naming the forms
+        policy = parse_auto_augment(config.auto_augment)  # ValueError naming the forms
+        config = dataclasses.replace(config, auto_augment=policy.text)
     if not (math.isfinite(config.random_erasing) and 0 <= config.random_erasing <= 1):
         raise ValueError(
             f"random_erasing is a probability in [0, 1], got {config.random_erasing!r}; "
@@ -219,6 +223,7 @@ def check_augment(config) -> None:
             f"{eps!r}; e.g. label_smoothing=0.1."
         )
     _check_augment_model(config)
+    return config
 
 
 def _check_augment_model(config) -> None:
