@@ -84,6 +84,8 @@ class TrainConfig:
     eval_batch_size: int | None = None
     accum_steps: int = 1
     remat: bool = False
+    # Random crop after zero padding by 4, and horizontal flip, of each training image on
+    # device (layoutlab.data.augmentation).
     augment: bool = False
     # Per-image auto-augmentation on device after the crop and flip, in timm's form: "trivial"
     # (TrivialAugment-Wide) or "rand-mM-nN" (RandAugment: N ops per image at magnitude M of
@@ -101,6 +103,7 @@ class TrainConfig:
     cutmix: float = 0.0
     # Label smoothing of the training targets (optax.smooth_labels), in [0, 1); 0: off.
     label_smoothing: float = 0.0
+    # Seed of the init, the shuffling, dropout and every augmentation draw.
     seed: int = 0
     # Optimizer steps between evaluations; None: once per epoch.
     eval_every: int | None = None
