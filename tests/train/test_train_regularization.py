@@ -87,7 +87,7 @@ def _truncate_largest_file(step_dir):
 def test_a_mixup_run_resumes_bit_for_bit(tmp_path):
     config = TrainConfig(
         model_kwargs=models.spec("small_cnn").tiny, batch_size=32, num_steps=4, eval_every=2,
-        xla_options=INIT_COMPILER_OPTIONS, tensorboard=False, **CONFIG,
+        xla_options=INIT_COMPILER_OPTIONS, tensorboard=False, mixup=0.2, label_smoothing=0.1,
     )  # fmt: skip
     train_and_evaluate(config, tmp_path / "a", quiet=True)
     whole, _ = read_checkpoint(tmp_path / "a" / "checkpoints")
