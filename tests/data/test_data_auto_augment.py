@@ -106,3 +106,16 @@ def test_ops_match_pil_in_both_layouts():
 def test_color_leaves_a_gray_image_and_one_channel_as_they_are():
     one = jnp.asarray(np.random.default_rng(2).uniform(0, 1, (5, 5, 1)), jnp.float32)
     np.testing.assert_array_equal(np.asarray(image_ops.color(one, 0.2, False)), np.asarray(one))
+
+
+def test_warp_samples_the_shifted_image_and_zero_outside():
+    image = np.random.default_rng(3).uniform(0, 1, (6, 7, 2)).astype(np.float32)
+    eye, offset = jnp.eye(2, dtype=jnp.float32), jnp.array([1.0, -2.0], jnp.float32)
+    warp = jax.jit(image_ops.warp, static_argnames="chw")
+    got = np.asarray(warp(jnp.asarray(image), eye, offset, chw=False))
+    got_chw = np.asarray(warp(jnp.asarray(image.transpose(2, 0, 1)), eye, offset, chw=True))
+    # NumPy: output (y, x) is input (y + 1, x - 2), and 0 where that lies outside.
+    want = np.zeros_like(image)
+    want[:-1, 2:] = image[1:, :-2]
+    np.testing.assert_array_equal(got, want)  # integer shifts: weights 0 and 1, exact
+    np.testing.assert_array_equal(got_chw.transpose(1, 2, 0), want)

@@ -1,8 +1,8 @@
 """The image ops of TrivialAugment and RandAugment, on one float32 image in pixel units
 ``[0, 1]``, channels first (``chw=True``: ``(C, H, W)``) or last (``(H, W, C)``).
 
-The geometric ops are one affine warp (``warp``: dm-pix's ``affine_transform``, bilinear, the
-channel axis left in place); solarize is dm-pix's, and the gray image its Rec. 601 luma. The
+The geometric ops are one affine warp (``warp``: dm-pix's bilinear interpolation of each
+channel plane); solarize is dm-pix's, and the gray image its Rec. 601 luma. The
 enhance ops follow PIL's ``ImageEnhance`` (what timm and torchvision's TrivialAugment apply):
 a blend of the image with a degenerate one (black, gray, the mean gray, a smoothed image),
 clipped to ``[0, 1]``; dm-pix's brightness and contrast are TensorFlow's (an added delta, a
@@ -163,11 +163,21 @@ def _equalize_plane(plane):
 
 def warp(image, matrix, offset, chw: bool):
     """The image sampled (bilinear, dm-pix) at ``matrix @ (y, x) + offset`` for each output
-    pixel ``(y, x)``; outside the image it is 0. The identity leaves every value as it is."""
-    m = jnp.eye(3, dtype=jnp.float32)
-    o = jnp.zeros(3, jnp.float32)
-    s = slice(1, 3) if chw else slice(0, 2)
-    m = m.at[s, s].set(matrix)
-    o = o.at[s].set(offset)
-    with _as_dm_pix_expects():
-        return dm_pix.affine_transform(image, m, offset=o, mode="constant", cval=0.0)
+    pixel ``(y, x)``; a point outside the image is 0. The identity leaves every value as it
+    is. Each channel plane is interpolated in 2D on coordinates computed once: dm-pix's
+    ``affine_transform`` of the whole image would interpolate along the channel axis too,
+    with 8 corners instead of 4 and coordinates for every value."""
+    channel, (ay, ax) = _axes(chw)
+    h, w = image.shape[ay], image.shape[ax]
+    yy, xx = jnp.meshgrid(
+        jnp.arange(h, dtype=jnp.float32), jnp.arange(w, dtype=jnp.float32), indexing="ij"
+    )
+    ys = matrix[0, 0] * yy + matrix[0, 1] * xx + offset[0]
+    xs = matrix[1, 0] * yy + matrix[1, 1] * xx + offset[1]
+    coordinates = jnp.stack([ys, xs])
+
+    def plane(values):
+        with _as_dm_pix_expects():
+            return dm_pix.flat_nd_linear_interpolate_constant(values, coordinates, cval=0.0)
+
+    return jax.vmap(plane, in_axes=channel, out_axes=channel)(image)
