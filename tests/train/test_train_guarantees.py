@@ -123,6 +123,9 @@ def test_loss_scale_none_stays_none_for_float16_compute(capsys):
         (["--set", "augment=true"], "augment"),
         (["--val-fraction", "0.1"], "val_fraction"),
         (["--keep-best", "test_accuracy"], "keep_best"),
+        (["--auto-augment", "trivial"], "auto_augment"),
+        (["--mixup", "0.2"], "mixup"),
+        (["--label-smoothing", "0.1"], "label_smoothing"),
     ],
 )
 def test_resume_refuses_a_changed_field(copy, capsys, flags, field):

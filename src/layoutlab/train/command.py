@@ -11,6 +11,7 @@ from pathlib import Path
 
 from layoutlab.arguments import OneLineParser, add_conv_tune, parse_image_size
 from layoutlab.train import interrupt
+from layoutlab.train.augment_flags import AUGMENT_FLAGS, add_augment_flags
 from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 from layoutlab.train.interrupt import sigterm_interrupts
@@ -46,6 +47,7 @@ _FLAGS = {
     "val_fraction": "val_fraction",
     "keep_best": "keep_best",
     "early_stop": "early_stop",
+    **AUGMENT_FLAGS,
 }
 
 
@@ -155,6 +157,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "shape (cached per shape; see `layoutlab autotune`); overrides --layout/--precision",
     )
     add_conv_tune(p, "the run")
+    add_augment_flags(p)
     p.add_argument(
         "--set",
         action="append",

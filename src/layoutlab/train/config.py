@@ -18,6 +18,7 @@ from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.train.config_checks import (
     OPTIMIZERS,
     SCHEDULES,
+    check_augment,
     check_conv,
     check_init,
     check_names,
@@ -103,7 +104,26 @@ class TrainConfig:
     eval_batch_size: int | None = None
     accum_steps: int = 1
     remat: bool = False
+    # Random crop after zero padding by 4, and horizontal flip, of each training image on
+    # device (layoutlab.data.augmentation).
     augment: bool = False
+    # Per-image auto-augmentation on device after the crop and flip, in timm's form: "trivial"
+    # (TrivialAugment-Wide) or "rand-mM-nN" (RandAugment: N ops per image at magnitude M of
+    # 10); None: none (layoutlab.data.auto_augment).
+    auto_augment: str | None = None
+    # Probability that a training image gets one random rectangle erased (timm's --reprob).
+    random_erasing: float = 0.0
+    # What an erased rectangle holds: "pixel" (normal noise per value) or "const" (zeros: the
+    # data set's mean).
+    random_erasing_mode: str = "pixel"
+    # Mixup's alpha: each batch is blended with its reverse at lam ~ Beta(alpha, alpha); 0: off.
+    mixup: float = 0.0
+    # CutMix's alpha (a box of the reversed batch pasted, lam = the share left); 0: off. With
+    # mixup on too, each batch is one of the two with probability 1/2.
+    cutmix: float = 0.0
+    # Label smoothing of the training targets (optax.smooth_labels), in [0, 1); 0: off.
+    label_smoothing: float = 0.0
+    # Seed of the init, the shuffling, dropout and every augmentation draw.
     seed: int = 0
     # Optimizer steps between evaluations; None: once per epoch.
     eval_every: int | None = None
@@ -337,6 +357,7 @@ def validate(config: TrainConfig, num_devices: int) -> TrainConfig:
         config = dataclasses.replace(config, image_size=image_size_value(config.image_size))
     check_numbers(config)
     check_recipes(config)
+    config = check_augment(config)
     policy = check_names(config)
     from layoutlab.train.model_checks import check_model
 

@@ -8,6 +8,7 @@ that need JAX, the data set forms or the conv algorithms import them when they r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -17,6 +18,7 @@ __all__ = [
     "INT32_MAX",
     "OPTIMIZERS",
     "SCHEDULES",
+    "check_augment",
     "check_conv",
     "check_init",
     "check_int32",
@@ -283,3 +285,65 @@ def check_validation(config) -> None:
                 "early_stop watches the keep_best metric, and this run keeps none; add "
                 "--keep-best METRIC (e.g. val_accuracy with --val-fraction, or test_accuracy)."
             )
+
+
+def check_augment(config):
+    """The augmentation and regularization fields (``train.batch_augment``): rates in range,
+    known names, and none on a model whose labels or inputs they do not fit. Returns the
+    config with ``auto_augment`` in its one spelling (``rand`` is ``rand-m10-n2``), so a
+    resume compares policies, not spellings."""
+    from layoutlab.data.augment_policy import ERASING_MODES, parse_auto_augment
+
+    if config.auto_augment is not None:
+        policy = parse_auto_augment(config.auto_augment)  # ValueError naming the forms
+        config = dataclasses.replace(config, auto_augment=policy.text)
+    if not (math.isfinite(config.random_erasing) and 0 <= config.random_erasing <= 1):
+        raise ValueError(
+            f"random_erasing is a probability in [0, 1], got {config.random_erasing!r}; "
+            "e.g. random_erasing=0.25."
+        )
+    if config.random_erasing_mode not in ERASING_MODES:
+        raise ValueError(
+            f"Unknown random_erasing_mode {config.random_erasing_mode!r}; use one of: "
+            f"{', '.join(ERASING_MODES)}."
+        )
+    for name in ("mixup", "cutmix"):
+        value = getattr(config, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"{name} is the alpha of Beta(alpha, alpha), a finite number >= 0 (0: off), "
+                f"got {value!r}; e.g. {name}=0.2."
+            )
+        _check_float(config, name, 0.0)  # as the float32 it is drawn with
+    eps = config.label_smoothing
+    if not (math.isfinite(eps) and 0 <= eps < 1):
+        raise ValueError(
+            f"label_smoothing must be in [0, 1) (1 would leave no trace of the label), got "
+            f"{eps!r}; e.g. label_smoothing=0.1."
+        )
+    _check_augment_model(config)
+    return config
+
+
+def _check_augment_model(config) -> None:
+    from layoutlab import models
+
+    on = [
+        f"{name}={getattr(config, name)}"
+        for name in ("auto_augment", "random_erasing", "mixup", "cutmix", "label_smoothing")
+        if getattr(config, name) not in (None, 0, 0.0)
+    ]
+    if not on:
+        return
+    spec = models.spec(config.model)  # an unknown name: ValueError listing the known ones
+    if spec.num_spatial != 2:
+        raise ValueError(
+            f"{', '.join(on)}: the augmentations work on 2D images, and model={config.model!r} "
+            f"takes {spec.num_spatial}D inputs; drop them or pick a 2D model."
+        )
+    if spec.per_pixel:
+        raise ValueError(
+            f"{', '.join(on)}: model={config.model!r} predicts a label per pixel, which these "
+            "would have to move and mix with the image (they mix one label per image, and "
+            "the geometric ops and erasing leave the label map as it is); drop them for it."
+        )

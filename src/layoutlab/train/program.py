@@ -19,13 +19,13 @@ import optax
 from flax import nnx
 
 from layoutlab import models
-from layoutlab.data import augment as augment_images
 from layoutlab.fast_defaults import default_skip_branch
 from layoutlab.models.torch_weights import assign_torch_values
 from layoutlab.nn.configuration import configure
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.nn.conv_settings import ConvSettings
+from layoutlab.train.batch_augment import image_augment, soft_targets
 from layoutlab.train.freeze import frozen_defs, frozen_updates, head_paths
 from layoutlab.train.model_checks import builder_options
 from layoutlab.train.optim import build_optimizer
@@ -97,17 +97,6 @@ def eval_defs(spec: RunSpec, model: nnx.Module, defs: ModelDefs) -> ModelDefs:
     return split_model(configure(model, spec.eval_conv_plan, algorithms=spec.algorithms))[0]
 
 
-def _augment_fn(spec: RunSpec):
-    if not spec.augment:
-        return None
-    layout, seed = spec.layout, spec.seed
-
-    def fn(key, images):
-        return augment_images(jax.random.fold_in(key, seed), images, layout)
-
-    return fn
-
-
 class Program(NamedTuple):
     """What a ``RunSpec`` runs: ``init(model=None, weights=None)`` makes the initial
     ``TrainState`` (run it under ``jax.jit`` or ``jax.eval_shape``; ``model``: one of
@@ -171,7 +160,8 @@ def build_program(spec: RunSpec, inputs: InputSpec, backend: str | None = None) 
         train_step=make_train_step(
             defs,
             tx,
-            augment=_augment_fn(spec),
+            augment=image_augment(spec, inputs),
+            targets=soft_targets(spec, inputs),
             skip_branch=branch,
             class_axis=axis,
             ema_decay=spec.ema_decay,

@@ -83,11 +83,15 @@ class InputSpec:
     num_classes: int
     batch_size: int
     per_pixel: bool = False
+    # The per-channel mean and std the images were normalized with, in pixel units [0, 1]
+    # (a data set's; the photometric augmentations work in those units); None: not known.
+    pixel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     @classmethod
     def of(cls, dataset, batch_size: int) -> InputSpec:
         """The batches of a ``data.Dataset``."""
-        return cls(tuple(dataset.image_shape), dataset.num_classes, batch_size)
+        stats = (tuple(dataset.mean), tuple(dataset.std))
+        return cls(tuple(dataset.image_shape), dataset.num_classes, batch_size, False, stats)
 
     @classmethod
     def for_model(cls, model: str, image_shape, num_classes: int, batch_size: int) -> InputSpec:

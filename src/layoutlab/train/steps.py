@@ -40,10 +40,12 @@ def class_last(logits: jax.Array, class_axis: int = -1) -> jax.Array:
 def cross_entropy(logits: jax.Array, labels: jax.Array, class_axis: int = -1) -> jax.Array:
     """Mean softmax cross-entropy, always in float32 (see ``precision.FP32_OPS``), over
     every label: one per image, or one per pixel (``labels`` shaped like ``logits`` without
-    the class axis ``class_axis``)."""
-    return optax.softmax_cross_entropy_with_integer_labels(
-        class_last(logits, class_axis), labels
-    ).mean()
+    the class axis ``class_axis``). Float ``labels`` are soft targets, one row of class
+    weights per image (mixup, cutmix, label smoothing: ``train.batch_augment``)."""
+    logits = class_last(logits, class_axis)
+    if jnp.issubdtype(labels.dtype, jnp.floating):
+        return optax.softmax_cross_entropy(logits, labels.astype(jnp.float32)).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
 def _select(pred, on_true, on_false):
@@ -55,6 +57,7 @@ def make_train_step(
     tx: optax.GradientTransformation,
     *,
     augment: Callable | None = None,
+    targets: Callable | None = None,
     skip_branch: str = "select",
     class_axis: int = -1,
     ema_decay: float | None = None,
@@ -63,7 +66,9 @@ def make_train_step(
     """One optimizer step with loss scaling; a step with non-finite grads changes nothing.
 
     ``tx`` should be wrapped in ``layoutlab.train.skip.skip_nonfinite`` so its state also
-    stays put on a skipped step. ``augment(key, images) -> images`` runs on device.
+    stays put on a skipped step. ``augment(key, images) -> images`` runs on device, then
+    ``targets(key, images, labels) -> (images, soft targets, labels)`` (mixup, cutmix, label
+    smoothing): the loss takes the soft targets, the accuracy the labels it returns.
     ``skip_branch``: how the params keep their values on such a step (``train.skip``).
     ``class_axis``: the logits' class axis (a segmentation model's per-pixel logits: the
     layout's channel axis); the labels have the logits' shape without it.
@@ -73,23 +78,27 @@ def make_train_step(
     are zero constants, so their backward is not computed (a frozen backbone).
     """
 
-    def loss_fn(params, model_state, images, labels, loss_scale):
+    def loss_fn(params, model_state, images, targets, loss_scale):
         if trainable is not None:
             params = jax.tree_util.tree_map_with_path(
                 lambda path, p: p if tuple(path) in trainable else jax.lax.stop_gradient(p), params
             )
         model = nnx.merge(defs.train, params, model_state, copy=True)
         logits = model(images)
-        loss = cross_entropy(logits, labels, class_axis)
+        loss = cross_entropy(logits, targets, class_axis)
         _, _, new_model_state = nnx.split(model, nnx.Param, ...)
         return loss_scale.scale(loss), (loss, logits, new_model_state)
 
     def step(state: TrainState, images: jax.Array, labels: jax.Array):
-        if augment is not None:
+        if augment is not None or targets is not None:
             key = jax.random.fold_in(jax.random.key(0), state.step)
+        if augment is not None:
             images = augment(key, images)
+        soft = labels
+        if targets is not None:
+            images, soft, labels = targets(key, images, labels)
         grads, (loss, logits, model_state) = jax.grad(loss_fn, has_aux=True)(
-            state.params, state.model_state, images, labels, state.loss_scale
+            state.params, state.model_state, images, soft, state.loss_scale
         )
         # Gradients keep their params' dtypes: the optimizer state and the update must match
         # half-precision params (pure bf16/fp16 policies). float32 params are unaffected.
