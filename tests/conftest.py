@@ -64,6 +64,7 @@ LONGEST_FIRST = (
     "test_fast_defaults.py",
     "test_docs.py",
     "06_train_digits.ipynb",
+    "07_regularization.ipynb",
     "test_train_cli.py",
     "test_segmentation_training.py",
     "test_train_integrity.py",

@@ -214,3 +214,48 @@ def test_a_save_calls_the_installed_hook_at_each_phase_in_order(tmp_path):
     source = ast.parse(Path(checkpoint.__file__).read_text())
     names = {n.attr for n in ast.walk(source) if isinstance(n, ast.Attribute)}
     assert not names & {"environ", "getenv"}
+
+
+# Issue 69: every option a recipe adds, on at once. The random ones (crop and flip,
+# TrivialAugment, erasing, mixup or cutmix per batch) draw from the seed and the step; the
+# EMA, the best checkpoint and its metric ride in the checkpoint; the cosine schedule with its
+# warmup and floor, and the clipping, depend on the step alone.
+RECIPES = TrainConfig(
+    **{
+        **BASE.to_dict(),
+        "augment": True,
+        "auto_augment": "trivial",
+        "random_erasing": 0.25,
+        "mixup": 0.2,
+        "cutmix": 1.0,
+        "label_smoothing": 0.1,
+        "ema_decay": 0.9,
+        "schedule": "cosine",
+        "warmup_steps": 2,
+        "min_lr": 1e-4,
+        "clip_grad_norm": 1.0,
+        "val_fraction": 0.1,
+        "keep_best": "val_accuracy",
+    }
+)
+
+
+def test_a_run_with_every_recipe_option_killed_and_resumed_ends_bitwise_equal(
+    fork_server, tmp_path
+):
+    reference = tmp_path / "reference"
+    train_and_evaluate(RECIPES, reference, quiet=True)
+    workdir = tmp_path / "run"
+    # SIGKILL once step 6's checkpoint is certified: the resume starts between evaluations.
+    _kill_at(fork_server, RECIPES, workdir, "after_manifest@6", False)
+    assert _usable_steps(workdir / "checkpoints") == [4, 6]
+    record = train_and_evaluate(RECIPES, workdir, resume=True, quiet=True)
+    assert record["step"] == 10 and "ema_val_accuracy" in record and "test_accuracy" in record
+    for sub in ("checkpoints", "best"):  # the newest state, and the best evaluation's
+        want, _ = read_checkpoint(reference / sub)
+        got, _ = read_checkpoint(workdir / sub)
+        assert want.keys() == got.keys(), sub
+        assert any(path.startswith(".ema.params") for path in want), sub
+        for path in want:
+            np.testing.assert_array_equal(got[path], want[path], err_msg=f"{sub}{path}")
+    assert _records(workdir) == _records(reference)
