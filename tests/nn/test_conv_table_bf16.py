@@ -80,7 +80,7 @@ def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batc
         assert got[0] == (STEM_TRAIN if stem else BF16_CHOICES[objective, batch]), (spec, got)
         for kind in ("avx512", "avx2", "other", None):
             assert default_algorithm(spec, objective, kind)[0] == "xla", (kind, spec)
-        # No batch bound: at 256 oneDNN won the whole step 2.25x (train) and 2.42x (infer).
+        # No batch bound: at 256 oneDNN won the whole step 2.25x (train) and 2.45x (infer).
         assert default_algorithm(spec._replace(batch=1024), objective, "avx512_bf16")[0] == got[0]
     # A float32 conv on the bf16 kind gets the AVX-512 float32 rules.
     for spec in _resnet18_cifar(batch, "float32"):

@@ -52,8 +52,8 @@ def test_float32_small_batch_inference_and_larger_batch_training_run_onednn_on_a
                 assert got[0] == "onednn", (spec, batch, got)
             assert default_algorithm(spec._replace(batch=9), "inference", kind)[0] != "onednn"
             assert default_algorithm(spec, "train", kind)[0] != "onednn"
-            # Training from batch 16: ResNet-50 1.55x at 16, ResNet-18 CIFAR 1.13-1.20x at
-            # 32-256, but 0.94x at 8 (onednn_defaults_resnet18_zen4_cpu_3.md).
+            # Training from batch 16: ResNet-50 1.56x at 16, ResNet-18 CIFAR 1.12-1.17x at
+            # 32-256, but 0.95x at 8 (onednn_defaults_resnet18_zen4_cpu_3.md).
             for batch in (16, 32, 128, 256):
                 got = default_algorithm(spec._replace(batch=batch), "train", kind)
                 assert got[0] == "onednn", (spec, batch, got)

@@ -16,6 +16,7 @@ from layoutlab.train.config import TrainConfig, apply_overrides, field_names
 from layoutlab.train.config_file import read_config_file
 from layoutlab.train.interrupt import sigterm_interrupts
 from layoutlab.train.liveness import leave, recorded_failure, report_failure, stop_with
+from layoutlab.train.recipe_flags import RECIPE_FLAGS, add_recipe_flags
 from layoutlab.train.run_flags import add_run_flags, run_config
 
 __all__ = ["register", "run", "main"]
@@ -34,19 +35,7 @@ _FLAGS = {
     "image_size": "image_size",
     "log_every": "log_every",
     "param_sharding": "param_sharding",
-    # The schedule, clipping and EMA (train.lr_schedule, train.ema).
-    "schedule": "schedule",
-    "warmup_epochs": "warmup_epochs",
-    "warmup_steps": "warmup_steps",
-    "min_lr": "min_lr",
-    "lr_decay_epochs": "lr_decay_epochs",
-    "lr_decay_rate": "lr_decay_rate",
-    "clip_grad_norm": "clip_grad_norm",
-    "ema_decay": "ema_decay",
-    "init": "init",
-    "val_fraction": "val_fraction",
-    "keep_best": "keep_best",
-    "early_stop": "early_stop",
+    **RECIPE_FLAGS,
     **AUGMENT_FLAGS,
 }
 
@@ -97,40 +86,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accum-steps", help="micro-batches per optimizer step (default 1)")
     p.add_argument("--lr", help=f"peak learning rate (default {d.learning_rate})")
     p.add_argument("--optimizer", help=f"sgd | momentum | adam | adamw (default {d.optimizer})")
-    _add_recipe_arguments(p, d)
     p.add_argument("--remat", action="store_true", default=None, help="recompute block activations")
     p.add_argument("--seed", help=f"seed of init, shuffling and dropout (default {d.seed})")
-    p.add_argument(
-        "--init",
-        metavar="PATH",
-        help="start from these weights: a PyTorch state dict (.pth/.pt, torchvision names; "
-        "needs the torch extra) or another run's workdir (its newest checkpoint), either "
-        "layout; a classifier head of another class count is re-initialized",
-    )
-    p.add_argument(
-        "--freeze-backbone",
-        action="store_true",
-        default=None,
-        help="train only the classifier head (linear probing; needs --init): the rest keeps "
-        "its weights and BatchNorm statistics",
-    )
-    p.add_argument(
-        "--val-fraction",
-        metavar="F",
-        help="hold out F of each class of the train split for validation: evaluations run on "
-        "it (val_loss, val_accuracy), the test split once at the end (default 0: none)",
-    )
-    p.add_argument(
-        "--keep-best",
-        metavar="METRIC[:max|min]",
-        help="keep the checkpoint of the best val_accuracy, val_loss, test_accuracy or "
-        "test_loss in <workdir>/best (read it with --checkpoint best)",
-    )
-    p.add_argument(
-        "--early-stop",
-        metavar="PATIENCE",
-        help="stop after PATIENCE evaluations without a better --keep-best metric",
-    )
     p.add_argument("--workdir", help="output directory (default ./runs/<model>-<YYYYmmdd-HHMMSS>)")
     p.add_argument(
         "--resume",
@@ -157,6 +114,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "shape (cached per shape; see `layoutlab autotune`); overrides --layout/--precision",
     )
     add_conv_tune(p, "the run")
+    add_recipe_flags(p, d)
     add_augment_flags(p)
     p.add_argument(
         "--set",
@@ -165,40 +123,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help=f"any config field ({', '.join(field_names())}; model_kwargs.NAME=VALUE, "
         "xla_options.NAME=VALUE)",
-    )
-
-
-def _add_recipe_arguments(p: argparse.ArgumentParser, d: TrainConfig) -> None:
-    p.add_argument(
-        "--schedule",
-        help=f"constant | cosine | step: the learning rate after the warmup (default {d.schedule})",
-    )
-    p.add_argument(
-        "--warmup-epochs",
-        metavar="E",
-        help="linear warmup over E epochs (a fraction is fine); default 5%% of the steps",
-    )
-    p.add_argument("--warmup-steps", metavar="N", help="the warmup in optimizer steps instead")
-    p.add_argument(
-        "--min-lr", metavar="LR", help="the floor: cosine ends at it, step never goes below it (0)"
-    )
-    p.add_argument(
-        "--lr-decay-epochs",
-        metavar="E1,E2,...",
-        help="--schedule step: multiply the rate by --lr-decay-rate at each of these epochs",
-    )
-    p.add_argument(
-        "--lr-decay-rate", metavar="R", help=f"--schedule step's factor (default {d.lr_decay_rate})"
-    )
-    p.add_argument(
-        "--clip-grad-norm",
-        metavar="MAX",
-        help="clip each optimizer step's whole gradient to this global L2 norm",
-    )
-    p.add_argument(
-        "--ema-decay",
-        metavar="D",
-        help="keep a moving average of the weights (e.g. 0.9998), evaluated beside them",
     )
 
 

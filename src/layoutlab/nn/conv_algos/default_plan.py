@@ -161,9 +161,9 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ),
     ("avx512", "train", "float32"): (
         *_TINY_INPUT,
-        # oneDNN's float32 convs from batch 16: ResNet-50's training step 1.55x faster at 16,
-        # ResNet-18 CIFAR's 1.13x at 32 (twice), 1.20x at 128 and 1.16x at 256; at 8 ResNet-18
-        # lost 0.94x, 16 unmeasured for it (quiet Zen 4, onednn_defaults_resnet18_zen4_cpu_3.md).
+        # oneDNN's float32 convs from batch 16: ResNet-50's training step 1.56x faster at 16,
+        # ResNet-18 CIFAR's 1.12x and 1.15x at 32, 1.14x at 128 and 1.17x at 256; at 8
+        # ResNet-18 lost 0.95x, 16 unmeasured for it (quiet Zen 4, onednn_defaults_resnet18_zen4_cpu_3.md).
         *_onednn("onednn", min_batch=16),
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=32),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
@@ -207,7 +207,7 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     # (docs/performance/onednn_kernels.md; whole steps before that change: the
     # onednn_xla_dw rule measured in onednn_table_rules_zen4_cpu.md).
     # No batch bound: at 256 too, oneDNN ran ResNet-18 CIFAR's training step 2.25x and its
-    # inference step 2.42x faster than XLA's convs (onednn_defaults_resnet18_zen4_cpu_3.md).
+    # inference step 2.45x faster than XLA's convs (onednn_defaults_resnet18_zen4_cpu_3.md).
     ("avx512_bf16", "train", "bfloat16"): (
         Rule("onednn_xla_dw", (3, 3), (1, 1), max_in=_FEW_CHANNELS),
         *_onednn("onednn"),
