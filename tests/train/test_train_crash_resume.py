@@ -248,7 +248,7 @@ def test_a_run_with_every_recipe_option_killed_and_resumed_ends_bitwise_equal(
     workdir = tmp_path / "run"
     # SIGKILL once step 6's checkpoint is certified: the resume starts between evaluations.
     _kill_at(fork_server, RECIPES, workdir, "after_manifest@6", False)
-    assert _usable_steps(workdir / "checkpoints") == [4, 6]
+    assert _usable_steps(workdir / "checkpoints") == [2, 4, 6]  # keep_checkpoints=3
     record = train_and_evaluate(RECIPES, workdir, resume=True, quiet=True)
     assert record["step"] == 10 and "ema_val_accuracy" in record and "test_accuracy" in record
     for sub in ("checkpoints", "best"):  # the newest state, and the best evaluation's

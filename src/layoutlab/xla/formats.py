@@ -218,9 +218,15 @@ def format_infos(formats, avals) -> list[FormatInfo]:
     """Pair a pytree of formats with the matching avals (``compiled.in_avals``/``out_info``)."""
     tu = jax.tree_util
     fmt_leaves = tu.tree_flatten_with_path(formats, is_leaf=_is_format)[0]
-    aval_leaves = tu.tree_leaves(avals)
+    # Paired by path, not by position: a None in the arguments (an empty subtree, such as a
+    # train state without an EMA) is a leaf of the formats (None: no format) but none of the
+    # avals, and would shift every pair after it.
+    avals_at = {tu.keystr(path): aval for path, aval in tu.tree_flatten_with_path(avals)[0]}
     infos = []
-    for (path, fmt), aval in zip(fmt_leaves, aval_leaves, strict=False):
+    for path, fmt in fmt_leaves:
+        aval = avals_at.get(tu.keystr(path))
+        if aval is None:
+            continue
         d = describe_format(fmt) or {}
         m2m = d.get("major_to_minor")
         m2m = tuple(m2m) if isinstance(m2m, list) else None
