@@ -88,6 +88,17 @@ def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batc
         assert default_algorithm(spec, objective, "avx512_bf16")[0] == want
 
 
+@needs_onednn
+def test_the_imagenet_stem_runs_onednn_in_bfloat16():
+    # ResNet-50's 7x7 stride-2 RGB stem at batch 32: oneDNN's forward 1.9x and weight
+    # gradient (its float32 kernel, onednn.choice) 2.7x XLA's (onednn_conv_table_zen4_cpu.md).
+    stem = _spec(32, 224, 3, 64, k=7, stride=2, dtype="bfloat16")
+    for objective in ("train", "inference"):
+        for batch in (1, 32, 256):
+            got = default_algorithm(stem._replace(batch=batch), objective, "avx512_bf16")
+            assert got[0] == "onednn", (objective, batch, got)
+
+
 def test_without_the_extension_the_same_convs_keep_their_old_choice(monkeypatch):
     simulate_no_onednn(monkeypatch)
     for objective, batch in BF16_CHOICES:

@@ -44,7 +44,7 @@ def test_float32_small_batch_inference_and_larger_batch_training_run_onednn_on_a
     # float32 convs, ResNet-50's 1.03x and 1.08x (onednn_defaults_resnet18_zen4_cpu_2.md).
     convs = [_spec(1, 32, 3, 64), _spec(1, 32, 64, 64), _spec(1, 16, 128, 256, stride=2),
              _spec(1, 32, 64, 128, k=1, stride=2), _spec(1, 14, 1024, 256, k=1),
-             _spec(1, 4, 512, 512)]  # fmt: skip
+             _spec(1, 4, 512, 512), _spec(1, 224, 3, 64, k=7, stride=2)]  # fmt: skip
     for spec in convs:
         for kind in ("avx512", "avx512_bf16"):  # float32 reads the AVX-512 rules on both
             for batch in (1, 8):
