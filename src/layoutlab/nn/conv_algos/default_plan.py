@@ -172,7 +172,8 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         *_TINY_INPUT,
         # oneDNN's float32 convs from batch 16: ResNet-50's training step 1.56x faster at 16,
         # ResNet-18 CIFAR's 1.12x and 1.15x at 32, 1.14x at 128 and 1.17x at 256; at 8
-        # ResNet-18 lost 0.95x, 16 unmeasured for it (quiet Zen 4, onednn_defaults_resnet18_zen4_cpu_3.md).
+        # ResNet-18 lost 0.95x, 16 unmeasured for it (quiet Zen 4,
+        # onednn_defaults_resnet18_zen4_cpu_3.md).
         *_onednn("onednn", min_batch=16),
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=32),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
