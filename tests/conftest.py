@@ -49,7 +49,8 @@ def has_gpu() -> bool:
 
 
 # The longest modules (and notebooks), longest first, from their CPU seconds measured one
-# module at a time (docs/development.md, 2026-12-06). xdist hands whole modules to its two
+# module at a time (docs/development.md, 2026-12-06; issue 69's modules from their
+# --durations, 2026-12-07). xdist hands whole modules to its two
 # workers in collection order (pyproject: `--dist loadscope --no-loadscope-reorder`), so each
 # module's fixtures are built on one worker only, and with the long ones first the two
 # workers finish together instead of one running a long module alone at the end. The rest
@@ -65,6 +66,10 @@ LONGEST_FIRST = (
     "test_docs.py",
     "06_train_digits.ipynb",
     "07_regularization.ipynb",
+    "test_fine_tuning_guide.py",
+    "test_train_regularization.py",
+    "test_train_validation.py",
+    "test_train_ema.py",
     "test_train_cli.py",
     "test_segmentation_training.py",
     "test_train_integrity.py",
