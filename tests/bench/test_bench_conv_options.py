@@ -470,7 +470,7 @@ def test_small_training_steps_run_without_elementwise_fusions(monkeypatch):
         sweep = SweepConfig(run, torch=True)
         got = options_for(sweep, "train", "cpu", batch)[key]
         assert (got != no_eltwise) == eltwise, (model, batch, got)
-    # And through a run's config, whose data spec fixes the image size (nothing is loaded); a
+    # And through a run's config, whose data source fixes the image size (nothing is loaded); a
     # folder's is known only once read, so there the rule does not apply.
     from layoutlab.train.config import TrainConfig
     from layoutlab.train.fast_config import compile_options
@@ -481,7 +481,7 @@ def test_small_training_steps_run_without_elementwise_fusions(monkeypatch):
     got = compile_options(TrainConfig(**run, data="folder:/no/such/dir"), "train")
     assert got[key] != no_eltwise
     # Sizes read without loading anything, and None for what they cannot tell.
-    from layoutlab.data.spec_forms import known_image_shape
+    from layoutlab.data.source_forms import known_image_shape
 
     assert known_image_shape("digits") == (8, 8, 1)
     assert known_image_shape("synthetic:16x16x3:10:64") == (16, 16, 3)

@@ -66,4 +66,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match="Unknown precision policy"):
         parse_config("NHWC/fp64x")
     assert parse_config("NCHW/mixed_bf16").label == "NCHW/mixed_bf16"
-    assert parse_config("mixed_fp16").loss_scale_spec() == "dynamic"
+    assert parse_config("mixed_fp16").loss_scale_name() == "dynamic"

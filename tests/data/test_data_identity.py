@@ -140,7 +140,7 @@ def test_cifar_and_synthetic_are_fingerprinted(tmp_path):
     change = data_change(config, recorded, get_dataset(config.data).fingerprint)
     assert "data_batch_1" in change and "test_batch" in change
     small, large = (get_dataset(f"synthetic:4x4x1:2:{n}").fingerprint for n in (10, 12))
-    assert small["spec"].startswith("synthetic:4x4x1:2:10")
+    assert small["source"].startswith("synthetic:4x4x1:2:10")
     change = data_change(TrainConfig(data="synthetic"), small, large)
     assert "generated from 'synthetic:4x4x1:2:12" in change
 

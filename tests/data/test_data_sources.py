@@ -41,7 +41,7 @@ def _check_normalized(dataset, raw_train01, raw_test01):
     np.testing.assert_allclose(_undo(dataset, dataset.test_images), raw_test01, atol=UNDO_ATOL)
 
 
-# ---------------------------------------------------------------- digits / synthetic / spec
+# ------------------------------------------------------- digits / synthetic / data source
 
 
 def test_digits_default_split_and_stats():
@@ -68,7 +68,7 @@ def test_digits_default_split_and_stats():
     assert not np.array_equal(other.test_labels, ds.test_labels)
 
 
-def test_synthetic_spec_shape_determinism_and_structure():
+def test_synthetic_source_shape_determinism_and_structure():
     a = get_dataset("synthetic:6x5x2:3:40", seed=1)
     assert a.image_shape == (6, 5, 2) and a.num_classes == 3
     assert a.train_images.shape[0] + a.test_images.shape[0] == 40
@@ -84,18 +84,18 @@ def test_synthetic_spec_shape_determinism_and_structure():
 
 
 @pytest.mark.parametrize(
-    "spec", ["imagenet", "cifar10", "digits:extra", "synthetic:32x32", "synthetic:a:b", ""]
+    "source", ["imagenet", "cifar10", "digits:extra", "synthetic:32x32", "synthetic:a:b", ""]
 )
-def test_bad_spec_lists_valid_forms(spec):
-    with pytest.raises(ValueError, match="Valid forms are") as info:
-        get_dataset(spec)
+def test_bad_source_lists_valid_forms(source):
+    with pytest.raises(ValueError, match="Bad data source .*Valid forms are") as info:
+        get_dataset(source)
     assert "cifar10:DIR" in str(info.value) and "synthetic" in str(info.value)
 
 
-@pytest.mark.parametrize("spec", ["cifar10", "cifar100", "mnist", "fashion_mnist", "folder"])
-def test_missing_directory(tmp_path, spec):
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "fashion_mnist", "folder"])
+def test_missing_directory(tmp_path, name):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        get_dataset(f"{spec}:{tmp_path / 'nowhere'}")
+        get_dataset(f"{name}:{tmp_path / 'nowhere'}")
 
 
 # ---------------------------------------------------------------- CIFAR

@@ -116,7 +116,7 @@ def test_a_block_runs_as_python_c_would(tmp_path, server):
 
 def test_readme_yaml_blocks_are_valid_train_config_files(tmp_path):
     """Each ```yaml block is a ``train --config`` file: it reads into a config that validates
-    (the data set it names need not exist here; validation checks the spec's form)."""
+    (the data set it names need not exist here; validation checks the data source's form)."""
     from layoutlab.train.config import validate
     from layoutlab.train.config_file import read_config_file
 

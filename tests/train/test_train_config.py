@@ -90,7 +90,7 @@ def test_bad_overrides_name_the_field(item, message):
         ({"model": "small_cnn3d"}, "takes 3D inputs"),
         ({"precision": "fp8"}, "precision: Unknown precision policy 'fp8'"),
         ({"loss_scale": "sometimes"}, "loss_scale: Unknown loss scale 'sometimes'"),
-        ({"data": "imagenet:/x"}, "Unknown data set 'imagenet:/x'"),
+        ({"data": "imagenet:/x"}, "Unknown data source 'imagenet:/x'"),
         ({"layout": "NDHWC"}, "layout must be NHWC or NCHW"),
         ({"remat": True}, "remat=True is not supported by 'small_cnn'.*resnet18"),
         ({"model_kwargs": {"depth": 3}}, r"model_kwargs \['depth'\] are not options"),
@@ -282,7 +282,7 @@ def test_bad_config_files_exit_2_with_one_line(tmp_path, capsys, name, text, mes
         (["--set", "accum_steps=0"], "error: accum_steps must be a positive integer"),
         (["--epochs", "x"], "error: Bad value for epochs"),
         (["--resume"], "error: --resume needs --workdir"),
-        (["--data", "cifar10"], "error: Bad data set spec 'cifar10'"),
+        (["--data", "cifar10"], "error: Bad data source 'cifar10'"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):

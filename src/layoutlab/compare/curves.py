@@ -61,8 +61,8 @@ class RunConfig:
     def label(self) -> str:
         return f"{self.layout}/{self.policy}"
 
-    def loss_scale_spec(self) -> str | None:
-        """The loss scale this side trains with (``train.run_precision``'s rule for None)."""
+    def loss_scale_name(self) -> str | None:
+        """The loss-scale name this side trains with (``train.run_precision``'s rule for None)."""
         return resolve_loss_scale(self.loss_scale or AUTO_LOSS_SCALE, get_policy(self.policy))
 
 
@@ -258,10 +258,11 @@ def compare_training(
     init: ``b``'s model is ``a``'s converted with ``convert_layout``/``with_policy``; same
     batches in the same order) and compare the loss curves.
 
-    ``dataset`` is a ``layoutlab.data`` spec or ``Dataset``; its images must fit the model.
+    ``dataset`` is a data source (``layoutlab.data.get_dataset``) or a ``Dataset``; its
+    images must fit the model.
     """
     from layoutlab.data.loader import train_batches
-    from layoutlab.data.spec import get_dataset
+    from layoutlab.data.source import get_dataset
 
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}.")
@@ -277,7 +278,7 @@ def compare_training(
                 run_model,
                 list(batches),
                 learning_rate=learning_rate,
-                loss_scale=cfg.loss_scale_spec(),
+                loss_scale=cfg.loss_scale_name(),
             )
         )
     settings = {

@@ -1,7 +1,8 @@
 """Data sets, deterministic resumable batching, on-device augmentation and device prefetch.
 
-``get_dataset(spec)`` loads digits (built in), CIFAR-10/100, MNIST/Fashion-MNIST, an image
-folder or synthetic data into a ``Dataset`` of normalized NHWC float32 host arrays;
+``get_dataset(source)`` loads the data set a data source names (``SOURCE_FORMS``): digits
+(built in), CIFAR-10/100, MNIST/Fashion-MNIST, an image folder or synthetic data, into a
+``Dataset`` of normalized NHWC float32 host arrays;
 ``epoch_batches`` yields batches in any layout and dtype from any step of an epoch;
 ``augment`` crops and flips on device; ``prefetch_to_device`` overlaps input with compute.
 
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from layoutlab.data.idx import load_fashion_mnist, load_mnist, read_idx
     from layoutlab.data.loader import epoch_batches, steps_per_epoch, train_batches
     from layoutlab.data.prefetch import Prefetcher, prefetch_to_device
-    from layoutlab.data.spec import get_dataset, parse_image_shape
-    from layoutlab.data.spec_forms import SPEC_FORMS
+    from layoutlab.data.source import get_dataset, parse_image_shape
+    from layoutlab.data.source_forms import SOURCE_FORMS
     from layoutlab.data.synthetic import make_synthetic
 
 _EXPORTS = {
@@ -51,14 +52,14 @@ _EXPORTS = {
     "train_batches": "loader",
     "Prefetcher": "prefetch",
     "prefetch_to_device": "prefetch",
-    "SPEC_FORMS": "spec_forms",
-    "get_dataset": "spec",
-    "parse_image_shape": "spec",
+    "SOURCE_FORMS": "source_forms",
+    "get_dataset": "source",
+    "parse_image_shape": "source",
     "make_synthetic": "synthetic",
 }
 
 __all__ = [
-    "SPEC_FORMS",
+    "SOURCE_FORMS",
     "DataError",
     "Dataset",
     "Prefetcher",
@@ -84,4 +85,7 @@ __all__ = [
     "train_batches",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()))
+# Old names (a data source was called a spec), kept with a DeprecationWarning.
+_RENAMED = {"SPEC_FORMS": "layoutlab.data.SOURCE_FORMS"}
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, lambda: set(globals()), _RENAMED)

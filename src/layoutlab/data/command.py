@@ -1,4 +1,4 @@
-"""``layoutlab data --data SPEC``: load a data set and print what it holds."""
+"""``layoutlab data --data SOURCE``: load a data set and print what it holds."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ __all__ = ["register", "run"]
 
 
 def register(subparsers) -> None:
-    from layoutlab.data.spec_forms import SPEC_FORMS
+    from layoutlab.data.source_forms import SOURCE_FORMS
 
     parser = subparsers.add_parser(
         "data",
         help="load a data set and print its sizes, shape, classes and mean/std",
-        description="Load a data set and summarize it. Spec forms: " + "; ".join(SPEC_FORMS),
+        description="Load a data set and summarize it. Data source forms: "
+        + "; ".join(SOURCE_FORMS),
     )
     parser.add_argument(
-        "--data", default="digits", metavar="SPEC", help="data set spec (default: digits)"
+        "--data", default="digits", metavar="SOURCE", help="data source (default: digits)"
     )
     add_deprecated_flag(parser, "--spec", "--data", dest="data")
     parser.add_argument("--seed", type=int, default=0, help="train/test split seed")
@@ -51,7 +52,7 @@ def _format(summary: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from layoutlab.data.errors import DataError
-    from layoutlab.data.spec import get_dataset
+    from layoutlab.data.source import get_dataset
 
     try:
         size = (args.image_size * 2)[:2] if args.image_size else None  # N: N x N

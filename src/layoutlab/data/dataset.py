@@ -36,7 +36,7 @@ class Dataset:
     std: tuple[float, ...]
     class_names: tuple[str, ...] = ()
     # What the data was read from (data.fingerprint): {"files", "bytes", "sha256"} of its
-    # files, or a generated set's {"spec"}; compared when a run resumes. None: made in Python.
+    # files, or a generated set's {"source"}; compared when a run resumes. None: made in Python.
     fingerprint: dict | None = None
     # Bits per pixel of the image files it was read from (folder data of 16-bit images: 16),
     # so that predict scales an image file as the data set's were.

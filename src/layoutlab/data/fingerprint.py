@@ -3,7 +3,7 @@
 Every source has a fingerprint (``Dataset.fingerprint``): data read from files (MNIST,
 CIFAR, an image folder, the digits file sklearn ships) has the count, total size and SHA-256
 of its files' names and bytes, and for a few files each file's own digest, so a change is
-named by its file; synthetic data is its spec, from which it is generated. The files are
+named by its file; synthetic data is its data source, from which it is generated. The files are
 hashed once, right after they were read (so from the page cache), and the multi-process
 agreement compares this digest instead of hashing the arrays again.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-__all__ = ["files_fingerprint", "spec_fingerprint"]
+__all__ = ["files_fingerprint", "source_fingerprint"]
 
 # Up to this many files each get their own digest in the fingerprint (MNIST's 4, CIFAR's 7),
 # so a change names the file; an image folder's thousands are summed up in one.
@@ -50,6 +50,8 @@ def files_fingerprint(root: Path, paths: list[Path]) -> dict:
     return out
 
 
-def spec_fingerprint(spec: str) -> dict:
-    """The fingerprint of generated data: the spec it is generated from."""
-    return {"spec": spec}
+def source_fingerprint(source: str) -> dict:
+    """The fingerprint of generated data: the data source it is generated from (with the
+    seed and test fraction). Runs recorded before the rename hold it as ``{"spec": ...}``,
+    which ``train.run_data.data_change`` reads as this."""
+    return {"source": source}

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from layoutlab.data.dataset import Dataset, make_dataset, split_by_seed
-from layoutlab.data.fingerprint import spec_fingerprint
+from layoutlab.data.fingerprint import source_fingerprint
 from layoutlab.data.memory import check_fits, peak_bytes
 
 __all__ = ["make_synthetic"]
@@ -60,5 +60,5 @@ def make_synthetic(
     train, test = split_by_seed(images, labels, test_fraction=test_fraction, seed=seed)
     name = f"synthetic:{h}x{w}x{c}:{num_classes}:{num_examples}"
     dataset = make_dataset(name, train, test, num_classes=num_classes, scale=1.0)
-    spec = f"{name}:seed={seed}:test_fraction={test_fraction}"
-    return dataclasses.replace(dataset, fingerprint=spec_fingerprint(spec))
+    source = f"{name}:seed={seed}:test_fraction={test_fraction}"
+    return dataclasses.replace(dataset, fingerprint=source_fingerprint(source))

@@ -101,7 +101,7 @@ def register(subparsers) -> None:
         "accuracy; with --out DIR it also writes the confusion matrix there as a PNG (nothing "
         "is written into the run's workdir unless --out names it).",
     )
-    p.add_argument("--data", metavar="SPEC", help="evaluate on this data set's test split")
+    p.add_argument("--data", metavar="SOURCE", help="evaluate on this data source's test split")
     add_json(p, "the results, instead of text,", file=True)
     p.add_argument("--out", metavar="DIR", help="also write confusion_step<STEP>.png into DIR")
     _add_batch_size(p, "test images")

@@ -290,7 +290,7 @@ def open_run(
     with its ``weights`` (``WEIGHTS``: ``"ema"``, the moving average of a run trained with
     ``ema_decay``).
 
-    ``data`` replaces the run's data spec (it must have the run's image shape and classes).
+    ``data`` replaces the run's data source (it must have the run's image shape and classes).
     Raises ``NoRunError`` (a ``FileNotFoundError``) for a missing workdir, config or
     checkpoint, and ``ValueError`` for a checkpoint of another model or mismatched data.
     """
@@ -348,11 +348,11 @@ def _check_writer(meta: dict, config: TrainConfig, where: str) -> None:
             )
 
 
-def _other_data(spec: str, run_data: Dataset, config: TrainConfig) -> Dataset:
-    other = load_run_data(dataclasses.replace(config, data=spec))  # resized as the run was
+def _other_data(source: str, run_data: Dataset, config: TrainConfig) -> Dataset:
+    other = load_run_data(dataclasses.replace(config, data=source))  # resized as the run was
     if (other.image_shape, other.num_classes) != (run_data.image_shape, run_data.num_classes):
         raise ValueError(
-            f"--data {spec} has images {other.image_shape} (HxWxC) and {other.num_classes} "
+            f"--data {source} has images {other.image_shape} (HxWxC) and {other.num_classes} "
             f"classes, the run was trained on {run_data.image_shape} and "
             f"{run_data.num_classes}; pass a data set of the run's shape and classes."
         )

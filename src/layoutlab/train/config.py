@@ -177,7 +177,7 @@ class TrainConfig:
     # optimizer state are split over the data axis too (about 1/N of them per device).
     param_sharding: str = "replicated"
     # What the training data was read from, filled in when the run starts (files read:
-    # {"files", "bytes", "sha256"} of them; synthetic data: its spec); a resume on other
+    # {"files", "bytes", "sha256"} of them; synthetic data: {"source"}); a resume on other
     # data is refused.
     data_fingerprint: dict | None = None
     # The run's identity, made when it first starts and kept by --resume: every checkpoint

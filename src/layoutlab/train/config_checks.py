@@ -127,7 +127,7 @@ def check_numbers(config) -> None:
 
 def check_names(config):
     """Checks the names; returns the ``Policy`` of ``config.precision`` (read here once)."""
-    from layoutlab.data import SPEC_FORMS
+    from layoutlab.data import SOURCE_FORMS
     from layoutlab.layout import Layout, parse_layout
     from layoutlab.precision import get_policy
     from layoutlab.train.run_precision import resolve_loss_scale
@@ -160,9 +160,9 @@ def check_names(config):
         except ValueError as e:
             raise ValueError(f"loss_scale: {str(e).rstrip('.')}, or 'auto'.") from None
     name = config.data.strip().partition(":")[0].lower().replace("-", "_")
-    if name not in {form.split(":")[0].split("[")[0] for form in SPEC_FORMS}:
-        forms = ", ".join(SPEC_FORMS)
-        raise ValueError(f"Unknown data set {config.data!r}; valid forms are: {forms}.")
+    if name not in {form.split(":")[0].split("[")[0] for form in SOURCE_FORMS}:
+        forms = ", ".join(SOURCE_FORMS)
+        raise ValueError(f"Unknown data source {config.data!r}; valid forms are: {forms}.")
     if config.image_size is not None and name != "folder":
         raise ValueError(
             f"image_size resizes folder data only; {config.data!r} has a fixed image size: "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from layoutlab.data.spec_forms import known_image_shape
+from layoutlab.data.source_forms import known_image_shape
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.models import model_compile_options, spec
 from layoutlab.nn.conv_algos import AUTO
@@ -53,7 +53,7 @@ def compile_options(
 
 
 def _data_shape(config: TrainConfig) -> tuple[int, ...] | None:
-    """The run's examples' shape where its data spec tells (channels last), else None."""
+    """The run's examples' shape where its data source tells (channels last), else None."""
     shape = known_image_shape(config.data)
     if shape is None:
         return None

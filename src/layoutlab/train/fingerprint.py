@@ -77,14 +77,14 @@ def _devices() -> dict[str, str]:
 
 
 def _data_digest(dataset) -> str:
-    """The digest of the files the data was read from (or its spec), which loading it
+    """The digest of the files the data was read from (or its data source), which loading it
     computed (``Dataset.fingerprint``, what a resume compares too), so the data is hashed
     once. A data set without one (built in Python): a CRC-32 of the images and labels
     themselves, at about five times blake2b's speed (CIFAR's 737 MB of float32 in about a
     second)."""
     known = dataset.fingerprint or {}
-    if "sha256" in known or "spec" in known:
-        return str(known.get("sha256") or known["spec"])
+    if "sha256" in known or "source" in known:
+        return str(known.get("sha256") or known["source"])
     crc = 0
     for array in (*dataset.split("train"), *dataset.split("test")):
         crc = zlib.crc32(str((array.shape, array.dtype.str)).encode(), crc)

@@ -40,7 +40,7 @@ def batch_input(args: argparse.Namespace) -> tuple[int, int] | None:
         return None
     from math import prod
 
-    from layoutlab.data.spec_forms import known_image_shape
+    from layoutlab.data.source_forms import known_image_shape
     from layoutlab.train.command import config_from_flags
     from layoutlab.train.image_size import image_size_value
 

@@ -37,9 +37,17 @@ def load_run_data(config: TrainConfig) -> Dataset:
     return dataset
 
 
+def _current_keys(recorded):
+    """A recorded fingerprint in today's keys: a run started before the data source got its
+    name recorded generated data as ``{"spec": ...}``, the same as ``{"source": ...}``."""
+    if isinstance(recorded, dict) and "spec" in recorded and "source" not in recorded:
+        return {("source" if k == "spec" else k): v for k, v in recorded.items()}
+    return recorded
+
+
 def _what_changed(recorded: dict, have: dict) -> str:
-    if "spec" in recorded:
-        return f"it is generated from {have.get('spec')!r} now, {recorded['spec']!r} then"
+    if "source" in recorded:
+        return f"it is generated from {have.get('source')!r} now, {recorded['source']!r} then"
     was, now = recorded.get("each"), have.get("each")
     if isinstance(was, dict) and isinstance(now, dict):
         parts = []
@@ -63,6 +71,7 @@ def data_change(config: TrainConfig, recorded: dict | None, have: dict | None) -
     (every entry ``recorded`` holds is ``have``'s: a run recorded before per-file digests
     compares by the rest), or nothing was recorded (a run from before fingerprints), else
     one sentence naming what changed and the fix."""
+    recorded = _current_keys(recorded)
     if recorded is None or recorded == have:
         return None
     if not isinstance(have, dict) or not isinstance(recorded, dict):
