@@ -240,39 +240,43 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(checks))
 
 
-_SPEC_HELP = "use 'none', 'static:<scale>' (e.g. 'static:1024'), 'dynamic' or 'dynamic:<initial>'"
+_FORMS = "use 'none', 'static:<scale>' (e.g. 'static:1024'), 'dynamic' or 'dynamic:<initial>'"
 
 
-def _parse_scale_value(text: str, spec: str) -> float:
+def _parse_scale_value(text: str, scale: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"Loss scale {spec!r}: {text!r} is not a number; {_SPEC_HELP}.") from None
+        raise ValueError(f"Loss scale {scale!r}: {text!r} is not a number; {_FORMS}.") from None
     if not (0 < value <= _F32_MAX):
         raise ValueError(
-            f"Loss scale {spec!r}: the scale must be positive and finite in float32, got {value}."
+            f"Loss scale {scale!r}: the scale must be positive and finite in float32, got {value}."
         )
     return value
 
 
-def get_loss_scale(spec: str | LossScale | None) -> LossScale:
-    """``None``/``"none"``, ``"static:1024"``, ``"dynamic"`` or ``"dynamic:65536"``."""
-    if spec is None or isinstance(spec, (NoOpLossScale, StaticLossScale, DynamicLossScale)):
-        return NoOpLossScale() if spec is None else spec
-    if not isinstance(spec, str):
-        raise TypeError(f"A loss scale spec must be a str, got {type(spec).__name__}.")
-    kind, sep, value = spec.strip().lower().partition(":")
+def get_loss_scale(scale: str | LossScale | None, /) -> LossScale:
+    """The ``LossScale`` of a loss-scale name: ``None``/``"none"``, ``"static:1024"``,
+    ``"dynamic"`` or ``"dynamic:65536"``; a ``LossScale`` as it is."""
+    if scale is None or isinstance(scale, (NoOpLossScale, StaticLossScale, DynamicLossScale)):
+        return NoOpLossScale() if scale is None else scale
+    if not isinstance(scale, str):
+        raise TypeError(
+            f"A loss scale must be a LossScale or a loss-scale name (str), "
+            f"got {type(scale).__name__}."
+        )
+    kind, sep, value = scale.strip().lower().partition(":")
     kind, value = kind.strip(), value.strip()
     if kind == "none" and not sep:
         return NoOpLossScale()
     if kind == "static":
         if not value:
-            raise ValueError(f"Loss scale {spec!r} needs a value, e.g. 'static:1024'.")
-        return StaticLossScale(_parse_scale_value(value, spec))
+            raise ValueError(f"Loss scale {scale!r} needs a value, e.g. 'static:1024'.")
+        return StaticLossScale(_parse_scale_value(value, scale))
     if kind == "dynamic":
         if not sep:
             return DynamicLossScale()
         if not value:
-            raise ValueError(f"Loss scale {spec!r} has an empty value; {_SPEC_HELP}.")
-        return DynamicLossScale(loss_scale=_parse_scale_value(value, spec))
-    raise ValueError(f"Unknown loss scale {spec!r}; {_SPEC_HELP}.")
+            raise ValueError(f"Loss scale {scale!r} has an empty value; {_FORMS}.")
+        return DynamicLossScale(loss_scale=_parse_scale_value(value, scale))
+    raise ValueError(f"Unknown loss scale {scale!r}; {_FORMS}.")

@@ -1,7 +1,7 @@
 """Mixed-precision policies: which dtype params are stored in, computed in and returned in.
 
-A ``Policy`` is one frozen value. ``get_policy`` builds it from a preset name or a jmp-style
-string such as ``"params=float32,compute=bfloat16,output=float32"`` (short forms
+A ``Policy`` is one frozen value. ``get_policy`` builds it from a policy name: a preset or a
+jmp-style string such as ``"params=float32,compute=bfloat16,output=float32"`` (short forms
 ``"p=f32,c=bf16,o=f32"``). Layers in ``layoutlab.nn`` read the policy; the ops listed in
 ``FP32_OPS`` keep float32 whatever the compute dtype, the way ``torch.autocast`` keeps its
 fp32 op list.
@@ -158,8 +158,9 @@ FP32_OPS: dict[str, str] = {
 }
 
 
-def get_policy(spec: Policy | str | None) -> Policy:
-    """A preset name (see ``PRESETS``) or ``"params=...,compute=...,output=..."``.
+def get_policy(policy: Policy | str | None, /) -> Policy:
+    """The ``Policy`` of a policy name: a preset (see ``PRESETS``) or
+    ``"params=...,compute=...,output=..."``; a ``Policy`` as it is, None as ``fp32``.
 
     The keys are jmp's (``p``/``params``, ``c``/``compute``, ``o``/``output``), but the
     grammar differs from jmp's ``get_policy`` where a dtype is left out: here it is
@@ -170,19 +171,21 @@ def get_policy(spec: Policy | str | None) -> Policy:
     and a bare dtype (``"f32"``) is not a policy (jmp: all three dtypes); the presets
     ``fp32``, ``bf16`` and ``fp16`` are. Spell all three dtypes out to mean the same in both.
     """
-    if spec is None:
+    if policy is None:
         return PRESETS["fp32"]
-    if isinstance(spec, Policy):
-        return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"A policy spec must be a str or Policy, got {type(spec).__name__}.")
-    text = spec.strip()
-    for name, policy in PRESETS.items():
+    if isinstance(policy, Policy):
+        return policy
+    if not isinstance(policy, str):
+        raise TypeError(
+            f"A policy must be a Policy or a policy name (str), got {type(policy).__name__}."
+        )
+    text = policy.strip()
+    for name, preset in PRESETS.items():
         if text.lower() == name.lower():
-            return policy
+            return preset
     if "=" not in text:
         raise ValueError(
-            f"Unknown precision policy {spec!r}; use a preset ({', '.join(PRESETS)}) or "
+            f"Unknown precision policy {policy!r}; use a preset ({', '.join(PRESETS)}) or "
             "'params=float32,compute=bfloat16,output=float32' (short: 'p=f32,c=bf16,o=f32')."
         )
     fields: dict[str, object] = {}
@@ -190,21 +193,21 @@ def get_policy(spec: Policy | str | None) -> Policy:
         key, sep, value = part.partition("=")
         key = key.strip().lower()
         if not sep:
-            raise ValueError(f"Policy part {part!r} in {spec!r} is not of the form key=value.")
+            raise ValueError(f"Policy part {part!r} in {policy!r} is not of the form key=value.")
         if key == "fp32_ops":
             if "fp32_ops" in fields:
-                raise ValueError(f"Policy key 'fp32_ops' is given twice in {spec!r}.")
+                raise ValueError(f"Policy key 'fp32_ops' is given twice in {policy!r}.")
             if value.strip().lower() not in ("true", "false"):
                 raise ValueError(f"fp32_ops must be true or false, got {value!r}.")
             fields["fp32_ops"] = value.strip().lower() == "true"
             continue
         if key not in _KEYS:
             raise ValueError(
-                f"Unknown policy key {key!r} in {spec!r}; valid keys are: "
+                f"Unknown policy key {key!r} in {policy!r}; valid keys are: "
                 f"{', '.join(sorted(_KEYS))}, fp32_ops."
             )
         if _KEYS[key] in fields:
-            raise ValueError(f"Policy key {key!r} is given twice in {spec!r}.")
+            raise ValueError(f"Policy key {key!r} is given twice in {policy!r}.")
         fields[_KEYS[key]] = parse_dtype(value)
     missing = {"param_dtype", "compute_dtype", "output_dtype"} - set(fields)
     if missing:

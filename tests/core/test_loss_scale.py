@@ -331,7 +331,7 @@ def test_get_loss_scale_forms():
 
 
 @pytest.mark.parametrize(
-    "spec, match",
+    "name, match",
     [
         ("static", "needs a value"),
         ("static:", "needs a value"),
@@ -346,11 +346,11 @@ def test_get_loss_scale_forms():
         ("", "Unknown loss scale"),
     ],
 )
-def test_get_loss_scale_errors(spec, match):
+def test_get_loss_scale_errors(name, match):
     with pytest.raises(ValueError, match=match):
-        get_loss_scale(spec)
+        get_loss_scale(name)
 
 
 def test_get_loss_scale_non_str():
-    with pytest.raises(TypeError, match="must be a str"):
+    with pytest.raises(TypeError, match=r"a LossScale or a loss-scale name \(str\)"):
         get_loss_scale(1024)

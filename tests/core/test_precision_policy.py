@@ -36,7 +36,7 @@ def test_presets(name):
     policy = get_policy(name)
     assert _dtypes(policy) == _EXPECTED[name]
     assert get_policy(f"  {name.upper()} ") == policy
-    assert get_policy(str(policy)) == policy  # __str__ is a valid spec
+    assert get_policy(str(policy)) == policy  # __str__ is a valid policy name
     assert policy.needs_loss_scaling == (policy.compute_dtype == F16)
     assert policy.norm_dtype == (F32 if policy.fp32_ops else policy.compute_dtype)
 
@@ -48,7 +48,7 @@ def test_none_and_policy_pass_through():
 
 
 @pytest.mark.parametrize(
-    "spec, expected",
+    "name, expected",
     [
         ("params=float32,compute=bfloat16,output=float32", (F32, BF16, F32, True)),
         ("p=f32,c=bf16,o=f32", (F32, BF16, F32, True)),
@@ -60,12 +60,12 @@ def test_none_and_policy_pass_through():
         ("fp32_ops=TRUE", (F32, F32, F32, True)),
     ],
 )
-def test_jmp_style_strings(spec, expected):
-    assert _dtypes(get_policy(spec)) == expected
+def test_jmp_style_strings(name, expected):
+    assert _dtypes(get_policy(name)) == expected
 
 
 @pytest.mark.parametrize(
-    "spec, match",
+    "name, match",
     [
         ("q=f32", "Unknown policy key 'q'"),
         ("params=f32,dtype=bf16", "Unknown policy key 'dtype'"),
@@ -81,15 +81,15 @@ def test_jmp_style_strings(spec, expected):
         ("", "Unknown precision policy"),
     ],
 )
-def test_errors(spec, match):
+def test_errors(name, match):
     with pytest.raises(ValueError, match=match):
-        get_policy(spec)
+        get_policy(name)
 
 
-@pytest.mark.parametrize("spec", [42, 1.0, ["fp32"], np.float32])
-def test_non_str_spec(spec):
-    with pytest.raises(TypeError, match="str or Policy"):
-        get_policy(spec)
+@pytest.mark.parametrize("value", [42, 1.0, ["fp32"], np.float32])
+def test_non_str_policy(value):
+    with pytest.raises(TypeError, match=r"a Policy or a policy name \(str\)"):
+        get_policy(value)
 
 
 def test_duplicate_fp32_ops_is_rejected():
@@ -159,7 +159,7 @@ def test_numpy_scalars_are_cast():
 
 
 @pytest.mark.parametrize(
-    "spec, ours, jmps",
+    "name, ours, jmps",
     [
         ("c=bf16", (F32, BF16, F32), (F32, BF16, BF16)),
         ("p=bf16", (BF16, F32, F32), (BF16, BF16, BF16)),
@@ -167,12 +167,12 @@ def test_numpy_scalars_are_cast():
         ("p=f32,c=bf16,o=bf16", (F32, BF16, BF16), (F32, BF16, BF16)),
     ],
 )
-def test_where_the_grammar_differs_from_jmp(spec, ours, jmps):
+def test_where_the_grammar_differs_from_jmp(name, ours, jmps):
     """A dtype left out is float32 here; in jmp (``jmp._src.policy.get_policy``) the compute
     dtype follows the params and the output follows the compute, as ``jmps`` writes out. All
     three given, both read the same. get_policy's docstring and the precision guide say so."""
-    assert _dtypes(get_policy(spec))[:3] == ours
-    given = dict(part.split("=") for part in spec.split(","))
+    assert _dtypes(get_policy(name))[:3] == ours
+    given = dict(part.split("=") for part in name.split(","))
     p = {"f32": F32, "bf16": BF16, "f16": F16}[given.get("p", "f32")]
     c = {"f32": F32, "bf16": BF16, "f16": F16}[given["c"]] if "c" in given else p
     o = {"f32": F32, "bf16": BF16, "f16": F16}[given["o"]] if "o" in given else c

@@ -160,7 +160,7 @@ class JaxCase:
         return self.run.layout
 
     @property
-    def precision(self) -> str:  # a precision policy name or spec
+    def precision(self) -> str:  # a policy name
         return self.run.precision
 
     @property

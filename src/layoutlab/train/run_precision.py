@@ -17,7 +17,7 @@ AUTO_LOSS_SCALE = "auto"
 
 
 def loss_scale_name(loss_scale: str | None, policy: Policy) -> str:
-    """The loss-scale spec a run uses, unchecked: ``"auto"`` is ``"dynamic"`` when
+    """The loss-scale name a run uses, unchecked: ``"auto"`` is ``"dynamic"`` when
     ``policy`` computes in float16 (its gradients underflow without scaling) and ``"none"``
     otherwise; ``None`` is ``"none"``; anything else as given."""
     if loss_scale is None:
@@ -28,7 +28,7 @@ def loss_scale_name(loss_scale: str | None, policy: Policy) -> str:
 
 
 def resolve_loss_scale(loss_scale: str | None, policy: Policy) -> str:
-    """``loss_scale_name``, checked (``ValueError`` for a spec ``get_loss_scale`` refuses)."""
+    """``loss_scale_name``, checked (``ValueError`` for a name ``get_loss_scale`` refuses)."""
     name = loss_scale_name(loss_scale, policy)
     get_loss_scale(name)
     return name
