@@ -15,7 +15,7 @@ from layoutlab.arguments import STDOUT, parse_image_size
 # concept: (the flag, the commands that must take it)
 CONCEPTS = {
     "registered model": ("--model", ["inspect", "compare", "bench", "autotune layout", "train"]),
-    "data set spec": ("--data", ["train", "evaluate", "data"]),
+    "data source": ("--data", ["train", "evaluate", "data"]),
     "batch size": (
         "--batch-size",
         ["train", "inspect", "compare", "export", "evaluate", "predict", "autotune convs"],

@@ -61,12 +61,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--data",
-        help="digits | cifar10:DIR | cifar100:DIR | mnist:DIR | fashion_mnist:DIR | folder:DIR"
-        f" | synthetic[:HxWxC[:CLASSES[:N]]] (default {d.data})",
+        metavar="SOURCE",
+        help="data source: digits | cifar10:DIR | cifar100:DIR | mnist:DIR | fashion_mnist:DIR"
+        f" | folder:DIR | synthetic[:HxWxC[:CLASSES[:N]]] (default {d.data})",
     )
     p.add_argument(
         "--loss-scale",
-        help="none | static:S | dynamic (default: dynamic for float16 compute, else none)",
+        metavar="SCALE",
+        help="loss-scale name: none | static:S | dynamic (default: dynamic for float16 "
+        "compute, else none)",
     )
     p.add_argument(
         "--image-size",

@@ -56,8 +56,8 @@ _FLAGS = {
     "layout": ("--layout", "NHWC or NCHW", {}),
     "precision": (
         "--precision",
-        "policy preset (fp32, mixed_bf16, ...) or a spec such as 'p=f32,c=bf16,o=f32'",
-        {},
+        "policy name: a preset (fp32, mixed_bf16, ...) or dtypes such as 'p=f32,c=bf16,o=f32'",
+        {"metavar": "POLICY"},
     ),
     "batch_size": ("--batch-size", "examples per batch", {}),
     "conv_algo": (
@@ -99,7 +99,7 @@ _FLAGS = {
 # axis is the flag's TrainConfig field (``RUN_FLAGS``).
 AXES = {
     "layout": ("--layouts", "layouts", {"metavar": "NAME,NAME"}),
-    "precision": ("--precisions", "precisions", {"metavar": "NAME,NAME"}),
+    "precision": ("--precisions", "precisions", {"metavar": "POLICY,POLICY"}),
     "batch_size": ("--batch-sizes", "batch_sizes", {"metavar": "N,N"}),
     "conv_algo": ("--conv-algos", "conv_algorithms", {"metavar": "NAME,NAME"}),
 }
