@@ -145,6 +145,27 @@ def test_cifar_and_synthetic_are_fingerprinted(tmp_path):
     assert "generated from 'synthetic:4x4x1:2:12" in change
 
 
+def test_a_synthetic_run_recorded_before_the_rename_still_resumes(tmp_path):
+    """Generated data was fingerprinted ``{"spec": ...}`` before the data source got its name
+    (issue 68): a run whose config.json says so resumes, records ``{"source": ...}`` from then
+    on, and still refuses other generated data by name."""
+    from layoutlab.train.config import validate
+    from layoutlab.train.resume import check_resume
+    from layoutlab.train.run_data import with_data_fingerprint
+    from layoutlab.train.spec import resolve_spec
+
+    config = TrainConfig(data="synthetic:4x4x1:2:10", model_kwargs={"width": 4, "hidden": 16})
+    config = with_data_fingerprint(validate(config, 1), get_dataset(config.data))
+    generated, spec = config.data_fingerprint["source"], resolve_spec(config)
+    old = {**spec.config.to_dict(), "data_fingerprint": {"spec": generated}}  # as config.json was
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    resumed = check_resume(spec, tmp_path, tmp_path / "checkpoints").config
+    assert resumed.data_fingerprint == {"source": generated}
+    other = get_dataset("synthetic:4x4x1:2:12").fingerprint
+    change = data_change(config, {"spec": generated}, other)
+    assert f"generated from {other['source']!r} now, {generated!r} then" in change
+
+
 def test_the_agreement_compares_the_fingerprint_instead_of_hashing_again():
     from flax import nnx
 

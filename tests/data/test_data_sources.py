@@ -92,6 +92,27 @@ def test_bad_source_lists_valid_forms(source):
     assert "cifar10:DIR" in str(info.value) and "synthetic" in str(info.value)
 
 
+def test_the_old_spec_names_still_resolve_with_a_warning_naming_the_new_one():
+    """Issue 68: a data source was called a spec; each old name gives the new one's object
+    (still importable) and a DeprecationWarning that says what to use instead."""
+    import layoutlab.data
+    from layoutlab.data import source, source_forms, spec, spec_forms
+
+    old = [
+        (spec, "get_dataset", source.get_dataset, "layoutlab.data.source.get_dataset"),
+        (spec, "SPEC_FORMS", source_forms.SOURCE_FORMS, "layoutlab.data.source_forms.SOURCE_FORMS"),
+        (spec_forms, "known_image_shape", source_forms.known_image_shape, "source_forms."),
+        (layoutlab.data, "SPEC_FORMS", source_forms.SOURCE_FORMS, "layoutlab.data.SOURCE_FORMS"),
+    ]
+    for module, name, new, says in old:
+        with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{name} is deprecated") as w:
+            assert getattr(module, name) is new
+        assert says in str(w[0].message) and w[0].filename == __file__
+    assert "SPEC_FORMS" not in dir(layoutlab.data)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'spec'"):
+        get_dataset(spec="digits")  # by position only, so the name can never break a caller
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "fashion_mnist", "folder"])
 def test_missing_directory(tmp_path, name):
     with pytest.raises(FileNotFoundError, match="does not exist"):
