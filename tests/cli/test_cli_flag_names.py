@@ -173,3 +173,36 @@ def test_a_runs_flags_are_declared_in_one_place(monkeypatch):
         assert places.pop()[0] == run_flags.__file__, flag
     # train, inspect, compare, autotune convs and its old name conv-autotune; bench's list
     assert (len(calls["--precision"]), len(calls["--precisions"])) == (5, 1)
+
+
+# The text a user writes for each idea, by its metavar (issue 68: all three were "SPEC").
+USER_TEXT = {
+    "--data": "SOURCE",
+    "--precision": "POLICY",
+    "--precisions": "POLICY,POLICY",
+    "--loss-scale": "SCALE",
+}
+
+
+def test_user_text_is_named_for_its_idea_and_never_spec():
+    """Every command's flag for a data source, policy name or loss-scale name shows it by that
+    metavar in --help, and no metavar, help line or description anywhere says "spec" (the
+    word names the resolved Spec types alone, see docs/glossary.md)."""
+    import re
+
+    seen = {flag: [] for flag in USER_TEXT}
+    for command, parser in PARSERS.items():
+        texts = [parser.description or ""]
+        for flag, action in _options(parser).items():
+            if flag in USER_TEXT:
+                assert action.metavar == USER_TEXT[flag], (command, flag, action.metavar)
+                seen[flag].append(command)
+            texts += [str(action.metavar or ""), action.help or ""]
+        spec = [t for t in texts if re.search(r"\bspecs?\b", t, re.I)]
+        assert not spec, (command, spec)
+        help_text = parser.format_help()
+        assert "SPEC" not in help_text, command
+    inspect_like = ["autotune convs", "compare", "conv-autotune", "inspect", "train"]
+    assert sorted(seen["--precision"]) == inspect_like
+    assert (seen["--precisions"], seen["--loss-scale"]) == (["bench"], ["train"])
+    assert sorted(seen["--data"]) == ["data", "evaluate", "train"]
