@@ -76,7 +76,7 @@ def time_steps(step, params, key, batches, steps: int) -> float:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="synthetic:32x32x3:10:1280")
+    parser.add_argument("--data", default="synthetic:32x32x3:10:1280", metavar="SOURCE")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=5)
@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     layout = parse_layout(args.layout, rank=4)
-    ds = get_dataset(args.spec, seed=0)
+    ds = get_dataset(args.data, seed=0)
     step = make_step(layout, ds.num_classes)
     params = init_params(jax.random.key(0), ds.num_channels, ds.num_classes, args.width, layout)
     key = jax.random.key(1)
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
             "numpy": np.__version__,
         },
         "config": {
-            "spec": args.spec,
+            "data": args.data,
             "batch": args.batch,
             "steps": args.steps,
             "repeats": args.repeats,
