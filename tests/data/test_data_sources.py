@@ -87,9 +87,10 @@ def test_synthetic_source_shape_determinism_and_structure():
     "source", ["imagenet", "cifar10", "digits:extra", "synthetic:32x32", "synthetic:a:b", ""]
 )
 def test_bad_source_lists_valid_forms(source):
-    with pytest.raises(ValueError, match="Bad data source .*Valid forms are") as info:
+    with pytest.raises(ValueError, match="Bad data source .*valid forms are") as info:
         get_dataset(source)
     assert "cifar10:DIR" in str(info.value) and "synthetic" in str(info.value)
+    assert "\n" not in str(info.value)  # the CLI's one `error:` line
 
 
 def test_the_old_spec_names_still_resolve_with_a_warning_naming_the_new_one():

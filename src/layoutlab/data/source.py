@@ -28,8 +28,9 @@ _DIR_LOADERS = {
 
 
 def _bad_source(source: str, why: str) -> ValueError:
-    forms = "\n  ".join(SOURCE_FORMS)
-    return ValueError(f"Bad data source {source!r}: {why}. Valid forms are:\n  {forms}")
+    # One line: the CLI prints it as its one `error:` line.
+    forms = ", ".join(SOURCE_FORMS)
+    return ValueError(f"Bad data source {source!r}: {why}; valid forms are: {forms}.")
 
 
 def _synthetic(source: str, args: list[str], seed: int, test_fraction: float) -> Dataset:
