@@ -20,7 +20,9 @@ to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at bat
 32; without it Winograd takes them at 32, XLA's conv at 9-31), ``depthwise`` the shifted
 multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col on the
 3-channel stem (``--model unet``, ``--model unet:width=64``), ``winograd_small`` Winograd on the
-3x3 stride-1 convs of 128+ channels at 16x16 and below, ``all`` every rule (XLA's convs).
+3x3 stride-1 convs of 128+ channels at 16x16 and below, ``stem7x7`` the oneDNN rules on the
+7x7 stride-2 ImageNet stem (``--model resnet50``), ``all`` every rule (XLA's convs).
+``--precision mixed_bf16`` times both programs under that policy (the bf16 table).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ DROPS = {
     "depthwise": lambda r: r.depthwise,
     "stem": lambda r: r.algorithm == "im2col" and r.max_in == 4,
     "winograd_small": lambda r: r.algorithm.startswith("winograd") and r.max_size == 16,
+    "stem7x7": lambda r: r.kernel == (7, 7),
     "all": lambda r: True,
 }
 
@@ -64,18 +67,19 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--mode", default="train", choices=("train", "infer"))
     p.add_argument("--drop", default="small", choices=sorted(DROPS))
+    p.add_argument("--precision", default="fp32", help="a policy name: fp32 or mixed_bf16")
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
     w = workload(args.model, args.mode, args.batch)
     opts = bench_options(w)
     runners = [
-        runner(w, label, opts, cls=cls)
+        runner(w, label, opts, cls=cls, precision=args.precision)
         for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))
     ]
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     for r in rows:
-        print(cpu_kind(), args.model, args.mode, args.batch, r["defaults"], r["status"],
-              median_cell(r), r.get("error") or "")  # fmt: skip
+        print(cpu_kind(), args.model, args.mode, args.batch, args.precision, r["defaults"],
+              r["status"], median_cell(r), r.get("error") or "")  # fmt: skip
     if all(r["status"] == "ok" for r in rows):
         table, without = (json.loads(r["round_ms"]) for r in rows)
         print(f"--drop {args.drop}: without / with per round", paired_ratio(without, table))

@@ -56,11 +56,12 @@ def bench_options(w: Workload, optimizer: str = "pytorch") -> dict:
 
 
 def runner(w: Workload, label: str, options: dict, *, optimizer: str = "pytorch",
-           algo: str = "auto", cls=JaxRunner, backend: str = "cpu") -> JaxRunner:  # fmt: skip
-    """A ``cls`` runner of ``w`` on ``backend`` in NHWC fp32 with HWIO kernels, conv
-    algorithm ``algo`` (no tuning), compile ``options`` and ``optimizer``, labelled
-    ``label``; 20 steps."""
-    case = JaxCase.of(w, optimizer, layout="NHWC", precision="fp32", conv_algorithm=algo,
+           algo: str = "auto", cls=JaxRunner, backend: str = "cpu",
+           precision: str = "fp32") -> JaxRunner:  # fmt: skip
+    """A ``cls`` runner of ``w`` on ``backend`` in NHWC ``precision`` (a policy name) with
+    HWIO kernels, conv algorithm ``algo`` (no tuning), compile ``options`` and
+    ``optimizer``, labelled ``label``; 20 steps."""
+    case = JaxCase.of(w, optimizer, layout="NHWC", precision=precision, conv_algorithm=algo,
                       kernel_storage="channels_last", activation_storage="channels_last",
                       xla_options=options, defaults=label, conv_tune="never")  # fmt: skip
     return cls(case, backend=backend, steps=20)
