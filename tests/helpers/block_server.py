@@ -105,13 +105,14 @@ for line in requests:
 
 class BlockServer:
     """``run(code, cwd, timeout)`` -> ``(returncode, stdout, stderr)``, each block in a child
-    forked from one server started with ``env``. POSIX only (``os.fork``)."""
+    forked from one server started with ``env`` that imported ``preload``. POSIX only
+    (``os.fork``)."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path):
+    def __init__(self, env: dict[str, str], log_dir: Path, preload: tuple[str, ...] = PRELOAD):
         read_fd, write_fd = os.pipe()
         self._log = open(log_dir / "server.log", "w")  # the server's own errors, if any
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, json.dumps(PRELOAD), str(write_fd)],
+            [sys.executable, "-c", _SERVER, json.dumps(preload), str(write_fd)],
             stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=self._log,

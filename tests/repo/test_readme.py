@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from block_server import BlockServer
+from block_server import PRELOAD, BlockServer
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -77,7 +77,9 @@ def server(tmp_path_factory):
     env["MPLBACKEND"] = "Agg"
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("readme_jax_cache"))
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    srv = BlockServer(env, tmp_path_factory.mktemp("block_server"))
+    # Besides the server's usual libraries, PyTorch: the blocks that compare against it,
+    # convert its weights or benchmark beside it import it again each (1.5 s of CPU).
+    srv = BlockServer(env, tmp_path_factory.mktemp("block_server"), (*PRELOAD, "torch"))
     yield srv
     srv.close()
 
