@@ -25,6 +25,10 @@ from layoutlab.train.loop import train_and_evaluate
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
+# The runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
+
 # 44 batches of 32 make a digits epoch: every step here is mid-epoch 0.
 ARGS = [
     "--data", "digits",
