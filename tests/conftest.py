@@ -135,7 +135,8 @@ def pytest_collection_modifyitems(config, items):
 # callback's id: no other process (nor a later trace in this one) finds the step in the cache.
 # A module that sets CACHE_PARTITIONED = True drops the ids from the key (jax's flag): only
 # where no two of its programs differ in a partitioned conv's algorithm alone, which the key
-# would then no longer tell apart (docs/development.md).
+# would then no longer tell apart, and each run is one process (a two-process resume that read
+# its step back aborted: test_train_multihost.py does not opt in; docs/development.md).
 PARTITIONED_KEY = "JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY"
 
 
