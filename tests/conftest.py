@@ -131,15 +131,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+# A data-parallel train step's convs are custom_partitioning calls, each keyed by its Python
+# callback's id: no other process (nor a later trace in this one) finds the step in the cache.
+# A module that sets CACHE_PARTITIONED = True drops the ids from the key (jax's flag): only
+# where no two of its programs differ in a partitioned conv's algorithm alone, which the key
+# would then no longer tell apart, and each run is one process (a two-process resume that read
+# its step back aborted: test_train_multihost.py does not opt in; docs/development.md).
+PARTITIONED_KEY = "JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY"
+
+
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, request):
     """The environment for training subprocesses of one test module: they share a persistent
     compilation cache, so a resumed or repeated run reads its programs back."""
     cache = tmp_path_factory.mktemp("jax_cache")
+    partitioned = {PARTITIONED_KEY: "1"} if getattr(request.module, "CACHE_PARTITIONED", 0) else {}
     return {
         **os.environ,
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        **partitioned,
     }
 
 
@@ -163,8 +174,14 @@ def shared_compiles(env):
     ``pytestmark = pytest.mark.usefixtures("shared_compiles")``."""
     from layoutlab.xla.cache import compilation_cache
 
+    flag, before = "jax_remove_custom_partitioning_ptr_from_cache_key", None
+    if PARTITIONED_KEY in env:
+        before = getattr(jax.config, flag)
+        jax.config.update(flag, True)
     with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
         yield
+    if before is not None:
+        jax.config.update(flag, before)
 
 
 @pytest.fixture(scope="session")

@@ -162,3 +162,33 @@ def test_a_custom_vjp_conv_in_a_data_parallel_gradient_step_stays_sharded(partit
     want = np.asarray(jax.grad(lambda w, x: loss(w, x, conv))(w, x))
     np.testing.assert_allclose(np.asarray(step(*args)), want, atol=1e-5 * np.abs(want).max())
     assert not _gathers(step.lower(*args).compile())
+
+
+def test_a_new_trace_finds_the_op_in_the_persistent_cache_only_without_its_callback_id(
+    arrays, tmp_path
+):
+    """Each trace builds its own ``custom_partitioning`` object, whose Python id is in the
+    custom call and so in the persistent cache's key: a resumed run, in this process or
+    another, misses what the first run stored. jax's flag takes the id out of the key
+    (tests/conftest.py's ``CACHE_PARTITIONED``, docs/development.md)."""
+    from layoutlab.xla.cache import compilation_cache, watch_compilation
+
+    x, w, _ = arrays
+    args = (_put(x, PartitionSpec(DATA_AXIS)), _put(w, PartitionSpec()))
+
+    def compile_twice():
+        with watch_compilation() as events:
+            for _ in range(2):
+                jax.jit(lambda a, b: batch_parallel(conv)(a, b)).lower(*args).compile()
+        return events.hits, events.misses
+
+    flag = "jax_remove_custom_partitioning_ptr_from_cache_key"
+    before = getattr(jax.config, flag)
+    with compilation_cache(tmp_path / "with_ids"):
+        assert compile_twice() == (0, 2)
+    try:
+        jax.config.update(flag, True)
+        with compilation_cache(tmp_path / "without_ids"):
+            assert compile_twice() == (1, 1)
+    finally:
+        jax.config.update(flag, before)

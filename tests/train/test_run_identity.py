@@ -23,6 +23,9 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): its runs compile the table's conv plan or XLA's convs, no other.
+CACHE_PARTITIONED = True
 
 
 @pytest.fixture(scope="module")

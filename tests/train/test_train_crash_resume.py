@@ -51,6 +51,9 @@ BASE = TrainConfig(
 )
 
 TIMEOUT_S = 300
+# The runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
 
 
 # keep_checkpoints -> [(kill point, the steps a resume may use right after that kill)], in

@@ -21,6 +21,9 @@ from layoutlab.train.run_data import load_run_data
 from layoutlab.train.spec import InputSpec, resolve_spec
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
 
 TINY = models.spec("small_cnn").tiny
 FAST_COMPILE = {"xla_backend_optimization_level": 0}  # as test_train_loop.py's runs

@@ -36,6 +36,10 @@ from layoutlab.train.workdir import LOCK_FILE, WorkdirError, WorkdirLock
 # uses no run, so ``guarantees_run``, when this module builds it, compiles into that cache.
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
+# The resumes read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
+
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
 RUN = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2", *TINY]
 # The resumes to step 6 are compared with no other run (they check what is kept, refused or

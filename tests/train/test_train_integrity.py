@@ -31,6 +31,9 @@ from layoutlab.train.spec import resolve_spec
 # from the cache this module shares with test_train_guarantees. The first test uses no run,
 # so ``guarantees_run``, when this module builds it, compiles into that cache.
 pytestmark = pytest.mark.usefixtures("shared_compiles")
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): its runs compile the table's conv plan or XLA's convs, no other.
+CACHE_PARTITIONED = True
 
 TINY = ["--set", "model_kwargs.width=4", "--set", "model_kwargs.hidden=16"]
 RUN = ["--steps", "4", "--batch-size", "32", "--seed", "1", "--set", "eval_every=2", *TINY]

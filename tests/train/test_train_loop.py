@@ -23,6 +23,9 @@ from layoutlab.train.config import TrainConfig
 from layoutlab.train.loop import train_and_evaluate
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
 
 # Every run's programs are compiled as the loop compiles init (train.program's
 # INIT_COMPILER_OPTIONS), a third less CPU time per run. What these tests check (the

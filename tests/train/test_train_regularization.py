@@ -21,6 +21,9 @@ from layoutlab.train.spec import InputSpec, resolve_spec
 from layoutlab.train.steps import cross_entropy
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
 
 
 def _numpy_cross_entropy(logits, targets):

@@ -33,6 +33,10 @@ from layoutlab.train.step_log import STEPS_FILE, TENSORBOARD_DIR
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
+# The runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
+
 BASE = TrainConfig(
     model_kwargs=models.spec("small_cnn").tiny,
     batch_size=16,

@@ -49,6 +49,9 @@ def _summary(workdir):
 
 
 pytestmark = pytest.mark.usefixtures("shared_compiles")  # the resume reads its programs back
+# Its runs read the data-parallel train step back from the cache too (conftest's
+# PARTITIONED_KEY): every run here compiles one conv plan, the table's.
+CACHE_PARTITIONED = True
 
 
 @pytest.fixture(scope="module")
