@@ -128,17 +128,19 @@ PLAIN_WEIGHTS_MAX_PIXELS = 64
 # The same for the weight gradient, which writes HWIO itself instead of reordering the blocked
 # gradient back, by the activations' dtype.
 PLAIN_WEIGHT_GRADIENT_MAX_PIXELS = {"float32": 32, "bfloat16": 64}
-# A bfloat16 weight gradient with more output pixels runs the float32 primitive on converted
-# activations up to this many output pixels, or per image: oneDNN 3.2's bfloat16
-# weight-gradient kernel (without AMX) is several times slower there, and faster beyond.
+# Below this batch a bfloat16 weight gradient with more output pixels runs the float32
+# primitive on converted activations up to this many output pixels, or per image, and on
+# strided convs with a spatial kernel: oneDNN 3.2's bfloat16 weight-gradient kernel (without
+# AMX) was several times slower there at batch 1. From this batch on its own kernel ran every
+# such conv of ResNet-18 CIFAR and ResNet-50 faster, and their whole training steps too.
+BF16_WEIGHT_GRADIENT_MIN_BATCH = 8
 F32_WEIGHT_GRADIENT_MAX_PIXELS = 1024
 F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS = 64
-# At any size for a strided conv with a spatial kernel, or one with fewer input channels per
-# group than this: oneDNN 3.2's direct bfloat16 weight-gradient kernel blocks channels by 16
-# and walks a strided input one output pixel at a time, and ran 5-35x slower than float32
-# there (a stem conv of 3 channels, ResNet-18's stride-2 3x3s).
+# At any batch for a conv with fewer input channels per group than this: oneDNN 3.2's direct
+# bfloat16 weight-gradient kernel blocks channels by 16 (a stem conv of 3 channels ran 25-35x
+# slower than float32).
 F32_WEIGHT_GRADIENT_MIN_CHANNELS = 16
-# The measurements behind all five: docs/performance/onednn_kernels.md.
+# The measurements behind all six: docs/performance/onednn_kernels.md.
 
 
 def plain_weights(dtype: str, out_pixels: int) -> bool:
@@ -147,11 +149,14 @@ def plain_weights(dtype: str, out_pixels: int) -> bool:
     return dtype == "float32" and out_pixels <= PLAIN_WEIGHTS_MAX_PIXELS
 
 
-def slow_bf16_weight_gradient(geom: Geometry, in_channels: int) -> bool:
-    """Whether ``geom`` with ``in_channels`` input channels is a shape oneDNN's direct
-    bfloat16 weight-gradient kernel runs far slower than its float32 one."""
+def slow_bf16_weight_gradient(geom: Geometry, in_channels: int, batch: int) -> bool:
+    """Whether ``geom`` with ``in_channels`` input channels at ``batch`` is a shape oneDNN's
+    direct bfloat16 weight-gradient kernel runs far slower than its float32 one: few input
+    channels per group at any batch, a strided spatial kernel at a small batch."""
+    if in_channels // geom.groups < F32_WEIGHT_GRADIENT_MIN_CHANNELS:
+        return True
     strided = geom.strides != (1, 1) and geom.kernel_size != (1, 1)
-    return strided or in_channels // geom.groups < F32_WEIGHT_GRADIENT_MIN_CHANNELS
+    return strided and batch < BF16_WEIGHT_GRADIENT_MIN_BATCH
 
 
 def choice(
@@ -166,12 +171,11 @@ def choice(
         return False, False
     if out_pixels <= PLAIN_WEIGHT_GRADIENT_MAX_PIXELS.get(dtype, 0):
         return True, False
-    f32 = dtype == "bfloat16" and (
-        slow_bf16
-        or out_pixels <= F32_WEIGHT_GRADIENT_MAX_PIXELS
+    small = batch < BF16_WEIGHT_GRADIENT_MIN_BATCH and (
+        out_pixels <= F32_WEIGHT_GRADIENT_MAX_PIXELS
         or out_pixels <= F32_WEIGHT_GRADIENT_MAX_IMAGE_PIXELS * batch
     )
-    return False, f32
+    return False, dtype == "bfloat16" and (slow_bf16 or small)
 
 
 def _queries(dtype: str) -> list[tuple[str, int, tuple[str, str, str]]]:
@@ -196,7 +200,7 @@ def supports(spec: ConvSpec) -> str | None:
     ho, wo = spec.out_size
     pixels = spec.batch * ho * wo
     for what, op, dts in _queries(spec.dtype):
-        slow = slow_bf16_weight_gradient(spec.geometry, spec.in_features)
+        slow = slow_bf16_weight_gradient(spec.geometry, spec.in_features, spec.batch)
         how = choice(op, spec.dtype, spec.batch, pixels, slow)
         info = impl_info(_params(op, dts, spec, how))
         if isinstance(info, str):
@@ -218,7 +222,7 @@ def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
     y = {"fwd": shape, "bwd_data": a.shape, "bwd_weights": b.shape}[target]  # y or dy
     pixels = math.prod(y) // y[1 if layout == "NCHW" else 3]
     channel_axis = 1 if layout == "NCHW" else 3
-    slow = target == "bwd_weights" and slow_bf16_weight_gradient(geom, a.shape[channel_axis])
+    slow = target == "bwd_weights" and slow_bf16_weight_gradient(geom, a.shape[channel_axis], y[0])
     how = choice(_OPS[target], a.dtype.name, y[0], pixels, slow)
     return call(a, b, **_attrs(geom, layout, how))
 
