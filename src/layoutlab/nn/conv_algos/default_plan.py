@@ -212,9 +212,9 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ),
     # bfloat16 on AVX-512 with bf16 units, where XLA widens bf16 convs to float32: oneDNN's
     # convs, and its weight gradient too once its slow bfloat16 kernels were routed to
-    # float32 (onednn.choice): ResNet-18 CIFAR's weight gradients 1.3-2.5x XLA's one by one at
-    # batch 8 and 32, but the 3-channel stem's (0.16x and 0.73x), which keeps XLA's
-    # (docs/performance/onednn_kernels.md; whole steps before that change: the
+    # float32 below batch 8 (onednn.choice): ResNet-18 CIFAR's weight gradients 1.3-2.5x
+    # XLA's one by one at batch 8 and 32, but the 3-channel stem's (0.16x and 0.73x), which
+    # keeps XLA's (docs/performance/onednn_kernels.md; whole steps before that change: the
     # onednn_xla_dw rule measured in onednn_table_rules_zen4_cpu.md).
     # No batch bound: at 256 too, oneDNN ran ResNet-18 CIFAR's training step 2.25x and its
     # inference step 2.45x faster than XLA's convs (onednn_defaults_resnet18_zen4_cpu_3.md).
