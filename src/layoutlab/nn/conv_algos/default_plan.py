@@ -102,7 +102,8 @@ _DEPTHWISE = (
 # they were measured on whole steps (its stem and stage 3x3 convs, the 3x3 stride-2 ones, the
 # 1x1 shortcuts), and the ImageNet stem's 7x7 stride-2 conv, measured one by one: oneDNN's
 # forward and weight gradient ran 1.1-2.7x XLA's at batch 1 and 32, float32 and bfloat16
-# (onednn_conv_table_zen4_cpu.md; its input gradient is never computed).
+# (onednn_conv_table_zen4_cpu.md; its input gradient is never computed); on whole ResNet-50
+# steps even, or 1.03-1.04x in bfloat16 at batch 16 (stem7x7_whole_step_zen4_cpu.md).
 _ONEDNN_SHAPES = (
     ((3, 3), (1, 1)),
     ((3, 3), (2, 2)),
