@@ -178,10 +178,12 @@ def shared_compiles(env):
     if PARTITIONED_KEY in env:
         before = getattr(jax.config, flag)
         jax.config.update(flag, True)
-    with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
-        yield
-    if before is not None:
-        jax.config.update(flag, before)
+    try:
+        with compilation_cache(env["JAX_COMPILATION_CACHE_DIR"]):
+            yield
+    finally:  # the worker's next modules compile without the flag, whatever happened here
+        if before is not None:
+            jax.config.update(flag, before)
 
 
 @pytest.fixture(scope="session")
