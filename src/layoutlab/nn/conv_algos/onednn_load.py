@@ -39,6 +39,9 @@ TARGETS = {
     "fwd": TARGET_PREFIX + "conv_fwd",
     "bwd_data": TARGET_PREFIX + "conv_bwd_data",
     "bwd_weights": TARGET_PREFIX + "conv_bwd_weights",
+    # Named so that ``xla.hlo_extract.onednn_kind`` tells them from the convs' targets.
+    "norm_fwd": TARGET_PREFIX + "batch_norm",
+    "norm_bwd": TARGET_PREFIX + "batch_norm_grad",
 }
 _LIBRARY = "libdnnl.so.3"
 _DIST = "onednn-cpu-gomp"
