@@ -19,7 +19,7 @@ import numpy as np
 
 from layoutlab.fast_defaults import fast_compile_options
 from layoutlab.nn.norm import batch_norm_train
-from layoutlab.nn.norm_onednn import norm_info, onednn_batch_norm
+from layoutlab.nn.norm_onednn import batch_norm_train_nhwc, norm_info
 
 EPS = 1e-5
 # (N, H, W, C), relu, count in the network
@@ -72,9 +72,9 @@ def layoutlab_bn(x, scale, bias, relu):
 
 def onednn_bn(x, scale, bias, relu):
     if UNFUSED and relu:  # oneDNN's BN, then XLA's ReLU
-        y, mean, var = onednn_batch_norm(x, scale, bias, EPS, False)
+        y, mean, var = batch_norm_train_nhwc(x, scale, bias, EPS, False)
         return jax.nn.relu(y), (mean, var)
-    y, mean, var = onednn_batch_norm(x, scale, bias, EPS, relu)
+    y, mean, var = batch_norm_train_nhwc(x, scale, bias, EPS, relu)
     return y, (mean, var)
 
 

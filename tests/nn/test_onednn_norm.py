@@ -2,7 +2,8 @@
 it: forward and gradients against float64 NumPy over fuzzed shapes in float32 and bfloat16,
 with and without the fused ReLU; the layer's bfloat16 training step on oneDNN, its running
 averages as XLA's path makes them, the same bits twice; XLA's ops where the extension is
-absent, where a run is data parallel and in an exported (custom-call-free) model.
+absent, where a run is data parallel and in an exported (custom-call-free) model; the ReLU of
+``batch_norm_relu`` fused into oneDNN's call except where compare's tools watch the layers.
 
 Reference: the closed-form batch norm and its gradient in float64 NumPy of the same inputs
 (already rounded to the tested dtype), independent of oneDNN and of XLA. Tolerances, as a
@@ -31,10 +32,12 @@ from flax import nnx
 from onednn_helpers import simulate_no_onednn
 
 from layoutlab.compare import assert_close
+from layoutlab.compare.decisions import probe_decisions
+from layoutlab.compare.layer_recording import record_layers
 from layoutlab.nn import configure, norm, norm_onednn
 from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.conv_algos import onednn
-from layoutlab.nn.norm import BatchNorm
+from layoutlab.nn.norm import BatchNorm, batch_norm_relu
 from layoutlab.precision import get_policy
 from layoutlab.train.program import batch_norm_impl
 from layoutlab.xla.hlo import hlo_report
@@ -95,7 +98,7 @@ def _check(out, ref, dtype, x_max):
 def _norm_step(relu):
     def step(x, scale, bias, dy):
         def f(x, scale, bias):
-            y, mean, var = norm_onednn.onednn_batch_norm(x, scale, bias, EPS, relu)
+            y, mean, var = norm_onednn.batch_norm_train_nhwc(x, scale, bias, EPS, relu)
             return y, (mean, var)
 
         y, vjp, (mean, var) = jax.vjp(f, x, scale, bias, has_aux=True)
@@ -139,7 +142,8 @@ def _train(layer, x):
             return jnp.sum(y.astype(jnp.float32) * w), y
 
         (g, dx), y = nnx.grad(f, argnums=(0, 1), has_aux=True)(model, x)
-        return y, dx, g.scale[...], g.bias[...], model.mean[...], model.var[...]
+        g, bn = (g, model) if isinstance(model, BatchNorm) else (g.bn, model.bn)
+        return y, dx, g.scale[...], g.bias[...], bn.mean[...], bn.var[...]
 
     lowered = jax.jit(run).lower(state, x)
     return lowered.compile()(state, x), lowered.as_text()
@@ -221,3 +225,46 @@ def test_impl_is_checked():
         BatchNorm(4, impl="fast")
     assert norm.BATCH_NORM_IMPLS == ("auto", "xla")
     assert onednn.TARGET_PREFIX in TARGET
+
+
+class _Block(nnx.Module):
+    """A model's ``relu(bn(x))``, as the ResNet blocks write it."""
+
+    def __init__(self, impl="auto"):
+        self.bn = _layer(impl=impl)
+
+    def __call__(self, x):
+        return batch_norm_relu(self.bn, x)
+
+
+def _relu_flags(text):
+    """The ``relu`` attribute of each oneDNN batch-norm call in a lowered program."""
+    return [line.split("relu = ")[1][0] for line in text.splitlines() if f"@{TARGET}" in line]
+
+
+@needs_onednn_norm
+def test_batch_norm_relu_fuses_the_relu_into_onednns_call_like_xlas_path():
+    x = _x(jnp.bfloat16)
+    out, text = _train(_Block(), x)
+    assert _relu_flags(text) == ["1", "1"], _relu_flags(text)
+    xla, _ = _train(_Block(impl="xla"), x)
+    # As test_bf16_layer_trains_on_onednn_like_xlas_path_and_repeats_its_bits; a ReLU decision
+    # within rounding of zero could differ (none does with these inputs).
+    names = ("y", "dx", "dscale", "dbias", "running mean", "running var")
+    for name, a, b in zip(names, out, xla, strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        tol = TOL["bfloat16"] if name in ("y", "dx") else TOL["float32"]
+        assert_close(a, b, rtol=0, atol=tol * np.abs(b).max(), name=name)
+
+
+@needs_onednn_norm
+def test_watched_relus_and_batch_norms_stay_apart():
+    x = _x(jnp.bfloat16)
+    block = _Block()
+    graph, state = nnx.split(block)
+    with probe_decisions(block) as log:
+        text = jax.jit(lambda s, x: nnx.merge(graph, s)(x)).lower(state, x).as_text()
+    assert [d.kind for d in log.decisions] == ["relu"] and _relu_flags(text) == ["0"]
+    _, layers = record_layers(block, x)
+    (bn_out,) = [rec.value for rec in layers if rec.op == "BatchNorm"]
+    assert float(jnp.min(bn_out)) < 0  # the BatchNorm's own output, before the ReLU

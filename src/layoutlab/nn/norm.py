@@ -26,8 +26,8 @@ __all__ = [
     "GroupNorm",
     "batch_norm_train",
     "batch_norm_train_affine",
+    "batch_norm_relu",
     "batch_norm_train_centred",
-    "batch_norm_train_nhwc",
     "check_batch_norm_impl",
 ]
 
@@ -159,64 +159,6 @@ BATCH_NORM_IMPLS = ("auto", "xla")
 ONEDNN_NORM_DTYPES = ("bfloat16",)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def batch_norm_train_nhwc(x, scale, bias, epsilon: float):
-    """``batch_norm_train`` of an NHWC ``x`` (float32 or bfloat16) over its batch and spatial
-    axes, with float32 ``scale``, ``bias`` and statistics and ``y`` in ``x``'s dtype: oneDNN's
-    primitives on CPU (``nn.norm_onednn``), the affine form's arithmetic in float32 on every
-    other platform. The extension must be available (``norm_onednn.supports``)."""
-    return _nhwc_forward(x, scale, bias, epsilon)[0]
-
-
-def _nhwc_forward(x, scale, bias, epsilon):
-    def cpu(x, scale, bias):
-        return norm_onednn.onednn_forward(x, scale, bias, epsilon)[:3]
-
-    def default(x, scale, bias):
-        y, mean, var = _affine_forward(x.astype(jnp.float32), scale, bias, (0, 1, 2), epsilon)[0]
-        return y.astype(x.dtype), mean, var
-
-    y, mean, var = lax.platform_dependent(x, scale, bias, cpu=cpu, default=default)
-    return (y, mean, var), (x, scale, mean, var)
-
-
-def _nhwc_fwd(x, scale, bias, epsilon):
-    return _nhwc_forward(x.value, scale.value, bias.value, epsilon)
-
-
-def _nhwc_bwd(epsilon, residuals, cotangents):
-    x, scale, mean, var = residuals
-    dy, dmean, dvar = cotangents
-    if isinstance(dy, SymbolicZero):
-        dy = jnp.zeros(x.shape, x.dtype)
-    dy = dy.astype(x.dtype)
-    workspace = jnp.zeros((1,), jnp.uint8)  # no ReLU here
-
-    def cpu(x, dy, scale, mean, var):
-        return norm_onednn.onednn_backward(x, dy, scale, mean, var, workspace, epsilon)
-
-    def default(x, dy, scale, mean, var):
-        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
-        n = math.prod(x.shape[:-1])
-        shape = (1, 1, 1, x.shape[-1])
-        mean, scale = mean.reshape(shape), scale.reshape(shape)
-        rstd = lax.rsqrt(var.reshape(shape) + jnp.asarray(epsilon, jnp.float32))
-        dbias = jnp.sum(dyf, (0, 1, 2), keepdims=True)
-        dscale = rstd * jnp.sum(dyf * (xf - mean), (0, 1, 2), keepdims=True)
-        a = rstd * scale
-        dx = a * dyf - (a * rstd * dscale / n) * (xf - mean) - a * dbias / n
-        return dx.astype(x.dtype), dscale.reshape(-1), dbias.reshape(-1)
-
-    dx, dscale, dbias = lax.platform_dependent(x, dy, scale, mean, var, cpu=cpu, default=default)
-    extra = norm_onednn.statistics_cotangent(x, mean, dmean, dvar)
-    if extra is not None:
-        dx = (dx.astype(jnp.float32) + extra).astype(x.dtype)
-    return dx, dscale.astype(scale.dtype), dbias.astype(scale.dtype)
-
-
-batch_norm_train_nhwc.defvjp(_nhwc_fwd, _nhwc_bwd, symbolic_zeros=True)
-
-
 class BatchNorm(LayoutModule):
     """``torch.nn.BatchNorm`` semantics: ``momentum`` weighs the new batch (default 0.1),
     normalization uses the biased batch variance, the running variance the unbiased one.
@@ -255,7 +197,11 @@ class BatchNorm(LayoutModule):
         self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
 
-    def __call__(self, x: jax.Array, use_running_average: bool | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, use_running_average: bool | None = None, *, relu: bool = False
+    ) -> jax.Array:
+        """The normalized ``x``; ``relu``: with ReLU applied (inside oneDNN's call where it runs
+        one; see ``batch_norm_relu``)."""
         self.layout.check_input(x.shape, self.num_features, f"BatchNorm({self.num_features})")
         if use_running_average is None:
             use_running_average = self.use_running_average
@@ -270,9 +216,10 @@ class BatchNorm(LayoutModule):
             var = self.var[...].astype(ndt)
             mul = lax.rsqrt(var + jnp.asarray(self.epsilon, ndt)) * scale
             y = (xf - mean.reshape(cshape)) * mul.reshape(cshape) + bias.reshape(cshape)
-            return y.astype(self.policy.compute_dtype)
-        if self.onednn_reason(x) is None:
-            y, mean, var = batch_norm_train_nhwc(x, scale, bias, self.epsilon)
+            return _relu(y.astype(self.policy.compute_dtype), relu)
+        fused = self.onednn_reason(x) is None
+        if fused:
+            y, mean, var = norm_onednn.batch_norm_train_nhwc(x, scale, bias, self.epsilon, relu)
         else:
             y, mean, var = batch_norm_train(xf, scale, bias, axes, self.epsilon)
         count = x.size // self.num_features
@@ -286,7 +233,7 @@ class BatchNorm(LayoutModule):
             (1.0 - m) * self.mean[...] + m * lax.stop_gradient(mean.astype(jnp.float32))
         )
         self.var.set_value((1.0 - m) * self.var[...] + m * lax.stop_gradient(unbiased))
-        return y.astype(self.policy.compute_dtype)
+        return _relu(y.astype(self.policy.compute_dtype), relu and not fused)
 
     def may_call_onednn(self) -> bool:
         """Whether training mode may run oneDNN's primitive (its input, in the policy's compute
@@ -310,6 +257,25 @@ class BatchNorm(LayoutModule):
         if jnp.dtype(x.dtype).name not in ONEDNN_NORM_DTYPES:
             return f"{jnp.dtype(x.dtype).name} activations (oneDNN runs {ONEDNN_NORM_DTYPES})"
         return norm_onednn.supports(x.shape, x.dtype, False, self.epsilon)
+
+
+def _relu(y, apply: bool):
+    return jax.nn.relu(y) if apply else y
+
+
+_JAX_RELU = jax.nn.relu
+_BATCH_NORM_CALL = BatchNorm.__call__
+
+
+def batch_norm_relu(bn: BatchNorm, x: jax.Array) -> jax.Array:
+    """``jax.nn.relu(bn(x))``, the ReLU fused into oneDNN's call where ``bn`` runs one (a
+    pass over the activation less each way). A tool that wraps layers' calls or
+    ``jax.nn.relu`` to watch them (``compare``'s layer recorder and decision probe) sees the
+    BatchNorm's output and the ReLU apart, as the model's caller applies it: the two are
+    fused only while neither is wrapped."""
+    if jax.nn.relu is _JAX_RELU and type(bn).__call__ is _BATCH_NORM_CALL:
+        return bn(x, relu=True)
+    return jax.nn.relu(bn(x))
 
 
 def check_batch_norm_impl(impl: str) -> str:

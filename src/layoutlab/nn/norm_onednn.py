@@ -6,9 +6,8 @@ oneDNN computes the statistics (mean, then the biased variance of the centred va
 normalization in float32 and rounds ``y`` and the input gradient to the activation's dtype
 once, as ``batch_norm_train`` of the activation cast to float32 does. With ``relu`` the
 forward also writes oneDNN's workspace, one bit per element, which the backward reads as the
-ReLU's mask. ``nn.norm.BatchNorm`` runs ``onednn_forward``/``onednn_backward`` inside its own
-custom VJP (``batch_norm_train_nhwc``); ``onednn_batch_norm`` is the same pair as a
-differentiable function with the fused ReLU.
+ReLU's mask. ``batch_norm_train_nhwc`` is the pair as a differentiable function, which
+``nn.norm.BatchNorm`` runs in training mode.
 
 Determinism: oneDNN's CPU batch normalization splits its reductions over threads statically,
 so a fixed thread count gives the same bits every call (``tests/nn/test_onednn_norm.py``).
@@ -22,15 +21,16 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from layoutlab.nn.conv_algos import onednn
 from layoutlab.nn.conv_algos.onednn_load import TARGETS, load, register_targets
 
 __all__ = [
+    "batch_norm_train_nhwc",
     "norm_info",
     "onednn_backward",
-    "onednn_batch_norm",
     "onednn_forward",
     "statistics_cotangent",
     "supports",
@@ -138,28 +138,77 @@ def statistics_cotangent(x, mean, dmean, dvar):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def onednn_batch_norm(x, scale, bias, epsilon: float, relu: bool = False):
-    """``(y, mean, var)`` of an NHWC ``x`` on CPU, ``relu`` applied to ``y``."""
-    y, mean, var, _ = onednn_forward(x, scale, bias, epsilon, relu)
-    return y, mean, var
+def batch_norm_train_nhwc(x, scale, bias, epsilon: float, relu: bool = False):
+    """``(y, mean, var)`` as ``nn.norm.batch_norm_train`` gives them for an NHWC ``x`` (float32
+    or bfloat16) over its batch and spatial axes, with float32 ``scale``, ``bias`` and
+    statistics, ``y`` in ``x``'s dtype and, with ``relu``, ReLU applied to it: oneDNN's
+    primitives on CPU, the same arithmetic in float32 XLA ops on every other platform. The
+    extension must be available (``supports``)."""
+    return _nhwc_forward(x, scale, bias, epsilon, relu)[0]
 
 
-def _fwd(x, scale, bias, epsilon, relu):
-    x, scale, bias = x.value, scale.value, bias.value
-    y, mean, var, ws = onednn_forward(x, scale, bias, epsilon, relu)
-    return (y, mean, var), (x, scale, mean, var, ws)
+def _nhwc_forward(x, scale, bias, epsilon, relu):
+    ws_shape = _workspace_shape(x, relu, epsilon)
+
+    def cpu(x, scale, bias):
+        return onednn_forward(x, scale, bias, epsilon, relu)
+
+    def default(x, scale, bias):
+        pre, mean, var = _xla_forward(x, scale, bias, epsilon)
+        y = jnp.maximum(pre, 0.0) if relu else pre
+        return y.astype(x.dtype), mean, var, jnp.zeros(ws_shape, jnp.uint8)
+
+    y, mean, var, ws = lax.platform_dependent(x, scale, bias, cpu=cpu, default=default)
+    return (y, mean, var), (x, scale, bias, mean, var, ws)
 
 
-def _bwd(epsilon, relu, residuals, cotangents):
-    x, scale, mean, var, ws = residuals
+def _xla_forward(x, scale, bias, epsilon):
+    """float32 ``(pre-activation, mean, var)`` (the variance of the centred values)."""
+    xf = x.astype(jnp.float32)
+    shape = (1,) * (x.ndim - 1) + (x.shape[-1],)
+    mean = jnp.mean(xf, (0, 1, 2), keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), (0, 1, 2), keepdims=True)
+    a = lax.rsqrt(var + jnp.asarray(epsilon, jnp.float32)) * scale.reshape(shape)
+    pre = xf * a + (bias.reshape(shape) - mean * a)
+    return pre, mean.reshape(-1), var.reshape(-1)
+
+
+def _nhwc_fwd(x, scale, bias, epsilon, relu):
+    return _nhwc_forward(x.value, scale.value, bias.value, epsilon, relu)
+
+
+def _nhwc_bwd(epsilon, relu, residuals, cotangents):
+    x, scale, bias, mean, var, ws = residuals
     dy, dmean, dvar = cotangents
     if isinstance(dy, SymbolicZero):
         dy = jnp.zeros(x.shape, x.dtype)
-    dx, dscale, dbias = onednn_backward(x, dy, scale, mean, var, ws, epsilon, relu)
+    dy = dy.astype(x.dtype)
+
+    def cpu(x, dy, scale, bias, mean, var, ws):
+        return onednn_backward(x, dy, scale, mean, var, ws, epsilon, relu)
+
+    def default(x, dy, scale, bias, mean, var, ws):
+        del ws
+        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+        if relu:  # the mask from the pre-activation, recomputed
+            pre = _xla_forward(x, scale, bias, epsilon)[0]
+            dyf = jnp.where(pre > 0, dyf, 0.0)
+        n = math.prod(x.shape[:-1])
+        shape = (1, 1, 1, x.shape[-1])
+        mean, scale = mean.reshape(shape), scale.reshape(shape)
+        rstd = lax.rsqrt(var.reshape(shape) + jnp.asarray(epsilon, jnp.float32))
+        dbias = jnp.sum(dyf, (0, 1, 2), keepdims=True)
+        dscale = rstd * jnp.sum(dyf * (xf - mean), (0, 1, 2), keepdims=True)
+        a = rstd * scale
+        dx = a * dyf - (a * rstd * dscale / n) * (xf - mean) - a * dbias / n
+        return dx.astype(x.dtype), dscale.reshape(-1), dbias.reshape(-1)
+
+    operands = (x, dy, scale, bias, mean, var, ws)
+    dx, dscale, dbias = lax.platform_dependent(*operands, cpu=cpu, default=default)
     extra = statistics_cotangent(x, mean, dmean, dvar)
     if extra is not None:
         dx = (dx.astype(jnp.float32) + extra).astype(x.dtype)
-    return dx, dscale.astype(scale.dtype), dbias.astype(scale.dtype)
+    return dx, dscale.astype(scale.dtype), dbias.astype(bias.dtype)
 
 
-onednn_batch_norm.defvjp(_fwd, _bwd, symbolic_zeros=True)
+batch_norm_train_nhwc.defvjp(_nhwc_fwd, _nhwc_bwd, symbolic_zeros=True)
