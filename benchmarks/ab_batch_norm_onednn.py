@@ -8,7 +8,8 @@ The second program is set up with every BatchNorm on XLA's ops (``train.program.
 batch_norm_impl`` answering ``"xla"`` for the time of its set-up, as for a data-parallel
 run); both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum,
 the step's own compile options). Prints each median and the per-round ratio ``xla / onednn``
-(above 1: oneDNN's BatchNorm makes the step faster).
+(above 1: oneDNN's BatchNorm makes the step faster); ``--unfused`` adds a third program whose
+BatchNorms run oneDNN's primitive with the ReLU after them left to XLA.
 """
 
 from __future__ import annotations
@@ -16,13 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 
+import jax
 from interleaved_steps import bench_options, median_cell, runner, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_kind
+from layoutlab.models import resnet
 from layoutlab.train import program
+
+
+class UnfusedRelu(JaxRunner):
+    """oneDNN's BatchNorm with the ResNets' ReLU left to XLA (as before the fusion)."""
+
+    def setup(self):
+        saved = resnet.batch_norm_relu
+        resnet.batch_norm_relu = lambda bn, x: jax.nn.relu(bn(x))
+        try:
+            return super().setup()
+        finally:
+            resnet.batch_norm_relu = saved
 
 
 class XlaBatchNorm(JaxRunner):
@@ -41,23 +56,24 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--precision", default="mixed_bf16")
     p.add_argument("--time-budget", type=float, default=40.0)
+    p.add_argument("--unfused", action="store_true", help="a third program: ReLU left to XLA")
     args = p.parse_args(argv)
     w = workload(args.model, "train", args.batch)
     opts = bench_options(w)
-    runners = [
-        runner(w, label, opts, cls=cls, precision=args.precision)
-        for cls, label in ((JaxRunner, "onednn_bn"), (XlaBatchNorm, "xla_bn"))
-    ]
+    variants = [(JaxRunner, "onednn_bn"), (XlaBatchNorm, "xla_bn")]
+    if args.unfused:
+        variants.append((UnfusedRelu, "onednn_bn_unfused"))
+    runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
     for r in rows:
         print(cpu_kind(), args.model, args.batch, args.precision, r["defaults"], r["status"],
               median_cell(r), r.get("error") or "")  # fmt: skip
     if all(r["status"] == "ok" for r in rows):
-        new, old = (json.loads(r["round_ms"]) for r in rows)
-        print(
-            f"{args.model} b{args.batch} {args.precision}: xla_bn / onednn_bn per round",
-            paired_ratio(old, new),
-        )
+        rounds = {r["defaults"]: json.loads(r["round_ms"]) for r in rows}
+        for other in rounds:
+            if other != "onednn_bn":
+                print(f"{args.model} b{args.batch} {args.precision}: {other} / onednn_bn per "
+                      "round", paired_ratio(rounds[other], rounds["onednn_bn"]))  # fmt: skip
 
 
 if __name__ == "__main__":

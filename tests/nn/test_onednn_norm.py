@@ -108,6 +108,44 @@ def _norm_step(relu):
     return step
 
 
+def _off_cpu_step(relu):
+    """What ``batch_norm_train_nhwc`` runs off CPU (its XLA branch), as ``_norm_step``."""
+
+    def step(x, scale, bias, dy):
+        pre, mean, var = norm_onednn._xla_forward(x, scale, bias, EPS)
+        y = (jnp.maximum(pre, 0.0) if relu else pre).astype(x.dtype)
+        dx, ds, db = norm_onednn._xla_backward(x, dy, scale, bias, mean, var, EPS, relu)
+        return {"y": y, "mean": mean, "var": var, "dx": dx, "dscale": ds, "dbias": db}
+
+    return step
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_off_cpu_branch_matches_float64(dtype):
+    cases = [(s, relu, k) for k, s in enumerate(SHAPES[:2]) for relu in (False, True)]
+    args = [
+        tuple(jnp.asarray(a, dtype if i in (0, 3) else jnp.float32) for i, a in enumerate(inp))
+        for inp in (_inputs(s, dtype, relu, k) for s, relu, k in cases)
+    ]
+    run = jax.jit(lambda args: [_off_cpu_step(c[1])(*a) for c, a in zip(cases, args, strict=True)])
+    for (shape, relu, k), out in zip(cases, run(args), strict=True):
+        inputs = _inputs(shape, dtype, relu, k)
+        _check(out, _float64(*inputs, relu), dtype, np.abs(inputs[0]).max())
+
+
+@needs_onednn_norm
+def test_a_program_lowered_for_gpu_holds_no_onednn_call():
+    x = jax.ShapeDtypeStruct((2, 4, 4, 8), jnp.bfloat16)
+    s = jax.ShapeDtypeStruct((8,), jnp.float32)
+
+    def loss(x, scale, bias):
+        y = norm_onednn.batch_norm_train_nhwc(x, scale, bias, EPS, True)[0]
+        return jnp.sum(y.astype(jnp.float32))
+
+    gpu = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(x, s, s)
+    assert TARGET not in gpu.lower(lowering_platforms=("cuda",)).as_text()
+
+
 @needs_onednn_norm
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_onednn_batch_norm_matches_float64(dtype):

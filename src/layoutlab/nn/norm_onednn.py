@@ -173,6 +173,23 @@ def _xla_forward(x, scale, bias, epsilon):
     return pre, mean.reshape(-1), var.reshape(-1)
 
 
+def _xla_backward(x, dy, scale, bias, mean, var, epsilon, relu):
+    """``(dx, dscale, dbias)`` in XLA ops (off CPU), ``dx`` in ``x``'s dtype."""
+    xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+    if relu:  # the mask from the pre-activation, recomputed
+        pre = _xla_forward(x, scale, bias, epsilon)[0]
+        dyf = jnp.where(pre > 0, dyf, 0.0)
+    n = math.prod(x.shape[:-1])
+    shape = (1, 1, 1, x.shape[-1])
+    mean, scale = mean.reshape(shape), scale.reshape(shape)
+    rstd = lax.rsqrt(var.reshape(shape) + jnp.asarray(epsilon, jnp.float32))
+    dbias = jnp.sum(dyf, (0, 1, 2), keepdims=True)
+    dscale = rstd * jnp.sum(dyf * (xf - mean), (0, 1, 2), keepdims=True)
+    a = rstd * scale
+    dx = a * dyf - (a * rstd * dscale / n) * (xf - mean) - a * dbias / n
+    return dx.astype(x.dtype), dscale.reshape(-1), dbias.reshape(-1)
+
+
 def _nhwc_fwd(x, scale, bias, epsilon, relu):
     return _nhwc_forward(x.value, scale.value, bias.value, epsilon, relu)
 
@@ -189,19 +206,7 @@ def _nhwc_bwd(epsilon, relu, residuals, cotangents):
 
     def default(x, dy, scale, bias, mean, var, ws):
         del ws
-        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
-        if relu:  # the mask from the pre-activation, recomputed
-            pre = _xla_forward(x, scale, bias, epsilon)[0]
-            dyf = jnp.where(pre > 0, dyf, 0.0)
-        n = math.prod(x.shape[:-1])
-        shape = (1, 1, 1, x.shape[-1])
-        mean, scale = mean.reshape(shape), scale.reshape(shape)
-        rstd = lax.rsqrt(var.reshape(shape) + jnp.asarray(epsilon, jnp.float32))
-        dbias = jnp.sum(dyf, (0, 1, 2), keepdims=True)
-        dscale = rstd * jnp.sum(dyf * (xf - mean), (0, 1, 2), keepdims=True)
-        a = rstd * scale
-        dx = a * dyf - (a * rstd * dscale / n) * (xf - mean) - a * dbias / n
-        return dx.astype(x.dtype), dscale.reshape(-1), dbias.reshape(-1)
+        return _xla_backward(x, dy, scale, bias, mean, var, epsilon, relu)
 
     operands = (x, dy, scale, bias, mean, var, ws)
     dx, dscale, dbias = lax.platform_dependent(*operands, cpu=cpu, default=default)
