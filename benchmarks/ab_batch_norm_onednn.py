@@ -9,7 +9,8 @@ batch_norm_impl`` answering ``"xla"`` for the time of its set-up, as for a data-
 run); both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum,
 the step's own compile options). Prints each median and the per-round ratio ``xla / onednn``
 (above 1: oneDNN's BatchNorm makes the step faster); ``--unfused`` adds a third program whose
-BatchNorms run oneDNN's primitive with the ReLU after them left to XLA.
+BatchNorms run oneDNN's primitive with the ReLU after them left to XLA; ``--onednn-float32``
+(with ``--precision fp32``) hands float32 activations to oneDNN's BatchNorm as well.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_kind
 from layoutlab.models import resnet
+from layoutlab.nn import norm
 from layoutlab.train import program
 
 
@@ -38,6 +40,18 @@ class UnfusedRelu(JaxRunner):
             return super().setup()
         finally:
             resnet.batch_norm_relu = saved
+
+
+class Float32Onednn(JaxRunner):
+    """oneDNN's BatchNorm for float32 activations too (``nn.norm.ONEDNN_NORM_DTYPES``)."""
+
+    def setup(self):
+        saved = norm.ONEDNN_NORM_DTYPES
+        norm.ONEDNN_NORM_DTYPES = ("bfloat16", "float32")
+        try:
+            return super().setup()
+        finally:
+            norm.ONEDNN_NORM_DTYPES = saved
 
 
 class XlaBatchNorm(JaxRunner):
@@ -57,10 +71,14 @@ def main(argv=None) -> None:
     p.add_argument("--precision", default="mixed_bf16")
     p.add_argument("--time-budget", type=float, default=40.0)
     p.add_argument("--unfused", action="store_true", help="a third program: ReLU left to XLA")
+    p.add_argument(
+        "--onednn-float32", action="store_true", help="oneDNN's BatchNorm for float32 too"
+    )
     args = p.parse_args(argv)
     w = workload(args.model, "train", args.batch)
     opts = bench_options(w)
-    variants = [(JaxRunner, "onednn_bn"), (XlaBatchNorm, "xla_bn")]
+    first = Float32Onednn if args.onednn_float32 else JaxRunner
+    variants = [(first, "onednn_bn"), (XlaBatchNorm, "xla_bn")]
     if args.unfused:
         variants.append((UnfusedRelu, "onednn_bn_unfused"))
     runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]

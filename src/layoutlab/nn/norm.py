@@ -154,8 +154,9 @@ batch_norm_train_affine.defvjp(_affine_fwd, _affine_bwd, symbolic_zeros=True)
 # ``BatchNorm.onednn_reason`` finds nothing against it, "xla" always XLA's ops.
 BATCH_NORM_IMPLS = ("auto", "xla")
 # The activation dtypes "auto" hands to oneDNN. Its bfloat16 batch norm (forward and backward)
-# ran several times faster than XLA's on ResNet-50's and ResNet-18's shapes, its float32 one
-# no faster overall (docs/performance/measurements.md#batchnorm-onednn).
+# ran several times faster than XLA's on ResNet-50's shapes; with its float32 one a ResNet-50
+# step tied, and its float32 statistics are less exact
+# (docs/performance/measurements.md#batchnorm-onednn).
 ONEDNN_NORM_DTYPES = ("bfloat16",)
 
 
