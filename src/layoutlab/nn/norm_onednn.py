@@ -25,7 +25,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from layoutlab.nn.conv_algos import onednn
-from layoutlab.nn.conv_algos.onednn_load import TARGETS, load, register_targets
+from layoutlab.nn.conv_algos.onednn_load import NORM_TARGETS, load, register_targets
 
 __all__ = [
     "batch_norm_train_nhwc",
@@ -91,7 +91,7 @@ def onednn_forward(x, scale, bias, epsilon: float, relu: bool = False):
     stat = jax.ShapeDtypeStruct((x.shape[-1],), jnp.float32)
     ws = jax.ShapeDtypeStruct(_workspace_shape(x, relu, epsilon), jnp.uint8)
     call = jax.ffi.ffi_call(
-        TARGETS["norm_fwd"],
+        NORM_TARGETS["norm_fwd"],
         (jax.ShapeDtypeStruct(x.shape, x.dtype), stat, stat, ws),
         vmap_method="sequential",
     )
@@ -106,7 +106,7 @@ def onednn_backward(x, dy, scale, mean, var, workspace, epsilon: float, relu: bo
     register_targets()
     stat = jax.ShapeDtypeStruct((x.shape[-1],), jnp.float32)
     call = jax.ffi.ffi_call(
-        TARGETS["norm_bwd"],
+        NORM_TARGETS["norm_bwd"],
         (jax.ShapeDtypeStruct(x.shape, x.dtype), stat, stat),
         vmap_method="sequential",
     )
