@@ -22,6 +22,14 @@ using layoutlab::kForward;
 using layoutlab::kNumParams;
 using layoutlab::Params;
 
+// The batch-normalization handlers and their query (onednn_norm.cc).
+extern "C" XLA_FFI_Error* LayoutlabOnednnNormFwd(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* LayoutlabOnednnNormBwd(XLA_FFI_CallFrame* call_frame);
+namespace layoutlab {
+std::string NormImplInfo(int64_t backward, int64_t bf16, int64_t relu, int64_t n, int64_t c,
+                         int64_t h, int64_t w, float eps, size_t* ws_bytes);
+}  // namespace layoutlab
+
 namespace {
 
 int64_t DtCode(ffi::DataType t) {
@@ -179,6 +187,24 @@ PyObject* ImplInfo(PyObject*, PyObject* args) {
   return nullptr;
 }
 
+PyObject* NormInfo(PyObject*, PyObject* args) {
+  long long backward, bf16, relu, n, c, h, w;
+  float eps;
+  if (!PyArg_ParseTuple(args, "LLLLLLLf", &backward, &bf16, &relu, &n, &c, &h, &w, &eps))
+    return nullptr;
+  try {
+    size_t ws = 0;
+    const std::string impl = layoutlab::NormImplInfo(backward, bf16, relu, n, c, h, w, eps, &ws);
+    return Py_BuildValue("(sn)", impl.c_str(), static_cast<Py_ssize_t>(ws));
+  } catch (const dnnl::error& e) {
+    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
+                 static_cast<int>(e.status));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 PyObject* Version(PyObject*, PyObject*) {
   const dnnl_version_t* v = dnnl_version();
   return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
@@ -187,15 +213,20 @@ PyObject* Version(PyObject*, PyObject*) {
 PyObject* Capsule(void* fn) { return PyCapsule_New(fn, nullptr, nullptr); }
 
 PyObject* Handlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsNsN}", "fwd",
+  return Py_BuildValue("{sNsNsNsNsN}", "fwd",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvFwd)), "bwd_data",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdData)),
                        "bwd_weights",
-                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdWeights)));
+                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdWeights)),
+                       "norm_fwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnNormFwd)),
+                       "norm_bwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnNormBwd)));
 }
 
 PyMethodDef kMethods[] = {
     {"handlers", Handlers, METH_NOARGS, "The FFI handlers as PyCapsules, by name."},
+    {"norm_info", NormInfo, METH_VARARGS,
+     "(impl_info_str, workspace bytes) of the batch-norm primitive for (backward, bf16, relu, "
+     "n, c, h, w, eps)."},
     {"version", Version, METH_NOARGS, "oneDNN's (major, minor, patch, commit hash)."},
     {"impl_info", ImplInfo, METH_VARARGS,
      "(impl_info_str, weights reordered, scratchpad bytes) of the primitive for a parameter "

@@ -11,6 +11,7 @@ from layoutlab import nn
 from layoutlab.models.base import ImageModel
 from layoutlab.models.blocks import Sequential, layer_factories, run_block
 from layoutlab.models.registration import POSITIVE, register
+from layoutlab.nn.norm import batch_norm_relu
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet"]
 
@@ -26,7 +27,7 @@ class BasicBlock(nnx.Module):
         self.downsample = _downsample(conv, norm, inplanes, planes * self.expansion, stride)
 
     def __call__(self, x):
-        y = jax.nn.relu(self.bn1(self.conv1(x)))
+        y = batch_norm_relu(self.bn1, self.conv1(x))
         y = self.bn2(self.conv2(y))
         shortcut = x if self.downsample is None else self.downsample(x)
         return jax.nn.relu(y + shortcut)
@@ -47,8 +48,8 @@ class Bottleneck(nnx.Module):
         self.downsample = _downsample(conv, norm, inplanes, planes * self.expansion, stride)
 
     def __call__(self, x):
-        y = jax.nn.relu(self.bn1(self.conv1(x)))
-        y = jax.nn.relu(self.bn2(self.conv2(y)))
+        y = batch_norm_relu(self.bn1, self.conv1(x))
+        y = batch_norm_relu(self.bn2, self.conv2(y))
         y = self.bn3(self.conv3(y))
         shortcut = x if self.downsample is None else self.downsample(x)
         return jax.nn.relu(y + shortcut)
@@ -103,7 +104,7 @@ class ResNet(ImageModel):
         self.fc = nn.Dense(inplanes, num_classes, policy=policy, rngs=rngs)
 
     def features(self, x):
-        x = jax.nn.relu(self.bn1(self.conv1(x)))
+        x = batch_norm_relu(self.bn1, self.conv1(x))
         if self.maxpool is not None:
             x = self.maxpool(x)
         for stage in (self.layer1, self.layer2, self.layer3, self.layer4):

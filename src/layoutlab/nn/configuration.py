@@ -19,6 +19,7 @@ from layoutlab.nn.conv_algos.plan import ConvPlan
 from layoutlab.nn.conv_config import check_plan_fits, convs
 from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.nn.convert import check_activation_storage, move_layers
+from layoutlab.nn.norm import BatchNorm, check_batch_norm_impl
 
 __all__ = ["configure", "in_own_layout", "without_custom_calls"]
 
@@ -32,6 +33,7 @@ def configure(
     *,
     algorithms: Mapping[str, Algorithm] | None = None,
     activation_storage: str | None = None,
+    batch_norm: str | None = None,
 ) -> M:
     """A copy of ``model`` with new conv settings; ``model`` is not changed.
 
@@ -53,11 +55,22 @@ def configure(
     see the layout they compute in. The settings are static attributes: the copy's graph
     definition, and with it ``jax.jit``'s cache key, differs from ``model``'s exactly where
     the settings do.
+
+    ``batch_norm`` (one of ``nn.norm.BATCH_NORM_IMPLS``): how every ``BatchNorm`` computes in
+    training mode, ``"xla"`` for XLA's ops (a run whose batch is split over devices, whose
+    statistics need XLA's cross-device reduction), ``"auto"`` for oneDNN's primitive where it
+    applies; None: they keep theirs.
     """
     per_conv = _per_conv(model, settings, algorithms)
+    if batch_norm is not None:
+        check_batch_norm_impl(batch_norm)
     copy = nnx.clone(model)
     if activation_storage is not None:
         _compute_in(copy, activation_storage)
+    if batch_norm is not None:
+        for _, layer in nnx.iter_graph(copy):
+            if isinstance(layer, BatchNorm):
+                layer.impl = batch_norm
     found = dict(convs(copy))
     for path, conv_settings in per_conv.items():
         found[path]._set_settings(_for_rank(conv_settings, found[path]))
@@ -128,12 +141,19 @@ def in_own_layout(model: M) -> M:
 
 def without_custom_calls(model: M) -> M:
     """``model`` itself when no conv runs an algorithm whose core makes custom calls
-    (``Algorithm.custom_calls``), else a copy whose such convs run ``xla``: a program of the
-    copy holds only XLA's own ops, so it runs where layoutlab's kernels are not registered
+    (``Algorithm.custom_calls``) and no ``BatchNorm`` may run oneDNN's (``may_call_onednn``),
+    else a copy whose such convs run ``xla`` and whose batch norms run XLA's ops: a program of
+    the copy holds only XLA's own ops, so it runs where layoutlab's kernels are not registered
     (an exported artifact). Only the graph definition changes; the weights fit both."""
     native = {
         path: conv.settings.native()
         for path, conv in convs(model)
         if conv.settings.algorithm is not None and conv.settings.algorithm.custom_calls
     }
-    return configure(model, native) if native else model
+    norms = any(
+        isinstance(layer, BatchNorm) and layer.may_call_onednn()
+        for _, layer in nnx.iter_graph(model)
+    )
+    if not native and not norms:
+        return model
+    return configure(model, native or None, batch_norm="xla" if norms else None)

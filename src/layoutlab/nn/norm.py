@@ -7,22 +7,28 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from layoutlab.layout import Layout
+from layoutlab.nn import norm_onednn
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.dtypes import channel_shape
 from layoutlab.precision import Policy
 
 __all__ = [
     "AFFINE_MIN_ELEMENTS",
+    "BATCH_NORM_IMPLS",
+    "ONEDNN_NORM_DTYPES",
     "BatchNorm",
     "GroupNorm",
     "batch_norm_train",
     "batch_norm_train_affine",
+    "batch_norm_relu",
     "batch_norm_train_centred",
+    "check_batch_norm_impl",
 ]
 
 
@@ -144,9 +150,23 @@ def _affine_bwd(axes, epsilon, residuals, cotangents):
 batch_norm_train_affine.defvjp(_affine_fwd, _affine_bwd, symbolic_zeros=True)
 
 
+# How a BatchNorm in training mode computes: "auto" runs oneDNN's primitive on CPU where
+# ``BatchNorm.onednn_reason`` finds nothing against it, "xla" always XLA's ops.
+BATCH_NORM_IMPLS = ("auto", "xla")
+# The activation dtypes "auto" hands to oneDNN. Its bfloat16 batch norm (forward and backward)
+# ran several times faster than XLA's on ResNet-50's shapes; with its float32 one a ResNet-50
+# step tied, and its float32 statistics are less exact
+# (docs/performance/measurements.md#batchnorm-onednn).
+ONEDNN_NORM_DTYPES = ("bfloat16",)
+
+
 class BatchNorm(LayoutModule):
     """``torch.nn.BatchNorm`` semantics: ``momentum`` weighs the new batch (default 0.1),
     normalization uses the biased batch variance, the running variance the unbiased one.
+
+    ``impl`` (one of ``BATCH_NORM_IMPLS``, a static attribute: ``nn.configure(model,
+    batch_norm=...)`` sets it) says how training mode computes; ``"auto"`` runs oneDNN's
+    primitive where ``onednn_reason`` returns None, XLA's ops elsewhere.
     """
 
     fp32_op = "BatchNorm"
@@ -160,10 +180,12 @@ class BatchNorm(LayoutModule):
         use_running_average: bool = False,
         layout: Layout = Layout.NHWC,
         policy: Policy | None = None,
+        impl: str = "auto",
         rngs: nnx.Rngs | None = None,
     ):
         del rngs  # deterministic init; accepted so every layer has the same signature
         self._set_layout_policy(layout, policy)
+        self.impl = check_batch_norm_impl(impl)
         self.num_features = num_features
         self.momentum = momentum
         self.epsilon = epsilon
@@ -176,7 +198,11 @@ class BatchNorm(LayoutModule):
         self.mean = nnx.BatchStat(jnp.zeros((num_features,), jnp.float32))
         self.var = nnx.BatchStat(jnp.ones((num_features,), jnp.float32))
 
-    def __call__(self, x: jax.Array, use_running_average: bool | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, use_running_average: bool | None = None, *, relu: bool = False
+    ) -> jax.Array:
+        """The normalized ``x``; ``relu``: with ReLU applied (inside oneDNN's call where it runs
+        one; see ``batch_norm_relu``)."""
         self.layout.check_input(x.shape, self.num_features, f"BatchNorm({self.num_features})")
         if use_running_average is None:
             use_running_average = self.use_running_average
@@ -191,8 +217,12 @@ class BatchNorm(LayoutModule):
             var = self.var[...].astype(ndt)
             mul = lax.rsqrt(var + jnp.asarray(self.epsilon, ndt)) * scale
             y = (xf - mean.reshape(cshape)) * mul.reshape(cshape) + bias.reshape(cshape)
-            return y.astype(self.policy.compute_dtype)
-        y, mean, var = batch_norm_train(xf, scale, bias, axes, self.epsilon)
+            return _relu(y.astype(self.policy.compute_dtype), relu)
+        fused = self.onednn_reason(x) is None
+        if fused:
+            y, mean, var = norm_onednn.batch_norm_train_nhwc(x, scale, bias, self.epsilon, relu)
+        else:
+            y, mean, var = batch_norm_train(xf, scale, bias, axes, self.epsilon)
         count = x.size // self.num_features
         unbiased = var.astype(jnp.float32) * (count / max(count - 1, 1))
         m = self.momentum
@@ -204,7 +234,55 @@ class BatchNorm(LayoutModule):
             (1.0 - m) * self.mean[...] + m * lax.stop_gradient(mean.astype(jnp.float32))
         )
         self.var.set_value((1.0 - m) * self.var[...] + m * lax.stop_gradient(unbiased))
-        return y.astype(self.policy.compute_dtype)
+        return _relu(y.astype(self.policy.compute_dtype), relu and not fused)
+
+    def may_call_onednn(self) -> bool:
+        """Whether training mode may run oneDNN's primitive (its input, in the policy's compute
+        dtype, of a dtype ``"auto"`` hands to oneDNN), before any input is seen."""
+        return (
+            self.impl == "auto"
+            and self.layout == Layout.NHWC
+            and self.policy.norm_dtype == np.dtype(np.float32)
+            and self.policy.compute_dtype.name in ONEDNN_NORM_DTYPES
+        )
+
+    def onednn_reason(self, x) -> str | None:
+        """None when training mode runs ``x`` (this layer's input, abstract is fine) on
+        oneDNN's primitive, else why it runs XLA's ops."""
+        if self.impl != "auto":
+            return f"impl={self.impl!r}"
+        if self.layout != Layout.NHWC:
+            return f"layout {self.layout.value} (oneDNN batch norm here takes NHWC)"
+        if self.policy.norm_dtype != np.dtype(np.float32):
+            return f"statistics in {self.policy.norm_dtype.name} (oneDNN keeps float32)"
+        if jnp.dtype(x.dtype).name not in ONEDNN_NORM_DTYPES:
+            return f"{jnp.dtype(x.dtype).name} activations (oneDNN runs {ONEDNN_NORM_DTYPES})"
+        return norm_onednn.supports(x.shape, x.dtype, False, self.epsilon)
+
+
+def _relu(y, apply: bool):
+    return jax.nn.relu(y) if apply else y
+
+
+_JAX_RELU = jax.nn.relu
+_BATCH_NORM_CALL = BatchNorm.__call__
+
+
+def batch_norm_relu(bn: BatchNorm, x: jax.Array) -> jax.Array:
+    """``jax.nn.relu(bn(x))``, the ReLU fused into oneDNN's call where ``bn`` runs one (a
+    pass over the activation less each way). A tool that wraps layers' calls or
+    ``jax.nn.relu`` to watch them (``compare``'s layer recorder and decision probe) sees the
+    BatchNorm's output and the ReLU apart, as the model's caller applies it: the two are
+    fused only while neither is wrapped."""
+    if jax.nn.relu is _JAX_RELU and type(bn).__call__ is _BATCH_NORM_CALL:
+        return bn(x, relu=True)
+    return jax.nn.relu(bn(x))
+
+
+def check_batch_norm_impl(impl: str) -> str:
+    if impl not in BATCH_NORM_IMPLS:
+        raise ValueError(f"BatchNorm impl must be one of {BATCH_NORM_IMPLS}, got {impl!r}.")
+    return impl
 
 
 class GroupNorm(LayoutModule):

@@ -36,6 +36,7 @@ from layoutlab.train.steps import make_eval_step, make_forward, make_train_step
 __all__ = [
     "INIT_COMPILER_OPTIONS",
     "Program",
+    "batch_norm_impl",
     "build_model",
     "build_program",
     "class_axis",
@@ -72,13 +73,22 @@ def create_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
 
 def configure_model(model: nnx.Module, spec: RunSpec) -> nnx.Module:
     """A copy of ``model`` with ``spec``'s conv algorithm or, for ``"auto"``, its plan
-    (``nn.configure``); every conv carries its algorithm's value from ``spec.algorithms``."""
+    (``nn.configure``); every conv carries its algorithm's value from ``spec.algorithms``.
+    A data-parallel run's batch norms run XLA's ops: their statistics are over the global
+    batch, which XLA's partitioner reduces across devices and a oneDNN call cannot."""
+    batch_norm = batch_norm_impl(spec)
     if spec.conv_algorithm == AUTO:
-        return configure(model, spec.conv_plan or ConvPlan(), algorithms=spec.algorithms)
+        plan = spec.conv_plan or ConvPlan()
+        return configure(model, plan, algorithms=spec.algorithms, batch_norm=batch_norm)
     settings = ConvSettings.named(
         spec.conv_algorithm, spec.algorithms, kernel_storage=spec.kernel_storage
     )
-    return configure(model, settings)
+    return configure(model, settings, batch_norm=batch_norm)
+
+
+def batch_norm_impl(spec: RunSpec) -> str:
+    """How ``spec``'s batch norms compute in training mode (``nn.norm.BATCH_NORM_IMPLS``)."""
+    return "xla" if spec.data_parallel else "auto"
 
 
 def build_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:

@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from layoutlab.xla.hlo_extract import (
+    ONEDNN_CONV_KINDS,
     classify_computations,
     fusion_kind,
     onednn_kind,
@@ -114,6 +115,7 @@ class HloReport:
             "convert_bytes": _sum(c.bytes_moved for c in self.converts),
             "convolutions": len(self.convolutions),
             "onednn_convs": sum(self.onednn_convs().values()),
+            "onednn_batch_norms": self.onednn_batch_norms(),
             "dots": len(self.dots),
             "custom_calls": len(self.custom_calls),
         }
@@ -122,7 +124,12 @@ class HloReport:
         """How many convs run as oneDNN calls, by kind: ``{"forward": 20, "backward data":
         19, "backward weights": 20}`` (empty when none do)."""
         kinds = (onednn_kind(c.target) for c in self.custom_calls)
-        return dict(collections.Counter(k for k in kinds if k is not None))
+        return dict(collections.Counter(k for k in kinds if k in ONEDNN_CONV_KINDS))
+
+    def onednn_batch_norms(self) -> int:
+        """How many oneDNN batch-normalization calls (forward and backward) the program makes."""
+        kinds = (onednn_kind(c.target) for c in self.custom_calls)
+        return sum(1 for k in kinds if k is not None and k.startswith("batch_norm"))
 
     def conv_layouts(self) -> dict[str, int]:
         """How many convs run in each physical layout, e.g. ``{"NHWC*HWIO->NHWC": 20}``."""
@@ -170,7 +177,8 @@ class HloReport:
             f"{t['memory_permutations']} ({t['memory_permutation_bytes']} bytes)",
             f"  converts: {t['converts']} {self.conversions}, {t['convert_bytes']} bytes",
             f"  convolutions: {t['convolutions']} {self.conv_layouts()}; "
-            f"{onednn_line(self.onednn_convs())}; dots: {t['dots']}; "
+            f"{onednn_line(self.onednn_convs())}; "
+            f"oneDNN batch norms: {t['onednn_batch_norms']}; dots: {t['dots']}; "
             f"custom-calls: {t['custom_calls']}",
             f"  operand dtypes: {self.operand_dtypes()}",
         ]

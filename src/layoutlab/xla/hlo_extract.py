@@ -23,6 +23,7 @@ from layoutlab.xla.hlo_parse import (
 )
 
 __all__ = [
+    "ONEDNN_CONV_KINDS",
     "ONEDNN_PREFIX",
     "classify_computations",
     "decode_dim_labels",
@@ -222,6 +223,9 @@ _ONEDNN_KINDS = (
     ("backward data", {"dx", "data"}),
     ("forward", {"fwd", "forward"}),
 )
+# The kinds of the conv calls; another oneDNN call (``batch_norm``, ``batch_norm_grad``) is
+# known by its suffix.
+ONEDNN_CONV_KINDS = tuple(kind for kind, _ in _ONEDNN_KINDS)
 
 
 def onednn_kind(target: str | None) -> str | None:

@@ -19,6 +19,7 @@ import threading
 from types import ModuleType
 
 __all__ = [
+    "NORM_TARGETS",
     "TARGET_PREFIX",
     "TARGETS",
     "WAIT_POLICY",
@@ -39,6 +40,12 @@ TARGETS = {
     "fwd": TARGET_PREFIX + "conv_fwd",
     "bwd_data": TARGET_PREFIX + "conv_bwd_data",
     "bwd_weights": TARGET_PREFIX + "conv_bwd_weights",
+}
+# The batch-normalization handlers' (``nn.norm_onednn``), named so that
+# ``xla.hlo_extract.onednn_kind`` tells them from the convs'.
+NORM_TARGETS = {
+    "norm_fwd": TARGET_PREFIX + "batch_norm",
+    "norm_bwd": TARGET_PREFIX + "batch_norm_grad",
 }
 _LIBRARY = "libdnnl.so.3"
 _DIST = "onednn-cpu-gomp"
@@ -123,8 +130,9 @@ def register_targets() -> None:
             return
         import jax
 
+        targets = {**TARGETS, **NORM_TARGETS}
         for name, capsule in module.handlers().items():
-            jax.ffi.register_ffi_target(TARGETS[name], capsule, platform="cpu")
+            jax.ffi.register_ffi_target(targets[name], capsule, platform="cpu")
         _state["registered"] = True
 
 
