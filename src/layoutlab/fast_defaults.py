@@ -55,8 +55,8 @@ CPU_FAST_OPTIONS = {
     "infer": {_YNN_KEY: f"{_YNN}INDIVIDUAL_DOT"},
 }
 # On AVX-512 an Adam or AdamW step leaves elementwise fusions to XLA's loops, which run its
-# update over every parameter faster; SGD steps keep them. Optimizer names: train's, and
-# bench's "pytorch" (momentum SGD).
+# update over every parameter faster; SGD steps keep them unless their convs run oneDNN's
+# kernels. Optimizer names: train's, and bench's "pytorch" (momentum SGD).
 SGD_OPTIMIZERS = ("sgd", "momentum", "pytorch")
 # Below this many elements in a step's largest conv output (batch included) an SGD step
 # leaves elementwise fusions to XLA's loops: each YNNPACK fusion costs tens of microseconds
@@ -71,13 +71,15 @@ def cpu_fast_options(
     batch: int | None = None,
     depthwise: bool = False,
     activation: int | None = None,
+    onednn_convs: bool = False,
 ) -> dict:
     """The XLA:CPU compile options measured fastest for ``mode`` ("train" or "infer") with
     ``optimizer`` (a train or bench optimizer name; None: ``layoutlab train``'s AdamW) on a
     CPU of ``kind`` (``cpu_kind()``; None: this one) at ``batch`` (None: not known), for a
     model with ``depthwise`` convs or not (``models.has_depthwise_convs``) whose step's
     largest conv output holds ``activation`` elements (None: not known;
-    ``models.largest_conv_output`` times the batch)."""
+    ``models.largest_conv_output`` times the batch), and whose convs run oneDNN's kernels
+    (``onednn_convs``) or not."""
     if mode not in CPU_FAST_OPTIONS:
         raise ValueError(f"mode must be one of {sorted(CPU_FAST_OPTIONS)}, got {mode!r}.")
     options = dict(CPU_FAST_OPTIONS[mode])
@@ -90,8 +92,10 @@ def cpu_fast_options(
     # A depthwise model's SGD step too: MobileNetV2's ran slower with them, ResNets' not.
     small = activation is not None and activation < ELTWISE_MIN_ACTIVATION
     measured_small = small and kind in ("avx2", "avx512")
+    # Around oneDNN's convs (custom calls) an AVX-512 SGD step ran faster without them too.
     if mode == "train" and (
-        measured_small or (avx512 and (depthwise or optimizer not in SGD_OPTIMIZERS))
+        measured_small
+        or (avx512 and (depthwise or onednn_convs or optimizer not in SGD_OPTIMIZERS))
     ):
         kinds = options[_YNN_KEY].split(",")
         options[_YNN_KEY] = ",".join(k for k in kinds if k != f"{_YNN}ELTWISE")
@@ -138,16 +142,22 @@ def fast_compile_options(
     batch: int | None = None,
     depthwise: bool = False,
     activation: int | None = None,
+    onednn_convs: bool = False,
 ) -> dict:
     """The default compile options of a ``mode`` step with ``optimizer`` at ``batch`` on
-    ``backend`` (default: JAX's), for a model with ``depthwise`` convs or not and a largest
-    conv output of ``activation`` elements: ``cpu_fast_options`` as far as this jaxlib
-    accepts them on CPU, none elsewhere."""
+    ``backend`` (default: JAX's), for a model with ``depthwise`` convs or not, a largest
+    conv output of ``activation`` elements and convs on oneDNN (``onednn_convs``) or not:
+    ``cpu_fast_options`` as far as this jaxlib accepts them on CPU, none elsewhere."""
     backend = backend or default_backend()
     if backend != "cpu":
         return {}
     options = cpu_fast_options(
-        mode, optimizer, batch=batch, depthwise=depthwise, activation=activation
+        mode,
+        optimizer,
+        batch=batch,
+        depthwise=depthwise,
+        activation=activation,
+        onednn_convs=onednn_convs,
     )
     return accepted_cpu_options(options)
 

@@ -309,6 +309,45 @@ def test_cpu_fast_sweep_uses_each_modes_options():
         assert by_mode[mode] == {**want, "xla_cpu_enable_fast_math": False}
 
 
+def test_an_avx512_step_with_onednn_convs_leaves_elementwise_fusions_to_xla():
+    # Around oneDNN's convs YNNPACK's elementwise fusions split a residual add and ReLU into
+    # passes of their own and materialize broadcast constants: without them an SGD step ran
+    # 1.03-1.08x faster on Zen 4 (benchmarks/results/eltwise_onednn_convs_zen4_cpu.md).
+    from layoutlab import models
+    from layoutlab.train.config import TrainConfig
+    from layoutlab.train.fast_config import compile_options
+    from layoutlab.xla import cpu_fast_options
+
+    key = "xla_cpu_experimental_ynn_fusion_type"
+    no_eltwise = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"
+    large = 1 << 24
+    sgd = cpu_fast_options("train", "pytorch", "avx512", 32, activation=large)
+    assert sgd[key] != no_eltwise  # XLA's own convs keep them
+    onednn = cpu_fast_options("train", "pytorch", "avx512", 32, activation=large, onednn_convs=True)
+    assert onednn[key] == no_eltwise
+    # Measured on AVX-512 only: AVX2 and inference keep theirs.
+    avx2 = dict(kind="avx2", batch=32, activation=large)
+    assert cpu_fast_options("train", "pytorch", onednn_convs=True, **avx2) == cpu_fast_options(
+        "train", "pytorch", **avx2
+    )
+    assert cpu_fast_options("infer", kind="avx512", onednn_convs=True) == cpu_fast_options(
+        "infer", kind="avx512"
+    )
+    # Wired through a run's precision and batch: the shipped table runs bfloat16 training
+    # convs on oneDNN where the CPU has bfloat16 units, float32 ones on AVX-512 from batch 16,
+    # where the extension loaded; an explicit conv algorithm is not the table's.
+    assert not models.table_runs_onednn("fp32") and not models.table_runs_onednn("fp32", 8)
+    run = dict(model="resnet18", model_kwargs={"stem": "cifar"}, optimizer="sgd", batch_size=32)
+    size = 32 * models.largest_conv_output("resnet18", {"stem": "cifar"}, (32, 32, 3))
+    for precision in ("fp32", "mixed_bf16"):
+        for algorithm in ("auto", "xla"):
+            config = TrainConfig(**run, precision=precision, conv_algorithm=algorithm)
+            got = compile_options(config, "train", input_shape=(32, 32, 3))
+            on = algorithm == "auto" and models.table_runs_onednn(precision, 32)
+            want = cpu_fast_options("train", "sgd", batch=32, activation=size, onednn_convs=on)
+            assert got == want, (precision, algorithm)
+
+
 def test_train_options_follow_the_optimizer():
     # On AVX-512, YNNPACK's elementwise fusions slowed AdamW steps 1.2-1.4x and were within
     # 0.94-1.03x under SGD; on AVX2 even at batch 128
@@ -463,6 +502,9 @@ def test_small_training_steps_run_without_elementwise_fusions(monkeypatch):
     # Wired through bench at the batch of each group, on an AVX-512 CPU: U-Net (16 * 32 * 32
     # per example) loses them at 8 and keeps them at 128; ResNet-18 CIFAR from 16.
     monkeypatch.setattr("layoutlab.fast_defaults.cpu_kind", lambda: "avx512")
+    # On XLA's convs: around oneDNN's they go at every size (test_an_avx512_step_with_onednn_
+    # convs_leaves_elementwise_fusions_to_xla).
+    monkeypatch.setattr("layoutlab.models.registry.table_runs_onednn", lambda p, b=None: False)
     for model, kwargs, batch, eltwise in (("unet", {}, 8, False), ("unet", {}, 128, True),
                                           ("resnet18", {"stem": "cifar"}, 8, False),
                                           ("resnet18", {"stem": "cifar"}, 16, True)):  # fmt: skip

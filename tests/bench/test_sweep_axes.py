@@ -134,11 +134,16 @@ BEFORE = {
 }  # fmt: skip
 
 
-def _unprobed(mode, backend=None, optimizer=None, batch=None, depthwise=False, activation=None):
+def _unprobed(
+    mode, backend=None, optimizer=None, batch=None, depthwise=False, activation=None,
+    onednn_convs=False,
+):  # fmt: skip
     """``fast_compile_options`` on an AVX-512 CPU, without asking the jaxlib."""
     if (backend or "cpu") != "cpu":
         return {}
-    return fast_defaults.cpu_fast_options(mode, optimizer, "avx512", batch, depthwise, activation)
+    return fast_defaults.cpu_fast_options(
+        mode, optimizer, "avx512", batch, depthwise, activation, onednn_convs
+    )
 
 
 def _abbrev(storage: str) -> str:
@@ -153,6 +158,8 @@ def _bench_cases(argv: list[str], monkeypatch, tmp_path):
     monkeypatch.setattr(fast_defaults, "cpu_kind", lambda: "avx512")
     monkeypatch.setattr(fast_defaults, "accepted_cpu_options", dict)
     monkeypatch.setattr(registry, "fast_compile_options", _unprobed)
+    # Captured where the table ran no conv on oneDNN, whatever this CPU's table does.
+    monkeypatch.setattr(registry, "table_runs_onednn", lambda precision, batch=None: False)
     # PyTorch's cases are made whether or not it is installed.
     monkeypatch.setattr(
         sweep, "_torch_device", lambda config, notes: "cpu" if config.torch else None

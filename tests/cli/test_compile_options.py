@@ -76,6 +76,9 @@ def seen(monkeypatch, tmp_path):
     monkeypatch.setattr(fast_defaults, "cpu_kind", lambda: "avx512")
     monkeypatch.setattr(fast_defaults, "accepted_cpu_options", dict)
     monkeypatch.setattr(registry, "fast_compile_options", _unprobed_fast_options)
+    # The CASES were captured where the table ran no conv on oneDNN, whatever this CPU's table
+    # does (test_bench_conv_options.py checks the oneDNN rule).
+    monkeypatch.setattr(registry, "table_runs_onednn", lambda precision, batch=None: False)
     monkeypatch.chdir(tmp_path)
     found = {}
     derive = fast_config.compile_options
@@ -107,11 +110,13 @@ def seen(monkeypatch, tmp_path):
 
 
 def _unprobed_fast_options(mode, backend=None, optimizer=None, batch=None, depthwise=False,
-                           activation=None):  # fmt: skip
+                           activation=None, onednn_convs=False):  # fmt: skip
     """``fast_compile_options`` without asking the jaxlib (which may reject an option)."""
     if (backend or "cpu") != "cpu":
         return {}
-    return fast_defaults.cpu_fast_options(mode, optimizer, "avx512", batch, depthwise, activation)
+    return fast_defaults.cpu_fast_options(
+        mode, optimizer, "avx512", batch, depthwise, activation, onednn_convs
+    )
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from layoutlab import models, nn
+from layoutlab.nn import norm_onednn
 from layoutlab.train.checkpoint import (
     Checkpointer,
     CorruptCheckpointError,
@@ -249,3 +250,34 @@ def test_pure_float16_params_train_with_float32_optimizer_state(tmp_path, linear
     earlier = read_checkpoint(tmp_path / "checkpoints", step=3)[0]
     assert not np.array_equal(earlier[kernel], leaves[kernel])  # float16 updates landed
     assert record["skipped_steps"] == 0 and np.isfinite(record["test_loss"])
+
+
+@pytest.mark.skipif(
+    norm_onednn.supports((16, 8, 8, 8), "bfloat16", True, 1e-5) is not None,
+    reason="oneDNN batch normalization unavailable here",
+)
+def test_a_bfloat16_run_on_onednn_convs_and_batch_norms_resumes_bit_for_bit(tmp_path):
+    # One device: its BatchNorms run oneDNN's primitive (a data-parallel run keeps XLA's) and
+    # its convs oneDNN's, so the step holds both kinds of custom call; resumed from the step-2
+    # checkpoint it ends on the uninterrupted run's bits (the same seed, the same numbers).
+    run = TrainConfig(
+        model="resnet18",
+        model_kwargs=models.spec("resnet18").tiny,
+        data="synthetic:8x8x3:4:64",
+        precision="mixed_bf16",
+        conv_algorithm="onednn",
+        batch_size=16,
+        num_steps=4,
+        eval_every=2,
+        checkpoint_every=2,
+        data_parallel=False,
+        xla_options=FAST_COMPILE,
+    )
+    _, whole = _train(tmp_path / "whole", run)
+    copy = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "whole", copy)
+    shutil.rmtree(copy / "checkpoints" / "4")  # as if killed before its last save
+    record = train_and_evaluate(run, copy, resume=True, quiet=True)
+    resumed, _ = read_checkpoint(copy / "checkpoints")
+    assert record["step"] == 4
+    _assert_bitwise_equal(whole, resumed)

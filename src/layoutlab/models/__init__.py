@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         register,
         resolve_layout,
         spec,
+        table_runs_onednn,
         unregister,
     )
 
@@ -41,6 +42,7 @@ _EXPORTS = {
     "register": "registry",
     "resolve_layout": "registry",
     "spec": "registry",
+    "table_runs_onednn": "registry",
     "unregister": "registry",
 }
 
@@ -55,6 +57,7 @@ __all__ = [
     "register",
     "resolve_layout",
     "spec",
+    "table_runs_onednn",
     "unregister",
 ]
 

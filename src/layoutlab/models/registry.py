@@ -15,6 +15,7 @@ from layoutlab.fast_defaults import (
     fast_compile_options,
     resolve_activation_storage,
     resolve_kernel_storage,
+    table_cpu_kind,
 )
 from layoutlab.layout import Layout, channels_last
 from layoutlab.models.registration import (
@@ -27,6 +28,7 @@ from layoutlab.models.registration import (
     resolve_layout,
 )
 from layoutlab.nn.configuration import configure
+from layoutlab.nn.conv_algos import default_plan, onednn
 from layoutlab.nn.conv_config import check_conv_options, conv_specs, has_depthwise
 from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.precision import get_policy
@@ -47,6 +49,7 @@ __all__ = [
     "register",
     "resolve_layout",
     "spec",
+    "table_runs_onednn",
     "unregister",
 ]
 
@@ -221,14 +224,17 @@ def model_compile_options(
     optimizer: str | None = None,
     batch: int | None = None,
     input_shape: tuple[int, ...] | None = None,
+    precision: str | None = None,
 ) -> dict:
     """``fast_defaults.fast_compile_options`` of model ``name``'s ``mode`` step on examples
-    of ``input_shape`` (channels last; None: not known): they depend on whether it has
-    depthwise convs and on its largest conv output, asked only where that can matter (a CPU
-    training step)."""
+    of ``input_shape`` (channels last; None: not known) in policy ``precision`` (None: not
+    known): they depend on whether it has depthwise convs, on its largest conv output and on
+    whether the shipped conv table runs its convs on oneDNN, asked only where that can matter
+    (a CPU training step)."""
     backend = backend or default_backend()
     cpu_train = mode == "train" and backend == "cpu"
     depthwise = cpu_train and has_depthwise_convs(name, model_kwargs)
+    onednn_convs = cpu_train and precision is not None and table_runs_onednn(precision, batch)
     activation = None
     if cpu_train and batch is not None and input_shape is not None:
         try:
@@ -236,4 +242,22 @@ def model_compile_options(
         except ValueError:  # a shape the model refuses: the run's own checks say so
             largest = None
         activation = None if largest is None else batch * largest
-    return fast_compile_options(mode, backend, optimizer, batch, depthwise, activation)
+    return fast_compile_options(
+        mode, backend, optimizer, batch, depthwise, activation, onednn_convs=onednn_convs
+    )
+
+
+def table_runs_onednn(precision: str, batch: int | None = None) -> bool:
+    """Whether the shipped conv table runs the convs of a ``precision`` training step at
+    ``batch`` (None: not known) on oneDNN on this CPU, where the extension loaded: on AVX-512
+    a float32 step from ``default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH``, and a bfloat16 one
+    at every batch where the CPU has bfloat16 units (``avx512_bf16``); every conv but a
+    few-channel stem's and a tiny input's (``nn.conv_algos.default_plan``)."""
+    kind = table_cpu_kind("cpu")
+    if kind is None or not kind.startswith("avx512") or not onednn.available():
+        return False
+    dtype = get_policy(precision).compute_dtype
+    if dtype == jnp.dtype(jnp.bfloat16):
+        return kind == "avx512_bf16"
+    floor = default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH
+    return dtype == jnp.dtype(jnp.float32) and batch is not None and batch >= floor

@@ -47,7 +47,15 @@ def compile_options(
         if input_shape is _FROM_CONFIG:
             input_shape = _data_shape(config)
         base = model_compile_options(
-            config.model, config.model_kwargs, mode, backend, config.optimizer, batch, input_shape
+            config.model,
+            config.model_kwargs,
+            mode,
+            backend,
+            config.optimizer,
+            batch,
+            input_shape,
+            # Only the shipped table's plan (``"auto"``) is known here to put convs on oneDNN.
+            precision=config.precision if config.conv_algorithm == AUTO else None,
         )
     return {**base, **config.xla_options}
 

@@ -90,8 +90,8 @@ _FLAGS = {
         "--cpu-fast",
         "on CPU, compile with layoutlab.xla.cpu_fast_options(mode), the XLA:CPU options "
         "measured fastest for CNNs (convs on Eigen, dots on YNNPACK; in training also "
-        "reductions and, but for Adam(W) on AVX-512, elementwise fusions); on by default, "
-        "--no-cpu-fast turns it off",
+        "reductions and, but for Adam(W) or oneDNN convs on AVX-512, elementwise "
+        "fusions); on by default, --no-cpu-fast turns it off",
         {"action": argparse.BooleanOptionalAction},
     ),
 }

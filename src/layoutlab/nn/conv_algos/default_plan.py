@@ -24,7 +24,13 @@ from typing import NamedTuple
 from layoutlab.fast_defaults import BF16_SUFFIX
 from layoutlab.nn.conv_algos.geometry import ConvSpec
 
-__all__ = ["Rule", "DEFAULT_RULES", "default_algorithm", "table_key"]
+__all__ = [
+    "DEFAULT_RULES",
+    "ONEDNN_FLOAT32_TRAIN_MIN_BATCH",
+    "Rule",
+    "default_algorithm",
+    "table_key",
+]
 
 
 class Rule(NamedTuple):
@@ -113,6 +119,10 @@ _ONEDNN_SHAPES = (
 )
 
 
+# From this batch the AVX-512 table trains float32 convs on oneDNN (its rule below says why).
+ONEDNN_FLOAT32_TRAIN_MIN_BATCH = 16
+
+
 # A stem conv's few input channels: XLA's weight gradient beat oneDNN's there.
 _FEW_CHANNELS = 15
 
@@ -175,7 +185,7 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         # ResNet-18 CIFAR's 1.12x and 1.15x at 32, 1.14x at 128 and 1.17x at 256; at 8
         # ResNet-18 lost 0.95x, 16 unmeasured for it (quiet Zen 4,
         # onednn_defaults_resnet18_zen4_cpu_3.md).
-        *_onednn("onednn", min_batch=16),
+        *_onednn("onednn", min_batch=ONEDNN_FLOAT32_TRAIN_MIN_BATCH),
         Rule("im2col", (3, 3), (1, 1), min_in=512, max_size=4, max_batch=32),
         Rule("winograd4_full", **_WINOGRAD_SMALL, min_batch=32),
         # The AVX2 table's wide rule, up to where the one above starts. On a Zen 4 (not
