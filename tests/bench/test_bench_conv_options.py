@@ -314,6 +314,7 @@ def test_an_avx512_step_with_onednn_convs_leaves_elementwise_fusions_to_xla():
     # passes of their own and materialize broadcast constants: without them an SGD step ran
     # 1.03-1.08x faster on Zen 4 (benchmarks/results/eltwise_onednn_convs_zen4_cpu.md).
     from layoutlab import models
+    from layoutlab.precision import get_policy
     from layoutlab.train.config import TrainConfig
     from layoutlab.train.fast_config import compile_options
     from layoutlab.xla import cpu_fast_options
@@ -336,14 +337,16 @@ def test_an_avx512_step_with_onednn_convs_leaves_elementwise_fusions_to_xla():
     # Wired through a run's precision and batch: the shipped table runs bfloat16 training
     # convs on oneDNN where the CPU has bfloat16 units, float32 ones on AVX-512 from batch 16,
     # where the extension loaded; an explicit conv algorithm is not the table's.
-    assert not models.table_runs_onednn("fp32") and not models.table_runs_onednn("fp32", 8)
+    f32, bf16 = get_policy("fp32").compute_dtype, get_policy("mixed_bf16").compute_dtype
+    assert not models.table_runs_onednn(f32) and not models.table_runs_onednn(f32, 8)
     run = dict(model="resnet18", model_kwargs={"stem": "cifar"}, optimizer="sgd", batch_size=32)
     size = 32 * models.largest_conv_output("resnet18", {"stem": "cifar"}, (32, 32, 3))
     for precision in ("fp32", "mixed_bf16"):
         for algorithm in ("auto", "xla"):
             config = TrainConfig(**run, precision=precision, conv_algorithm=algorithm)
             got = compile_options(config, "train", input_shape=(32, 32, 3))
-            on = algorithm == "auto" and models.table_runs_onednn(precision, 32)
+            dtype = f32 if precision == "fp32" else bf16
+            on = algorithm == "auto" and models.table_runs_onednn(dtype, 32)
             want = cpu_fast_options("train", "sgd", batch=32, activation=size, onednn_convs=on)
             assert got == want, (precision, algorithm)
 

@@ -159,7 +159,7 @@ def _bench_cases(argv: list[str], monkeypatch, tmp_path):
     monkeypatch.setattr(fast_defaults, "accepted_cpu_options", dict)
     monkeypatch.setattr(registry, "fast_compile_options", _unprobed)
     # Captured where the table ran no conv on oneDNN, whatever this CPU's table does.
-    monkeypatch.setattr(registry, "table_runs_onednn", lambda precision, batch=None: False)
+    monkeypatch.setattr(registry, "table_runs_onednn", lambda dtype, batch=None: False)
     # PyTorch's cases are made whether or not it is installed.
     monkeypatch.setattr(
         sweep, "_torch_device", lambda config, notes: "cpu" if config.torch else None

@@ -78,7 +78,7 @@ def seen(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "fast_compile_options", _unprobed_fast_options)
     # The CASES were captured where the table ran no conv on oneDNN, whatever this CPU's table
     # does (test_bench_conv_options.py checks the oneDNN rule).
-    monkeypatch.setattr(registry, "table_runs_onednn", lambda precision, batch=None: False)
+    monkeypatch.setattr(registry, "table_runs_onednn", lambda dtype, batch=None: False)
     monkeypatch.chdir(tmp_path)
     found = {}
     derive = fast_config.compile_options

@@ -224,17 +224,19 @@ def model_compile_options(
     optimizer: str | None = None,
     batch: int | None = None,
     input_shape: tuple[int, ...] | None = None,
-    precision: str | None = None,
+    compute_dtype=None,
 ) -> dict:
     """``fast_defaults.fast_compile_options`` of model ``name``'s ``mode`` step on examples
-    of ``input_shape`` (channels last; None: not known) in policy ``precision`` (None: not
-    known): they depend on whether it has depthwise convs, on its largest conv output and on
-    whether the shipped conv table runs its convs on oneDNN, asked only where that can matter
-    (a CPU training step)."""
+    of ``input_shape`` (channels last; None: not known) computing in ``compute_dtype`` (a
+    policy's; None: not known): they depend on whether it has depthwise convs, on its largest
+    conv output and on whether the shipped conv table runs its convs on oneDNN, asked only
+    where that can matter (a CPU training step)."""
     backend = backend or default_backend()
     cpu_train = mode == "train" and backend == "cpu"
     depthwise = cpu_train and has_depthwise_convs(name, model_kwargs)
-    onednn_convs = cpu_train and precision is not None and table_runs_onednn(precision, batch)
+    onednn_convs = (
+        cpu_train and compute_dtype is not None and table_runs_onednn(compute_dtype, batch)
+    )
     activation = None
     if cpu_train and batch is not None and input_shape is not None:
         try:
@@ -247,16 +249,17 @@ def model_compile_options(
     )
 
 
-def table_runs_onednn(precision: str, batch: int | None = None) -> bool:
-    """Whether the shipped conv table runs the convs of a ``precision`` training step at
-    ``batch`` (None: not known) on oneDNN on this CPU, where the extension loaded: on AVX-512
-    a float32 step from ``default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH``, and a bfloat16 one
-    at every batch where the CPU has bfloat16 units (``avx512_bf16``); every conv but a
-    few-channel stem's and a tiny input's (``nn.conv_algos.default_plan``)."""
+def table_runs_onednn(compute_dtype, batch: int | None = None) -> bool:
+    """Whether the shipped conv table runs the convs of a training step computing in
+    ``compute_dtype`` (a policy's) at ``batch`` (None: not known) on oneDNN on this CPU,
+    where the extension loaded: on AVX-512 a float32 step from
+    ``default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH``, and a bfloat16 one at every batch where
+    the CPU has bfloat16 units (``avx512_bf16``); every conv but a few-channel stem's and a
+    tiny input's (``nn.conv_algos.default_plan``)."""
     kind = table_cpu_kind("cpu")
     if kind is None or not kind.startswith("avx512") or not onednn.available():
         return False
-    dtype = get_policy(precision).compute_dtype
+    dtype = jnp.dtype(compute_dtype)
     if dtype == jnp.dtype(jnp.bfloat16):
         return kind == "avx512_bf16"
     floor = default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH

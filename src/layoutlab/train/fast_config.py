@@ -17,6 +17,7 @@ from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.models import model_compile_options, spec
 from layoutlab.nn.conv_algos import AUTO
 from layoutlab.nn.conv_config import convs, replanned
+from layoutlab.precision import Policy, get_policy
 from layoutlab.train.config import TrainConfig
 
 __all__ = ["compile_options", "table_plan", "with_default_plan"]
@@ -32,6 +33,7 @@ def compile_options(
     backend: str | None = None,
     batch: int | None = _FROM_CONFIG,
     input_shape: tuple[int, ...] | None = _FROM_CONFIG,
+    policy: Policy | None = None,
 ) -> dict:
     """The XLA compile options of ``config``'s ``mode`` ("train" or "infer") programs on
     ``backend`` (None: JAX's): the fast defaults of its model's step (``cpu_fast``, on CPU;
@@ -39,7 +41,7 @@ def compile_options(
     under the config's own ``xla_options``. The one place a run's options are derived:
     ``train`` takes the config's batch (a training step's) and its data's image shape,
     ``inspect``, ``bench``, ``compare`` and ``autotune convs``, which build no data set, give
-    theirs."""
+    theirs. ``policy``: the config's, parsed already (``resolve_spec``); None: parsed here."""
     if batch is _FROM_CONFIG:
         batch = config.batch_size if mode == "train" else None
     base = {}
@@ -55,9 +57,13 @@ def compile_options(
             batch,
             input_shape,
             # Only the shipped table's plan (``"auto"``) is known here to put convs on oneDNN.
-            precision=config.precision if config.conv_algorithm == AUTO else None,
+            compute_dtype=_compute_dtype(config, policy) if config.conv_algorithm == AUTO else None,
         )
     return {**base, **config.xla_options}
+
+
+def _compute_dtype(config: TrainConfig, policy: Policy | None):
+    return (policy or get_policy(config.precision)).compute_dtype
 
 
 def _data_shape(config: TrainConfig) -> tuple[int, ...] | None:

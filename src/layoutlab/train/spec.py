@@ -228,7 +228,10 @@ def resolve_spec(
     )
     plan, eval_plan = config.conv_plan, config.eval_conv_plan  # ConvPlans (TrainConfig's)
     layout = models.resolve_layout(config.layout, models.spec(config.model).num_spatial)
-    options = {m: types.MappingProxyType(compile_options(config, m)) for m in ("train", "infer")}
+    options = {
+        m: types.MappingProxyType(compile_options(config, m, policy=policy))
+        for m in ("train", "infer")
+    }
     return RunSpec(
         config=config,
         model=config.model,
