@@ -4,6 +4,7 @@ row-major window order, a NaN window's last NaN), NaN and infinity windows, dete
 fallback where the extension is absent, and ``configure``/export switching it off."""
 
 import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from onednn_helpers import simulate_no_onednn
 from layoutlab.nn import configure, pool_onednn
 from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.pooling import MaxPool, max_pool, onednn_pool_reason
+from layoutlab.train.program import max_pool_impl
 from layoutlab.xla.hlo_extract import ONEDNN_PREFIX
 
 STEM = ((1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
@@ -158,6 +160,10 @@ def test_xla_where_oneDNN_is_absent_or_does_not_pay(monkeypatch):
 
 
 def test_configure_and_export_switch_max_pools_to_xla():
+    # A data-parallel run's program configures its max pools to "xla" (a oneDNN call on a
+    # batch split over devices would gather it).
+    assert max_pool_impl(types.SimpleNamespace(data_parallel=True)) == "xla"
+    assert max_pool_impl(types.SimpleNamespace(data_parallel=False)) == "auto"
     model = nnx.Sequential(MaxPool(3, 2, 1), MaxPool(2, 2))
     assert model.layers[0].may_call_onednn() and not model.layers[1].may_call_onednn()
     for copy in (configure(model, max_pool="xla"), without_custom_calls(model)):
@@ -167,3 +173,14 @@ def test_configure_and_export_switch_max_pools_to_xla():
     assert without_custom_calls(only_vgg) is only_vgg
     with pytest.raises(ValueError, match="max_pool impl must be one of"):
         configure(model, max_pool="onednn")
+
+
+@needs_onednn_pool
+def test_a_program_lowered_for_gpu_holds_no_onednn_call():
+    """Off CPU the custom VJP's other branch runs: XLA's reduce-window and max_pool's own
+    backward, whose outputs ``impl="xla"`` checks above."""
+    x = jax.ShapeDtypeStruct((2, 8, 8, 16), jnp.bfloat16)
+    loss = lambda v: jnp.sum(max_pool(v, *STEM).astype(jnp.float32))
+    traced = jax.jit(jax.grad(loss)).trace(x)
+    assert ONEDNN_PREFIX in traced.lower().as_text()
+    assert ONEDNN_PREFIX not in traced.lower(lowering_platforms=("cuda",)).as_text()
