@@ -5,7 +5,9 @@ against XLA's reduce-window and layoutlab's sliced backward (``impl="xla"``), in
 
 Each variant is one jitted function returning the output and the input gradient of a fixed
 cotangent; rounds alternate the two. Prints per shape and dtype the median milliseconds and
-the median per-round ratio ``xla / onednn`` (above 1: oneDNN is faster).
+the median per-round ratio ``xla / onednn`` (above 1: oneDNN is faster). A shape whose
+``max_pool`` does not run oneDNN (``nn.pooling.onednn_pool_reason``: VGG's 2x2/2 windows, which
+do not overlap) prints the reason.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from layoutlab.nn.pool_onednn import supports
-from layoutlab.nn.pooling import max_pool
+from layoutlab.nn.pooling import max_pool, onednn_pool_reason
 
 # (name, NHWC shape, window, stride, padding)
 SHAPES = [
@@ -40,7 +41,7 @@ def _program(shape, k, s, p, dtype, impl):
     x = jnp.maximum(x, 0).astype(dtype)  # ReLU'd, as a stem's input is: many ties at 0
     y_shape = jax.eval_shape(lambda v: max_pool(v, dims, strides, pads, "xla"), x).shape
     g = jax.random.normal(jax.random.key(1), y_shape, jnp.float32).astype(dtype)
-    reason = supports(shape, dtype, dims, strides, pads)
+    reason = onednn_pool_reason(jax.ShapeDtypeStruct(shape, dtype), dims, strides, pads)
     return jax.jit(step), (x, g), reason
 
 
