@@ -48,7 +48,12 @@ def _extensions() -> list[Extension]:
     return [
         Extension(
             "layoutlab._onednn",
-            sources=["native/onednn_conv.cc", "native/onednn_norm.cc", "native/onednn_ffi.cc"],
+            sources=[
+                "native/onednn_conv.cc",
+                "native/onednn_norm.cc",
+                "native/onednn_pool.cc",
+                "native/onednn_ffi.cc",
+            ],
             depends=["native/onednn_conv.h"],
             include_dirs=[ffi_inc, dnnl_inc],
             library_dirs=[lib_dir],

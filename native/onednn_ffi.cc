@@ -25,7 +25,11 @@ using layoutlab::Params;
 // The batch-normalization handlers and their query (onednn_norm.cc).
 extern "C" XLA_FFI_Error* LayoutlabOnednnNormFwd(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* LayoutlabOnednnNormBwd(XLA_FFI_CallFrame* call_frame);
+// The max-pooling handlers and their query (onednn_pool.cc).
+extern "C" XLA_FFI_Error* LayoutlabOnednnPoolFwd(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* LayoutlabOnednnPoolBwd(XLA_FFI_CallFrame* call_frame);
 namespace layoutlab {
+std::string PoolImplInfo(const int64_t* values, size_t* ws_bytes);
 std::string NormImplInfo(int64_t backward, int64_t bf16, int64_t relu, int64_t n, int64_t c,
                          int64_t h, int64_t w, float eps, size_t* ws_bytes);
 }  // namespace layoutlab
@@ -205,6 +209,27 @@ PyObject* NormInfo(PyObject*, PyObject* args) {
   return nullptr;
 }
 
+PyObject* PoolInfo(PyObject*, PyObject* args) {
+  long long v[16];
+  if (!PyArg_ParseTuple(args, "LLLLLLLLLLLLLLLL", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                        &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12], &v[13], &v[14],
+                        &v[15]))
+    return nullptr;
+  int64_t values[16];
+  for (int i = 0; i < 16; ++i) values[i] = v[i];
+  try {
+    size_t ws = 0;
+    const std::string impl = layoutlab::PoolImplInfo(values, &ws);
+    return Py_BuildValue("(sn)", impl.c_str(), static_cast<Py_ssize_t>(ws));
+  } catch (const dnnl::error& e) {
+    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
+                 static_cast<int>(e.status));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 PyObject* Version(PyObject*, PyObject*) {
   const dnnl_version_t* v = dnnl_version();
   return Py_BuildValue("(iiis)", v->major, v->minor, v->patch, v->hash);
@@ -213,13 +238,15 @@ PyObject* Version(PyObject*, PyObject*) {
 PyObject* Capsule(void* fn) { return PyCapsule_New(fn, nullptr, nullptr); }
 
 PyObject* Handlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsNsNsNsN}", "fwd",
+  return Py_BuildValue("{sNsNsNsNsNsNsN}", "fwd",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvFwd)), "bwd_data",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdData)),
                        "bwd_weights",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdWeights)),
                        "norm_fwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnNormFwd)),
-                       "norm_bwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnNormBwd)));
+                       "norm_bwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnNormBwd)),
+                       "pool_fwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnPoolFwd)),
+                       "pool_bwd", Capsule(reinterpret_cast<void*>(LayoutlabOnednnPoolBwd)));
 }
 
 PyMethodDef kMethods[] = {
@@ -227,6 +254,9 @@ PyMethodDef kMethods[] = {
     {"norm_info", NormInfo, METH_VARARGS,
      "(impl_info_str, workspace bytes) of the batch-norm primitive for (backward, bf16, relu, "
      "n, c, h, w, eps)."},
+    {"pool_info", PoolInfo, METH_VARARGS,
+     "(impl_info_str, workspace bytes) of the max-pooling primitive for (backward, bf16, n, h, "
+     "w, c, oh, ow, kh, kw, sh, sw, plh, plw, prh, prw)."},
     {"version", Version, METH_NOARGS, "oneDNN's (major, minor, patch, commit hash)."},
     {"impl_info", ImplInfo, METH_VARARGS,
      "(impl_info_str, weights reordered, scratchpad bytes) of the primitive for a parameter "

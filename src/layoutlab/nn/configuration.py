@@ -20,6 +20,7 @@ from layoutlab.nn.conv_config import check_plan_fits, convs
 from layoutlab.nn.conv_settings import ConvSettings
 from layoutlab.nn.convert import check_activation_storage, move_layers
 from layoutlab.nn.norm import BatchNorm, check_batch_norm_impl
+from layoutlab.nn.pooling import MaxPool, check_max_pool_impl
 
 __all__ = ["configure", "in_own_layout", "without_custom_calls"]
 
@@ -34,6 +35,7 @@ def configure(
     algorithms: Mapping[str, Algorithm] | None = None,
     activation_storage: str | None = None,
     batch_norm: str | None = None,
+    max_pool: str | None = None,
 ) -> M:
     """A copy of ``model`` with new conv settings; ``model`` is not changed.
 
@@ -60,10 +62,17 @@ def configure(
     training mode, ``"xla"`` for XLA's ops (a run whose batch is split over devices, whose
     statistics need XLA's cross-device reduction), ``"auto"`` for oneDNN's primitive where it
     applies; None: they keep theirs.
+
+    ``max_pool`` (one of ``nn.pooling.MAX_POOL_IMPLS``): how every ``MaxPool`` computes,
+    ``"xla"`` for XLA's ops (a run whose batch is split over devices: XLA's partitioner
+    cannot split a oneDNN call, it would gather the batch), ``"auto"`` for oneDNN's primitive
+    where it applies; None: they keep theirs.
     """
     per_conv = _per_conv(model, settings, algorithms)
     if batch_norm is not None:
         check_batch_norm_impl(batch_norm)
+    if max_pool is not None:
+        check_max_pool_impl(max_pool)
     copy = nnx.clone(model)
     if activation_storage is not None:
         _compute_in(copy, activation_storage)
@@ -71,6 +80,10 @@ def configure(
         for _, layer in nnx.iter_graph(copy):
             if isinstance(layer, BatchNorm):
                 layer.impl = batch_norm
+    if max_pool is not None:
+        for _, layer in nnx.iter_graph(copy):
+            if isinstance(layer, MaxPool):
+                layer.impl = max_pool
     found = dict(convs(copy))
     for path, conv_settings in per_conv.items():
         found[path]._set_settings(_for_rank(conv_settings, found[path]))
@@ -141,8 +154,9 @@ def in_own_layout(model: M) -> M:
 
 def without_custom_calls(model: M) -> M:
     """``model`` itself when no conv runs an algorithm whose core makes custom calls
-    (``Algorithm.custom_calls``) and no ``BatchNorm`` may run oneDNN's (``may_call_onednn``),
-    else a copy whose such convs run ``xla`` and whose batch norms run XLA's ops: a program of
+    (``Algorithm.custom_calls``) and no ``BatchNorm`` or ``MaxPool`` may run oneDNN's
+    (``may_call_onednn``), else a copy whose such convs run ``xla`` and whose batch norms and
+    max pools run XLA's ops: a program of
     the copy holds only XLA's own ops, so it runs where layoutlab's kernels are not registered
     (an exported artifact). Only the graph definition changes; the weights fit both."""
     native = {
@@ -154,6 +168,14 @@ def without_custom_calls(model: M) -> M:
         isinstance(layer, BatchNorm) and layer.may_call_onednn()
         for _, layer in nnx.iter_graph(model)
     )
-    if not native and not norms:
+    pools = any(
+        isinstance(layer, MaxPool) and layer.may_call_onednn() for _, layer in nnx.iter_graph(model)
+    )
+    if not native and not norms and not pools:
         return model
-    return configure(model, native or None, batch_norm="xla" if norms else None)
+    return configure(
+        model,
+        native or None,
+        batch_norm="xla" if norms else None,
+        max_pool="xla" if pools else None,
+    )

@@ -12,6 +12,7 @@ import numpy as np
 from jax import lax
 
 from layoutlab.layout import Layout
+from layoutlab.nn import pool_onednn
 from layoutlab.nn.base import LayoutModule
 from layoutlab.nn.padding import normalize_padding, normalize_tuple
 from layoutlab.precision import Policy
@@ -20,10 +21,14 @@ __all__ = [
     "AdaptiveAvgPool",
     "AvgPool",
     "GlobalAvgPool",
+    "MAX_POOL_IMPLS",
     "MaxPool",
     "adaptive_pool_matrix",
     "apply_separable",
+    "check_max_pool_impl",
     "max_pool",
+    "onednn_pool_reason",
+    "xla_max_pool",
 ]
 
 
@@ -65,8 +70,47 @@ class _Pool(LayoutModule):
         return dims, strides, tuple(pads)
 
 
+# How ``max_pool`` computes: "auto" runs oneDNN's primitive on CPU where
+# ``pool_onednn.supports`` finds nothing against it, "xla" always XLA's ops.
+MAX_POOL_IMPLS = ("auto", "xla")
+
+
+def max_pool(
+    x, dims: tuple[int, ...], strides: tuple[int, ...], pads, impl: str = "auto"
+) -> jax.Array:
+    """Window maximum (padding counts as ``-inf``) whose gradient goes to the first maximum
+    of each window in row-major window order, a NaN window's to its last NaN (see
+    ``xla_max_pool``). ``impl="auto"`` (``MAX_POOL_IMPLS``): a 2D window over the middle axes
+    of a float32 or bfloat16 array runs oneDNN's primitives on CPU where
+    ``nn.pool_onednn.supports`` accepts it, with the same outputs and gradient routing
+    (``tests/nn/test_onednn_pool.py``); ``"xla"``: always ``xla_max_pool``."""
+    if onednn_pool_reason(x, dims, strides, pads, impl) is None:
+        return pool_onednn.max_pool_nhwc(x, dims, strides, pads, _max_pool_bwd)
+    return xla_max_pool(x, dims, strides, pads)
+
+
+def onednn_pool_reason(x, dims, strides, pads, impl: str = "auto") -> str | None:
+    """None when ``max_pool(x, dims, strides, pads, impl)`` runs oneDNN's primitives (``x``
+    abstract is fine), else why it runs XLA's ops. Only overlapping windows go to oneDNN:
+    there XLA's backward visits every window offset, while for windows no larger than their
+    stride (VGG's 2x2/2) XLA's ops were as fast or faster in float32
+    (benchmarks/ab_max_pool_onednn.py)."""
+    check_max_pool_impl(impl)
+    if impl != "auto":
+        return f"impl={impl!r}"
+    if all(d <= s for d, s in zip(dims, strides, strict=True)):
+        return "windows that do not overlap (XLA's ops are as fast)"
+    return pool_onednn.supports(x.shape, x.dtype, dims, strides, pads)
+
+
+def check_max_pool_impl(impl: str) -> str:
+    if impl not in MAX_POOL_IMPLS:
+        raise ValueError(f"max_pool impl must be one of {MAX_POOL_IMPLS}, got {impl!r}.")
+    return impl
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Array:
+def xla_max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Array:
     """Window maximum (padding counts as ``-inf``) whose gradient goes to the first maximum
     of each window in row-major window order, as XLA's and PyTorch's do; a window holding a
     NaN has a NaN maximum and its gradient goes to its last NaN, as PyTorch's does (CPU and
@@ -85,7 +129,7 @@ def max_pool(x, dims: tuple[int, ...], strides: tuple[int, ...], pads) -> jax.Ar
 
 
 def _max_pool_fwd(x, dims, strides, pads):
-    y = max_pool(x, dims, strides, pads)
+    y = xla_max_pool(x, dims, strides, pads)
     return y, (x, y)
 
 
@@ -142,15 +186,28 @@ def _max_pool_bwd(dims, strides, pads, residuals, g):
     return (lax.slice(dxp, start, [b + n for b, n in zip(start, x.shape, strict=True)]),)
 
 
-max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
+xla_max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)
 
 
 class MaxPool(_Pool):
-    """``torch.nn.MaxPool``: padding counts as ``-inf``."""
+    """``torch.nn.MaxPool``: padding counts as ``-inf``. ``impl`` (``MAX_POOL_IMPLS``, a
+    static attribute: ``nn.configure(model, max_pool=...)`` sets it) is ``max_pool``'s."""
+
+    def __init__(self, kernel_size, strides=None, padding=0, *, impl: str = "auto", **kw):
+        super().__init__(kernel_size, strides, padding, **kw)
+        self.impl = check_max_pool_impl(impl)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dims, strides, pads = self._window_args(x)
-        return max_pool(x, dims, strides, pads)
+        return max_pool(x, dims, strides, pads, self.impl)
+
+    def may_call_onednn(self) -> bool:
+        """Whether some input could run oneDNN's primitives (before any input is seen)."""
+        return (
+            self.impl == "auto"
+            and self.layout == Layout.NHWC
+            and any(k > s for k, s in zip(self.kernel_size, self.strides, strict=True))
+        )
 
 
 class AvgPool(_Pool):

@@ -20,6 +20,7 @@ from types import ModuleType
 
 __all__ = [
     "NORM_TARGETS",
+    "POOL_TARGETS",
     "TARGET_PREFIX",
     "TARGETS",
     "WAIT_POLICY",
@@ -46,6 +47,11 @@ TARGETS = {
 NORM_TARGETS = {
     "norm_fwd": TARGET_PREFIX + "batch_norm",
     "norm_bwd": TARGET_PREFIX + "batch_norm_grad",
+}
+# The max-pooling handlers' (``nn.pool_onednn``).
+POOL_TARGETS = {
+    "pool_fwd": TARGET_PREFIX + "max_pool",
+    "pool_bwd": TARGET_PREFIX + "max_pool_grad",
 }
 _LIBRARY = "libdnnl.so.3"
 _DIST = "onednn-cpu-gomp"
@@ -130,7 +136,7 @@ def register_targets() -> None:
             return
         import jax
 
-        targets = {**TARGETS, **NORM_TARGETS}
+        targets = {**TARGETS, **NORM_TARGETS, **POOL_TARGETS}
         for name, capsule in module.handlers().items():
             jax.ffi.register_ffi_target(targets[name], capsule, platform="cpu")
         _state["registered"] = True

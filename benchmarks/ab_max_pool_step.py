@@ -1,0 +1,59 @@
+"""A whole training step with its max pools on oneDNN's primitive (the default where the
+extension has it) against the same step with XLA's max pool, interleaved.
+
+    python benchmarks/ab_max_pool_step.py --model resnet50 --batch 16 --precision mixed_bf16
+
+The second program is set up with every ``MaxPool`` on XLA's ops (``train.program.
+max_pool_impl`` answering ``"xla"`` for the time of its set-up, as for a data-parallel run);
+both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum, the
+step's own compile options). Prints each median and the per-round ratio ``xla / onednn``
+(above 1: oneDNN's max pool makes the step faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from interleaved_steps import bench_options, median_cell, runner, workload
+
+from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.sweep import run_group
+from layoutlab.fast_defaults import cpu_kind
+from layoutlab.train import program
+
+
+class XlaMaxPool(JaxRunner):
+    def setup(self):
+        saved = program.max_pool_impl
+        program.max_pool_impl = lambda spec: "xla"
+        try:
+            return super().setup()
+        finally:
+            program.max_pool_impl = saved
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet50", help="resnet50 (ImageNet stem, 224x224)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--precision", default="mixed_bf16")
+    p.add_argument("--time-budget", type=float, default=60.0)
+    args = p.parse_args(argv)
+    w = workload(args.model, "train", args.batch)
+    opts = bench_options(w)
+    variants = [(JaxRunner, "onednn_pool"), (XlaMaxPool, "xla_pool")]
+    runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
+    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
+    for r in rows:
+        print(cpu_kind(), args.model, args.batch, args.precision, r["defaults"], r["status"],
+              median_cell(r), r.get("error") or "")  # fmt: skip
+    if all(r["status"] == "ok" for r in rows):
+        rounds = {r["defaults"]: json.loads(r["round_ms"]) for r in rows}
+        print(f"{args.model} b{args.batch} {args.precision}: xla_pool / onednn_pool per round",
+              paired_ratio(rounds["xla_pool"], rounds["onednn_pool"]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
