@@ -1,5 +1,6 @@
-"""A whole training step with its max pools on oneDNN's primitive (the default where the
-extension has it) against the same step with XLA's max pool, interleaved.
+"""A whole step (training, or with ``--mode infer`` the eval forward) with its max pools on
+oneDNN's primitive (the default where the extension has it) against the same step with
+XLA's max pool, interleaved.
 
     python benchmarks/ab_max_pool_step.py --model resnet50 --batch 16 --precision mixed_bf16
 
@@ -38,10 +39,11 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50", help="resnet50 (ImageNet stem, 224x224)")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--mode", default="train", choices=("train", "infer"))
     p.add_argument("--precision", default="mixed_bf16")
     p.add_argument("--time-budget", type=float, default=60.0)
     args = p.parse_args(argv)
-    w = workload(args.model, "train", args.batch)
+    w = workload(args.model, args.mode, args.batch)
     opts = bench_options(w)
     variants = [(JaxRunner, "onednn_pool"), (XlaMaxPool, "xla_pool")]
     runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
