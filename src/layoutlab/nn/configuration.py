@@ -76,14 +76,13 @@ def configure(
     copy = nnx.clone(model)
     if activation_storage is not None:
         _compute_in(copy, activation_storage)
-    if batch_norm is not None:
+    # One walk of the graph sets every layer kind's implementation that was asked for.
+    impls = [(cls, impl) for cls, impl in ((BatchNorm, batch_norm), (MaxPool, max_pool)) if impl]
+    if impls:
         for _, layer in nnx.iter_graph(copy):
-            if isinstance(layer, BatchNorm):
-                layer.impl = batch_norm
-    if max_pool is not None:
-        for _, layer in nnx.iter_graph(copy):
-            if isinstance(layer, MaxPool):
-                layer.impl = max_pool
+            for cls, impl in impls:
+                if isinstance(layer, cls):
+                    layer.impl = impl
     found = dict(convs(copy))
     for path, conv_settings in per_conv.items():
         found[path]._set_settings(_for_rank(conv_settings, found[path]))
@@ -164,13 +163,13 @@ def without_custom_calls(model: M) -> M:
         for path, conv in convs(model)
         if conv.settings.algorithm is not None and conv.settings.algorithm.custom_calls
     }
-    norms = any(
-        isinstance(layer, BatchNorm) and layer.may_call_onednn()
+    onednn_layers = [
+        layer
         for _, layer in nnx.iter_graph(model)
-    )
-    pools = any(
-        isinstance(layer, MaxPool) and layer.may_call_onednn() for _, layer in nnx.iter_graph(model)
-    )
+        if isinstance(layer, (BatchNorm, MaxPool)) and layer.may_call_onednn()
+    ]
+    norms = any(isinstance(layer, BatchNorm) for layer in onednn_layers)
+    pools = any(isinstance(layer, MaxPool) for layer in onednn_layers)
     if not native and not norms and not pools:
         return model
     return configure(
