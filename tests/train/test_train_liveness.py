@@ -92,3 +92,49 @@ def test_a_failed_process_ends_without_jax_shutdown_once_the_others_are_done(mon
     liveness._done(store, 0, thread, stop, 2)
     assert len(ended) == 1
     assert ended[0][f"{liveness._ALIVE}0"] == ended[0][f"{liveness._ALIVE}1"] == liveness._DONE
+
+
+def _link_threads():
+    return [t for t in threading.enumerate() if t.name == "layoutlab-links"]
+
+
+def test_exit_waits_for_process_0s_link_thread_inside_a_store_call(monkeypatch):
+    """Process 0's link thread calls the store when a peer's link closes, which happens as
+    the peers exit, so often while process 0 exits too; ``_done`` must see it out of that
+    call (and ended) before the interpreter finalizes."""
+    import socket
+
+    from layoutlab.train.peer_links import link_peers
+
+    store = _Store()
+    thread, stop = _watchdog(store, monkeypatch)
+    before = len(_link_threads())
+    inside, calls = threading.Event(), []
+
+    def closed(k):
+        inside.set()
+        time.sleep(0.3)  # a slow store call
+        calls.append(k)
+
+    unlink = link_peers(store, 0, 2, closed)
+    port = int(store.values["layoutlab/links/port"])
+    peer = socket.create_connection(("127.0.0.1", port), timeout=5)
+    peer.sendall(b"1\n")
+    time.sleep(0.05)  # the link is read as process 1's
+    peer.close()  # process 1 ended
+    assert inside.wait(5), "the link's close was not noticed"
+    liveness._done(store, 0, thread, stop, 2, unlink)
+    assert calls == [1]  # the call in progress finished before _done returned
+    assert len(_link_threads()) == before
+
+
+def test_exit_ends_an_idle_link_thread(monkeypatch):
+    from layoutlab.train.peer_links import link_peers
+
+    store = _Store()
+    thread, stop = _watchdog(store, monkeypatch)
+    before = len(_link_threads())
+    unlink = link_peers(store, 0, 3, lambda k: None)
+    assert len(_link_threads()) == before + 1
+    liveness._done(store, 0, thread, stop, 3, unlink)
+    assert len(_link_threads()) == before

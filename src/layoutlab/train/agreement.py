@@ -296,7 +296,8 @@ def decided_by_process_0(name: str, decide: Callable[[], object]):
             except Exception:  # the store is gone: the waiting processes learn it themselves
                 return
 
-    threading.Thread(target=beat, daemon=True, name=f"layoutlab-{name}-beat").start()
+    beater = threading.Thread(target=beat, daemon=True, name=f"layoutlab-{name}-beat")
+    beater.start()
     try:
         text = json.dumps(decide())
         client.key_value_set(f"{base}/value", text)
@@ -304,5 +305,8 @@ def decided_by_process_0(name: str, decide: Callable[[], object]):
         report_failure(str(e))
         raise
     finally:
+        # Out of its store call before this returns: a daemon thread still in one when the
+        # interpreter finalizes aborts the process (liveness._done).
         done.set()
+        beater.join(timeout=timeout)
     return json.loads(text)  # what the others get, to the type (tuples come back as lists)

@@ -240,14 +240,20 @@ def _watch(client, me: int, count: int, timeout_s: float, stop: threading.Event)
 
 
 def _done(
-    client, me: int, watchdog: threading.Thread, stop: threading.Event, count: int = 1
+    client,
+    me: int,
+    watchdog: threading.Thread,
+    stop: threading.Event,
+    count: int = 1,
+    unlink=None,
 ) -> None:
     """At exit: stop the watchdog, then tell the others this process finished, so that they
-    do not mistake it for a dead one (a beat after that would undo it). The thread must
-    be out of the client's calls before the interpreter finalizes: a daemon thread that
-    comes back from C++ then is unwound by force, which the client's bindings catch
-    without rethrowing, and the process aborts ("FATAL: exception not rethrown") instead
-    of exiting with its status. A process that printed its error then ends (module doc)."""
+    do not mistake it for a dead one (a beat after that would undo it). The watchdog and
+    process 0's link thread (``unlink``) must be out of the client's calls before the
+    interpreter finalizes: a daemon thread that comes back from C++ then is unwound by
+    force, which the client's bindings catch without rethrowing, and the process aborts
+    ("FATAL: exception not rethrown") instead of exiting with its status. A process that
+    printed its error then ends (module doc)."""
     stop.set()
     watchdog.join(timeout=_JOIN_S)
     _mark_done(client, me)
@@ -255,6 +261,8 @@ def _done(
         if me == 0:
             _wait_for_peers(client, count, _JOIN_S)
         _end()
+    if unlink is not None:
+        unlink(_JOIN_S)
 
 
 def _closed(client, k: int) -> None:
@@ -282,9 +290,9 @@ def start_watchdog(timeout_s: float) -> None:
         return
     me, stop = jax.process_index(), threading.Event()
     args = (client, me, jax.process_count(), timeout_s, stop)
-    link_peers(client, me, jax.process_count(), lambda k: _closed(client, k))
+    unlink = link_peers(client, me, jax.process_count(), lambda k: _closed(client, k))
     watchdog = threading.Thread(target=_watch, args=args, daemon=True, name="layoutlab-liveness")
     watchdog.start()
     # Runs before JAX's own exit handler, which was registered first.
-    atexit.register(_done, client, me, watchdog, stop, jax.process_count())
+    atexit.register(_done, client, me, watchdog, stop, jax.process_count(), unlink)
     _watchdogs.append((client, me, watchdog, stop, timeout_s))

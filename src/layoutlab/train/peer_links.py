@@ -8,6 +8,10 @@ process 0 (on a port process 0 picks and publishes in the coordination service's
 on the coordinator's host), and process 0 records a failure for the others as soon as a
 connection closes before its process marked itself done (at exit, ``liveness._done``).
 Where the connection cannot be made (a firewall), the watchdog's timeout still holds.
+
+Process 0's thread calls into the coordination client when a link closes, so it must be out
+of those calls before the interpreter finalizes (``liveness._done``): ``link_peers``
+returns the function that wakes it and waits for it to end.
 """
 
 from __future__ import annotations
@@ -45,11 +49,15 @@ def _listen() -> socket.socket | None:
             return None
 
 
-def _serve(server: socket.socket, count: int, closed: Callable[[int], None]) -> None:
+def _serve(
+    server: socket.socket, count: int, closed: Callable[[int], None], wake: socket.socket
+) -> None:
     links: dict[socket.socket, int] = {}
     pending, accepted = [server], 0
     while pending or links:
-        ready, _, _ = select.select([*pending, *links], [], [])
+        ready, _, _ = select.select([wake, *pending, *links], [], [])
+        if wake in ready:  # the process is exiting (``stop`` below)
+            return
         for s in ready:
             if s is server:
                 peer, _ = server.accept()
@@ -74,27 +82,48 @@ def _serve(server: socket.socket, count: int, closed: Callable[[int], None]) -> 
                 closed(k)
 
 
-def link_peers(client, me: int, count: int, closed: Callable[[int], None]) -> None:
+def _nothing(timeout_s: float) -> None:
+    return None
+
+
+def link_peers(
+    client, me: int, count: int, closed: Callable[[int], None]
+) -> Callable[[float], None]:
     """Process 0 listens and calls ``closed(k)`` from a thread when process ``k``'s link
-    closes; every other process connects (see the module doc). Never raises."""
+    closes; every other process connects (see the module doc). Never raises. Returns
+    ``stop(timeout_s)``, which ends process 0's thread and waits for it, at most
+    ``timeout_s`` (it may be in a ``closed`` call); on the others it does nothing."""
     try:
         if me == 0:
             server = _listen()
             client.key_value_set(_PORT_KEY, str(server.getsockname()[1] if server else "none"))
-            if server is not None:
-                _open.append(server)
-                args = (server, count - 1, closed)
-                name = "layoutlab-links"
-                threading.Thread(target=_serve, args=args, daemon=True, name=name).start()
-            return
+            if server is None:
+                return _nothing
+            _open.append(server)
+            wake, waker = socket.socketpair()
+            _open.extend((wake, waker))
+            args = (server, count - 1, closed, wake)
+            name = "layoutlab-links"
+            thread = threading.Thread(target=_serve, args=args, daemon=True, name=name)
+            thread.start()
+
+            def stop(timeout_s: float) -> None:
+                try:
+                    waker.send(b"x")
+                except OSError:
+                    pass
+                thread.join(timeout=timeout_s)
+
+            return stop
         host = _coordinator_host()
         port = client.blocking_key_value_get(_PORT_KEY, int(_CONNECT_S * 1000))
         if host is None or not str(port).isdigit():
-            return
+            return _nothing
         port = int(port)
         link = socket.create_connection((host, port), timeout=_CONNECT_S)
         link.settimeout(None)
         link.sendall(f"{me}\n".encode())
         _open.append(link)
     except Exception:  # no link: the watchdog's timeout still notices a lost process
-        return
+        pass
+    return _nothing
