@@ -54,7 +54,7 @@ def _extensions() -> list[Extension]:
                 "native/onednn_pool.cc",
                 "native/onednn_ffi.cc",
             ],
-            depends=["native/onednn_conv.h"],
+            depends=["native/onednn_common.h", "native/onednn_conv.h"],
             include_dirs=[ffi_inc, dnnl_inc],
             library_dirs=[lib_dir],
             # The wheel ships libdnnl.so.3 (and a copy named libdnnl.so): link by the SONAME's

@@ -14,15 +14,12 @@
 // allocates nothing but oneDNN's small memory handles.
 #include "onednn_conv.h"
 
-#include <cstdlib>
 #include <memory>
-#include <mutex>
-#include <new>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "onednn_common.h"
 
 namespace layoutlab {
 namespace {
@@ -39,11 +36,6 @@ struct Entry {
   dnnl::reorder src_convert, dst_convert;  // user -> primitive (f32_compute)
   PrimitiveInfo info;
 };
-
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 memory::data_type ToDnnl(int64_t dt) {
   if (dt == kF32) return memory::data_type::f32;
@@ -152,36 +144,10 @@ std::unique_ptr<Entry> Create(const Params& p) {
   return entry;
 }
 
-// Primitives live as long as the process: a model has a few dozen distinct convs.
 const Entry& Lookup(const Params& p) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::unique_ptr<Entry>> cache;
-  const std::string key(reinterpret_cast<const char*>(&p), sizeof(Params));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return *it->second;
-  auto entry = Create(p);
-  return *cache.emplace(key, std::move(entry)).first->second;
+  static PrimitiveCache<Params, Entry> cache(Create);
+  return cache.Get(p);
 }
-
-// A per-thread buffer that only grows: XLA may run custom calls from several threads at once,
-// and each one's scratchpad, reordered kernel and converted activations must be its own.
-struct Buffer {
-  void* data = nullptr;
-  size_t size = 0;
-  ~Buffer() { std::free(data); }
-  void* Get(size_t bytes) {
-    if (bytes <= size) return data;
-    std::free(data);
-    size = (bytes + 4095) / 4096 * 4096;
-    data = std::aligned_alloc(64, size);
-    if (data == nullptr) {
-      size = 0;
-      throw std::bad_alloc();
-    }
-    return data;
-  }
-};
 
 }  // namespace
 
@@ -190,19 +156,15 @@ PrimitiveInfo Describe(const Params& p) { return Lookup(p).info; }
 void Run(const Params& p, void* src, void* wei, void* dst) {
   const Entry& e = Lookup(p);
   auto& eng = Engine();
-  thread_local dnnl::stream stream(eng);
+  dnnl::stream& stream = Stream();
+  // Each thread's own: XLA may run custom calls from several threads at once.
   thread_local Buffer scratch, wei_buf, src_buf, dst_buf;
   memory src_m(e.user_src_md, eng, src), dst_m(e.user_dst_md, eng, dst);
   memory user_wei(e.user_wei_md, eng, wei);
   memory wei_m = e.reorder_wei ? memory(e.wei_md, eng, wei_buf.Get(e.wei_md.get_size()))
                                : user_wei;
-  std::unordered_map<int, memory> args;
-  if (e.info.scratch_bytes) {
-    const size_t bytes = e.info.scratch_bytes;
-    memory::desc scratch_md({static_cast<int64_t>(bytes)}, memory::data_type::u8,
-                            memory::format_tag::x);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratch_md, eng, scratch.Get(bytes)));
-  }
+  DnnlArgs args;
+  AddScratchpad(args, scratch, e.info.scratch_bytes);
   if (p.op == kForward) {
     if (e.reorder_wei) e.wei_reorder.execute(stream, user_wei, wei_m);
     args.insert({{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});

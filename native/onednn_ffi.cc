@@ -10,6 +10,7 @@
 #include <string>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "onednn_common.h"
 #include "onednn_conv.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -80,19 +81,6 @@ Params MakeParams(int64_t op, ffi::AnyBuffer::Dimensions act, ffi::AnyBuffer::Di
   return p;
 }
 
-template <typename F>
-ffi::Error Guard(F&& f) {
-  try {
-    f();
-    return ffi::Error::Success();
-  } catch (const dnnl::error& e) {
-    return ffi::Error::Internal(std::string("oneDNN: ") + e.what() +
-                                " (status " + std::to_string(static_cast<int>(e.status)) + ")");
-  } catch (const std::exception& e) {
-    return ffi::Error::InvalidArgument(std::string("layoutlab onednn conv: ") + e.what());
-  }
-}
-
 #define CONV_ATTRS(X)                                                                   \
   X(int64_t, nchw) X(int64_t, sh) X(int64_t, sw) X(int64_t, plh) X(int64_t, plw)      \
       X(int64_t, prh) X(int64_t, prw) X(int64_t, dh) X(int64_t, dw) X(int64_t, groups) \
@@ -103,7 +91,7 @@ ffi::Error Forward(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffe
                    int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw, int64_t prh,
                    int64_t prw, int64_t dh, int64_t dw, int64_t groups,
                    int64_t plain_weights, int64_t f32_compute) {
-  return Guard([&] {
+  return layoutlab::FfiGuard("conv", [&] {
     Params p = MakeParams(kForward, x.dimensions(), w.dimensions(), y->dimensions(),
                           DtCode(x.element_type()), DtCode(w.element_type()),
                           DtCode(y->element_type()), GEOM);
@@ -115,7 +103,7 @@ ffi::Error BackwardData(ffi::AnyBuffer dy, ffi::AnyBuffer w, ffi::Result<ffi::An
                         int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
                         int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
                    int64_t plain_weights, int64_t f32_compute) {
-  return Guard([&] {
+  return layoutlab::FfiGuard("conv", [&] {
     Params p = MakeParams(kBackwardData, dx->dimensions(), w.dimensions(), dy.dimensions(),
                           DtCode(dx->element_type()), DtCode(w.element_type()),
                           DtCode(dy.element_type()), GEOM);
@@ -127,7 +115,7 @@ ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi:
                            int64_t nchw, int64_t sh, int64_t sw, int64_t plh, int64_t plw,
                            int64_t prh, int64_t prw, int64_t dh, int64_t dw, int64_t groups,
                    int64_t plain_weights, int64_t f32_compute) {
-  return Guard([&] {
+  return layoutlab::FfiGuard("conv", [&] {
     Params p = MakeParams(kBackwardWeights, x.dimensions(), dw_out->dimensions(), dy.dimensions(),
                           DtCode(x.element_type()), DtCode(dw_out->element_type()),
                           DtCode(dy.element_type()), GEOM);
@@ -160,6 +148,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvBwdWeights, BackwardWeights,
 
 namespace {
 
+// Runs a query's body, which returns a new reference: its exceptions become RuntimeError.
+template <typename F>
+PyObject* PyGuard(F&& f) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    PyErr_SetString(PyExc_RuntimeError, layoutlab::DnnlErrorMessage(e).c_str());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
 PyObject* ImplInfo(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
   if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
@@ -178,17 +179,11 @@ PyObject* ImplInfo(PyObject*, PyObject* args) {
   if (PyErr_Occurred()) return nullptr;
   Params p;
   std::memcpy(&p, values, sizeof(Params));
-  try {
+  return PyGuard([&] {
     const layoutlab::PrimitiveInfo info = layoutlab::Describe(p);
     return Py_BuildValue("(sNn)", info.impl.c_str(), PyBool_FromLong(info.reorder_wei),
                          static_cast<Py_ssize_t>(info.scratch_bytes));
-  } catch (const dnnl::error& e) {
-    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
-                 static_cast<int>(e.status));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  });
 }
 
 PyObject* NormInfo(PyObject*, PyObject* args) {
@@ -196,17 +191,11 @@ PyObject* NormInfo(PyObject*, PyObject* args) {
   float eps;
   if (!PyArg_ParseTuple(args, "LLLLLLLf", &backward, &bf16, &relu, &n, &c, &h, &w, &eps))
     return nullptr;
-  try {
+  return PyGuard([&] {
     size_t ws = 0;
     const std::string impl = layoutlab::NormImplInfo(backward, bf16, relu, n, c, h, w, eps, &ws);
     return Py_BuildValue("(sn)", impl.c_str(), static_cast<Py_ssize_t>(ws));
-  } catch (const dnnl::error& e) {
-    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
-                 static_cast<int>(e.status));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  });
 }
 
 PyObject* PoolInfo(PyObject*, PyObject* args) {
@@ -217,17 +206,11 @@ PyObject* PoolInfo(PyObject*, PyObject* args) {
     return nullptr;
   int64_t values[16];
   for (int i = 0; i < 16; ++i) values[i] = v[i];
-  try {
+  return PyGuard([&] {
     size_t ws = 0;
     const std::string impl = layoutlab::PoolImplInfo(values, &ws);
     return Py_BuildValue("(sn)", impl.c_str(), static_cast<Py_ssize_t>(ws));
-  } catch (const dnnl::error& e) {
-    PyErr_Format(PyExc_RuntimeError, "oneDNN: %s (status %d)", e.what(),
-                 static_cast<int>(e.status));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  });
 }
 
 PyObject* Version(PyObject*, PyObject*) {

@@ -10,18 +10,14 @@
 // those indices too. The workspace is oneDNN's, plus one trailing flag byte.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
-#include <new>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
-#include <utility>
 
 #include "oneapi/dnnl/dnnl.hpp"
+#include "onednn_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -41,13 +37,8 @@ struct PoolEntry {
   size_t scratch_bytes = 0;
 };
 
-dnnl::engine& PoolEngine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
 std::unique_ptr<PoolEntry> CreatePool(const PoolParams& p) {
-  auto& eng = PoolEngine();
+  auto& eng = Engine();
   auto e = std::make_unique<PoolEntry>();
   const auto dt = p.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   e->src_md = memory::desc({p.n, p.c, p.h, p.w}, dt, memory::format_tag::nhwc);
@@ -74,71 +65,21 @@ std::unique_ptr<PoolEntry> CreatePool(const PoolParams& p) {
 }
 
 const PoolEntry& LookupPool(const PoolParams& p) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::unique_ptr<PoolEntry>> cache;
-  const std::string key(reinterpret_cast<const char*>(&p), sizeof(PoolParams));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return *it->second;
-  auto entry = CreatePool(p);
-  return *cache.emplace(key, std::move(entry)).first->second;
+  static PrimitiveCache<PoolParams, PoolEntry> cache(CreatePool);
+  return cache.Get(p);
 }
 
-struct PoolBuffer {
-  void* data = nullptr;
-  size_t size = 0;
-  ~PoolBuffer() { std::free(data); }
-  void* Get(size_t bytes) {
-    if (bytes <= size) return data;
-    std::free(data);
-    size = (bytes + 4095) / 4096 * 4096;
-    data = std::aligned_alloc(64, size);
-    if (data == nullptr) {
-      size = 0;
-      throw std::bad_alloc();
-    }
-    return data;
-  }
-};
-
-void ExecutePool(const PoolEntry& e, std::unordered_map<int, memory>& args) {
-  auto& eng = PoolEngine();
-  thread_local dnnl::stream stream(eng);
-  thread_local PoolBuffer scratch;
-  if (e.scratch_bytes) {
-    memory::desc md({static_cast<int64_t>(e.scratch_bytes)}, memory::data_type::u8,
-                    memory::format_tag::x);
-    args.emplace(DNNL_ARG_SCRATCHPAD, memory(md, eng, scratch.Get(e.scratch_bytes)));
-  }
-  e.prim.execute(stream, args);
-  stream.wait();
+void ExecutePool(const PoolEntry& e, DnnlArgs& args) {
+  thread_local Buffer scratch;  // each thread's own, shared by the forward and the backward
+  Execute(e.prim, args, scratch, e.scratch_bytes);
 }
 
 PoolParams MakePoolParams(int64_t backward, ffi::DataType t, ffi::AnyBuffer::Dimensions x,
                           ffi::AnyBuffer::Dimensions y, int64_t kh, int64_t kw, int64_t sh,
                           int64_t sw, int64_t plh, int64_t plw, int64_t prh, int64_t prw) {
   if (x.size() != 4 || y.size() != 4) throw std::invalid_argument("pool operands: rank 4");
-  PoolParams p{};
-  p.backward = backward;
-  if (t == ffi::DataType::BF16) {
-    p.bf16 = 1;
-  } else if (t != ffi::DataType::F32) {
-    throw std::invalid_argument("only float32 and bfloat16 activations are supported");
-  }
-  p.n = x[0];
-  p.h = x[1];
-  p.w = x[2];
-  p.c = x[3];
-  p.oh = y[1];
-  p.ow = y[2];
-  p.kh = kh;
-  p.kw = kw;
-  p.sh = sh;
-  p.sw = sw;
-  p.plh = plh;
-  p.plw = plw;
-  p.prh = prh;
-  p.prw = prw;
+  const PoolParams p{backward, IsBf16(t), x[0], x[1], x[2], x[3], y[1], y[2],
+                     kh,       kw,        sh,   sw,   plh,  plw,  prh,  prw};
   if (kh * kw > 255) throw std::invalid_argument("windows of more than 255 elements");
   return p;
 }
@@ -238,33 +179,14 @@ void PlainBackward(const PoolParams& p, const void* dy, const uint8_t* ws, void*
   }
 }
 
-void CheckWorkspace(const PoolEntry& e, const ffi::AnyBuffer::Dimensions& dims) {
-  size_t n = 1;
-  for (auto d : dims) n *= static_cast<size_t>(d);
-  if (n < e.ws_md.get_size() + 1) throw std::invalid_argument("workspace buffer too small");
-}
-
-template <typename F>
-ffi::Error PoolGuard(F&& f) {
-  try {
-    f();
-    return ffi::Error::Success();
-  } catch (const dnnl::error& e) {
-    return ffi::Error::Internal(std::string("oneDNN: ") + e.what() + " (status " +
-                                std::to_string(static_cast<int>(e.status)) + ")");
-  } catch (const std::exception& e) {
-    return ffi::Error::InvalidArgument(std::string("layoutlab onednn max pool: ") + e.what());
-  }
-}
-
 ffi::Error PoolForward(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                        ffi::Result<ffi::AnyBuffer> ws, int64_t kh, int64_t kw, int64_t sh,
                        int64_t sw, int64_t plh, int64_t plw, int64_t prh, int64_t prw) {
-  return PoolGuard([&] {
+  return FfiGuard("max pool", [&] {
     const PoolParams p = MakePoolParams(0, x.element_type(), x.dimensions(), y->dimensions(),
                                         kh, kw, sh, sw, plh, plw, prh, prw);
     const PoolEntry& e = LookupPool(p);
-    CheckWorkspace(e, ws->dimensions());
+    CheckWorkspace(ws->dimensions(), e.ws_md.get_size() + 1);
     uint8_t* flag = static_cast<uint8_t*>(ws->untyped_data()) + e.ws_md.get_size();
     if (e.ws_md.get_data_type() != memory::data_type::u8)
       throw std::invalid_argument("oneDNN's workspace is not one byte per element");
@@ -274,8 +196,8 @@ ffi::Error PoolForward(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
       *flag = 1;
       return;
     }
-    auto& eng = PoolEngine();
-    std::unordered_map<int, memory> args{
+    auto& eng = Engine();
+    DnnlArgs args{
         {DNNL_ARG_SRC, memory(e.src_md, eng, x.untyped_data())},
         {DNNL_ARG_DST, memory(e.dst_md, eng, y->untyped_data())},
         {DNNL_ARG_WORKSPACE, memory(e.ws_md, eng, ws->untyped_data())}};
@@ -287,18 +209,18 @@ ffi::Error PoolForward(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 ffi::Error PoolBackward(ffi::AnyBuffer dy, ffi::AnyBuffer ws, ffi::Result<ffi::AnyBuffer> dx,
                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t plh,
                         int64_t plw, int64_t prh, int64_t prw) {
-  return PoolGuard([&] {
+  return FfiGuard("max pool", [&] {
     const PoolParams p = MakePoolParams(1, dy.element_type(), dx->dimensions(),
                                         dy.dimensions(), kh, kw, sh, sw, plh, plw, prh, prw);
     const PoolEntry& e = LookupPool(p);
-    CheckWorkspace(e, ws.dimensions());
+    CheckWorkspace(ws.dimensions(), e.ws_md.get_size() + 1);
     const uint8_t* w = static_cast<const uint8_t*>(ws.untyped_data());
     if (w[e.ws_md.get_size()]) {
       PlainBackward(p, dy.untyped_data(), w, dx->untyped_data());
       return;
     }
-    auto& eng = PoolEngine();
-    std::unordered_map<int, memory> args{
+    auto& eng = Engine();
+    DnnlArgs args{
         {DNNL_ARG_DIFF_DST, memory(e.dst_md, eng, dy.untyped_data())},
         {DNNL_ARG_DIFF_SRC, memory(e.src_md, eng, dx->untyped_data())},
         {DNNL_ARG_WORKSPACE, memory(e.ws_md, eng, ws.untyped_data())}};
@@ -317,10 +239,7 @@ std::string PoolImplInfo(const int64_t* values, size_t* ws_bytes) {
   const PoolEntry& e = LookupPool(p);
   *ws_bytes = e.ws_md.get_size();
   if (e.ws_md.get_data_type() != memory::data_type::u8) return "ref:ws-not-u8";
-  auto pd = e.prim.get_primitive_desc();
-  const char* impl = nullptr;
-  dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-  return impl ? impl : "";
+  return ImplInfoStr(e.prim);
 }
 
 }  // namespace layoutlab
