@@ -4,9 +4,9 @@ default where the extension has it) against the same step with XLA's BatchNorm, 
     python benchmarks/ab_batch_norm_onednn.py --model resnet50 --batch 16 --time-budget 90
     python benchmarks/ab_batch_norm_onednn.py --model resnet18 --batch 32
 
-The second program is set up with every BatchNorm on XLA's ops (``train.program.
-batch_norm_impl`` answering ``"xla"`` for the time of its set-up, as for a data-parallel
-run); both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum,
+The second program is set up with every BatchNorm on XLA's ops and its max pools as the
+first's (``interleaved_steps.with_layer_impls``: ``--layer-impl xla`` would move both);
+both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum,
 the step's own compile options). Prints each median and the per-round ratio ``xla / onednn``
 (above 1: oneDNN's BatchNorm makes the step faster); ``--unfused`` adds a third program whose
 BatchNorms run oneDNN's primitive with the ReLU after them left to XLA; ``--onednn-float32``
@@ -19,7 +19,7 @@ import argparse
 import json
 
 import jax
-from interleaved_steps import bench_options, median_cell, runner, workload
+from interleaved_steps import bench_options, median_cell, runner, with_layer_impls, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
@@ -27,7 +27,6 @@ from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_kind
 from layoutlab.models import resnet
 from layoutlab.nn import norm
-from layoutlab.train import program
 
 
 class UnfusedRelu(JaxRunner):
@@ -54,14 +53,7 @@ class Float32Onednn(JaxRunner):
             norm.ONEDNN_NORM_DTYPES = saved
 
 
-class XlaBatchNorm(JaxRunner):
-    def setup(self):
-        saved = program.batch_norm_impl
-        program.batch_norm_impl = lambda spec: "xla"
-        try:
-            return super().setup()
-        finally:
-            program.batch_norm_impl = saved
+XlaBatchNorm = with_layer_impls(batch_norm="xla")
 
 
 def main(argv=None) -> None:

@@ -4,8 +4,8 @@ XLA's max pool, interleaved.
 
     python benchmarks/ab_max_pool_step.py --model resnet50 --batch 16 --precision mixed_bf16
 
-The second program is set up with every ``MaxPool`` on XLA's ops (``train.program.
-max_pool_impl`` answering ``"xla"`` for the time of its set-up, as for a data-parallel run);
+The second program is set up with every ``MaxPool`` on XLA's ops and its BatchNorms as the
+first's (``interleaved_steps.with_layer_impls``: ``--layer-impl xla`` would move both);
 both run the shipped conv table (``bench.sweep.run_group``, NHWC, SGD with momentum, the
 step's own compile options). Prints each median and the per-round ratio ``xla / onednn``
 (above 1: oneDNN's max pool makes the step faster).
@@ -16,23 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from interleaved_steps import bench_options, median_cell, runner, workload
+from interleaved_steps import bench_options, median_cell, runner, with_layer_impls, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.stats import paired_ratio
 from layoutlab.bench.sweep import run_group
 from layoutlab.fast_defaults import cpu_kind
-from layoutlab.train import program
 
-
-class XlaMaxPool(JaxRunner):
-    def setup(self):
-        saved = program.max_pool_impl
-        program.max_pool_impl = lambda spec: "xla"
-        try:
-            return super().setup()
-        finally:
-            program.max_pool_impl = saved
+XlaMaxPool = with_layer_impls(max_pool="xla")
 
 
 def main(argv=None) -> None:

@@ -19,6 +19,7 @@ from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.machine import finish_machine_info
 from layoutlab.bench.sweep_config import resolve_input
 from layoutlab.nn.conv_algos import default_plan
+from layoutlab.train import program
 
 # model -> (model kwargs, input shape, classes): ResNet-18 on CIFAR, ResNet-50 on ImageNet.
 _INPUTS = {
@@ -82,6 +83,23 @@ def with_rules(rules: dict) -> type[JaxRunner]:
                 default_plan.DEFAULT_RULES.update(saved)
 
     return Swapped
+
+
+def with_layer_impls(**impls) -> type[JaxRunner]:
+    """A ``JaxRunner`` whose program is set up with ``impls`` (``nn.configure``'s
+    ``batch_norm=`` and ``max_pool=``) over its run's ``layer_impl``, which sets both: one
+    layer kind on XLA's ops and the other as the run has it, for an A/B of one kind alone."""
+
+    class Configured(JaxRunner):
+        def setup(self):
+            saved = program.configure
+            program.configure = lambda model, *a, **kw: saved(model, *a, **{**kw, **impls})
+            try:
+                return super().setup()
+            finally:
+                program.configure = saved
+
+    return Configured
 
 
 def median_cell(row: dict) -> str:

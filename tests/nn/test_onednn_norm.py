@@ -22,8 +22,6 @@ mean is 0, and every pre-activation is at least 0.01 from it): a decision within
 zero may fall either way, which is not what this checks.
 """
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,7 +37,8 @@ from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.conv_algos import onednn
 from layoutlab.nn.norm import BatchNorm, batch_norm_relu
 from layoutlab.precision import get_policy
-from layoutlab.train.program import batch_norm_impl
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.spec import resolve_spec
 from layoutlab.xla.hlo import hlo_report
 
 needs_onednn_norm = pytest.mark.skipif(
@@ -233,8 +232,8 @@ def test_falls_back_to_xlas_ops_where_the_extension_is_absent(monkeypatch):
 
 
 def test_data_parallel_runs_and_exports_keep_xlas_batch_norm():
-    assert batch_norm_impl(types.SimpleNamespace(data_parallel=True)) == "xla"
-    assert batch_norm_impl(types.SimpleNamespace(data_parallel=False)) == "auto"
+    assert resolve_spec(TrainConfig(data_parallel=True)).layer_impl == "xla"
+    assert resolve_spec(TrainConfig(data_parallel=False)).layer_impl == "auto"
     model = nnx.Sequential(_layer(), _layer())
     for copy in (configure(model, batch_norm="xla"), without_custom_calls(model)):
         assert [m.impl for m in copy.layers] == ["xla", "xla"]

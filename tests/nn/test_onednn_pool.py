@@ -4,7 +4,6 @@ row-major window order, a NaN window's last NaN), NaN and infinity windows, dete
 fallback where the extension is absent, and ``configure``/export switching it off."""
 
 import itertools
-import types
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +15,8 @@ from onednn_helpers import simulate_no_onednn
 from layoutlab.nn import configure, pool_onednn
 from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.pooling import MaxPool, max_pool, onednn_pool_reason
-from layoutlab.train.program import max_pool_impl
+from layoutlab.train.config import TrainConfig
+from layoutlab.train.spec import resolve_spec
 from layoutlab.xla.hlo_extract import ONEDNN_PREFIX
 
 STEM = ((1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
@@ -162,8 +162,8 @@ def test_xla_where_oneDNN_is_absent_or_does_not_pay(monkeypatch):
 def test_configure_and_export_switch_max_pools_to_xla():
     # A data-parallel run's program configures its max pools to "xla" (a oneDNN call on a
     # batch split over devices would gather it).
-    assert max_pool_impl(types.SimpleNamespace(data_parallel=True)) == "xla"
-    assert max_pool_impl(types.SimpleNamespace(data_parallel=False)) == "auto"
+    assert resolve_spec(TrainConfig(data_parallel=True)).layer_impl == "xla"
+    assert resolve_spec(TrainConfig(data_parallel=False)).layer_impl == "auto"
     model = nnx.Sequential(MaxPool(3, 2, 1), MaxPool(2, 2))
     assert model.layers[0].may_call_onednn() and not model.layers[1].may_call_onednn()
     for copy in (configure(model, max_pool="xla"), without_custom_calls(model)):

@@ -164,13 +164,20 @@ def test_resume_under_other_jax_numerics_is_refused(copy):
 
 
 def test_resume_names_the_may_change_settings_it_changes(copy, capsys):
-    flags = ["--conv-algo", "xla", "--no-cpu-fast"]
+    # A config.json from before layer_impl existed: the run ran "auto", its default.
+    saved = json.loads((copy / "config.json").read_text())
+    del saved["layer_impl"]
+    (copy / "config.json").write_text(json.dumps(saved))
+    args = cli.build_parser().parse_args(["train", "--workdir", str(copy), "--resume"])
+    assert build_config(args)[0].layer_impl == "auto"
+    flags = ["--conv-algo", "xla", "--no-cpu-fast", "--layer-impl", "xla"]
     flags += ["--xla-option", "xla_cpu_enable_fast_math=false"]
     code, _, err = _cli(capsys, "train", "--workdir", copy, "--resume", "--quiet", *flags)
     assert code == 0, err
     notes = [line for line in err.splitlines() if "changed settings" in line]
     assert len(notes) == 1, err
     for part in ("conv_algorithm 'auto' -> 'xla'", "cpu_fast True -> False",
+                 "layer_impl 'auto' -> 'xla'",
                  "xla_options {} -> {'xla_cpu_enable_fast_math': False}"):  # fmt: skip
         assert part in notes[0], notes[0]
 

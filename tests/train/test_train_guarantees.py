@@ -170,8 +170,8 @@ def test_resume_may_change_length_and_cadence(resumed_over_a_stale_lock, run_dir
     # The guarantees page's list, word for word.
     assert MAY_CHANGE == {
         "epochs", "num_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
-        "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "xla_options",
-        "log_every", "tensorboard", "param_sharding", "cpu_fast", "early_stop",
+        "eval_batch_size", "data_parallel", "remat", "conv_algorithm", "layer_impl",
+        "xla_options", "log_every", "tensorboard", "param_sharding", "cpu_fast", "early_stop",
     }  # fmt: skip
     copy, code, err, _ = resumed_over_a_stale_lock
     assert code == 0, err

@@ -152,6 +152,12 @@ class TrainConfig:
     # Where a channels-first model computes: "layout", "channels_last" (NHWC inside, inputs
     # and outputs still in `layout`) or "auto": channels_last on CPU, layout elsewhere.
     activation_storage: str = "auto"
+    # How the layers besides convs that have a oneDNN primitive compute (BatchNorm in training
+    # on bfloat16 activations, 2D max pools with overlapping windows): "auto": oneDNN's
+    # primitive where it applies (on CPU, with the extension built), "xla": XLA's ops
+    # everywhere (to compare the two, or to run as an exported model does). A data-parallel
+    # run runs XLA's either way.
+    layer_impl: str = "auto"
     # XLA compile options (name -> bool/int/float/str) of the train, eval and init programs,
     # over cpu_fast_options(mode) on CPU when cpu_fast (layoutlab.fast_defaults).
     xla_options: dict = dataclasses.field(default_factory=dict)

@@ -16,6 +16,7 @@ __all__ = [
     "AUTO_LOSS_SCALE",
     "AUTO_STORAGE",
     "INT32_MAX",
+    "LAYER_IMPLS",
     "OPTIMIZERS",
     "SCHEDULES",
     "check_augment",
@@ -34,6 +35,9 @@ SCHEDULES = ("constant", "cosine", "step")
 AUTO_LOSS_SCALE = "auto"  # as train.run_precision (imported lazily: no JAX for --help)
 INT32_MAX = 2**31 - 1
 AUTO_STORAGE = "auto"  # kernel/activation storage: resolved per backend (fast_defaults)
+# TrainConfig.layer_impl: nn.norm.BATCH_NORM_IMPLS and nn.pooling.MAX_POOL_IMPLS, which are
+# one set of names (not imported here: they import JAX, and `train --help` reads this).
+LAYER_IMPLS = ("auto", "xla")
 
 
 def check_positive(config, *names: str, allow_none: bool = False) -> None:
@@ -139,6 +143,11 @@ def check_names(config):
     if config.param_sharding not in ("replicated", "fsdp"):
         raise ValueError(
             f"param_sharding must be 'replicated' or 'fsdp', got {config.param_sharding!r}."
+        )
+    if config.layer_impl not in LAYER_IMPLS:
+        raise ValueError(
+            f"layer_impl must be one of {', '.join(LAYER_IMPLS)} (auto: oneDNN's batch norm "
+            f"and max pool where they apply; xla: XLA's ops), got {config.layer_impl!r}."
         )
     if config.schedule not in SCHEDULES:
         raise ValueError(

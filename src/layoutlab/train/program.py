@@ -36,8 +36,6 @@ from layoutlab.train.steps import make_eval_step, make_forward, make_train_step
 __all__ = [
     "INIT_COMPILER_OPTIONS",
     "Program",
-    "batch_norm_impl",
-    "max_pool_impl",
     "build_model",
     "build_program",
     "class_axis",
@@ -74,11 +72,9 @@ def create_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:
 
 def configure_model(model: nnx.Module, spec: RunSpec) -> nnx.Module:
     """A copy of ``model`` with ``spec``'s conv algorithm or, for ``"auto"``, its plan
-    (``nn.configure``); every conv carries its algorithm's value from ``spec.algorithms``.
-    A data-parallel run's batch norms and max pools run XLA's ops: their statistics are over
-    the global batch, which XLA's partitioner reduces across devices and a oneDNN call cannot
-    (a max pool's oneDNN call would gather the batch)."""
-    impls = {"batch_norm": batch_norm_impl(spec), "max_pool": max_pool_impl(spec)}
+    (``nn.configure``); every conv carries its algorithm's value from ``spec.algorithms``,
+    and every batch norm and max pool computes as ``spec.layer_impl`` says."""
+    impls = {"batch_norm": spec.layer_impl, "max_pool": spec.layer_impl}
     if spec.conv_algorithm == AUTO:
         plan = spec.conv_plan or ConvPlan()
         return configure(model, plan, algorithms=spec.algorithms, **impls)
@@ -86,16 +82,6 @@ def configure_model(model: nnx.Module, spec: RunSpec) -> nnx.Module:
         spec.conv_algorithm, spec.algorithms, kernel_storage=spec.kernel_storage
     )
     return configure(model, settings, **impls)
-
-
-def batch_norm_impl(spec: RunSpec) -> str:
-    """How ``spec``'s batch norms compute in training mode (``nn.norm.BATCH_NORM_IMPLS``)."""
-    return "xla" if spec.data_parallel else "auto"
-
-
-def max_pool_impl(spec: RunSpec) -> str:
-    """How ``spec``'s max pools compute (``nn.pooling.MAX_POOL_IMPLS``)."""
-    return "xla" if spec.data_parallel else "auto"
 
 
 def build_model(spec: RunSpec, inputs: InputSpec) -> nnx.Module:

@@ -4,7 +4,8 @@
 ``train``, ``inspect``, ``compare``, ``bench`` and ``autotune`` take the same flags for what
 a run is: its model (``--model``, ``--stem``, ``--tiny``, ``--model-arg``), ``--layout``,
 ``--precision``, ``--batch-size``, its conv settings (``--conv-algo``, ``--kernel-storage``,
-``--activation-storage``) and its XLA options (``--xla-option``, ``--cpu-fast``). Each is
+``--activation-storage``), how its batch norms and max pools compute (``--layer-impl``) and
+its XLA options (``--xla-option``, ``--cpu-fast``). Each is
 declared here once: a command picks its defaults, leaves out what it does not take, and
 ``bench`` takes comma lists of the layouts, precisions, batch sizes and conv algorithms it
 sweeps (``multi``). The flags that mean something else per command (``--optimizer``,
@@ -23,6 +24,7 @@ from typing import Any
 from layoutlab.arguments import parse_comma_list
 from layoutlab.nn.conv_names import ACTIVATION_STORAGES, KERNEL_STORAGES
 from layoutlab.train.config import TrainConfig, apply_overrides
+from layoutlab.train.config_checks import LAYER_IMPLS
 
 __all__ = ["REQUIRED", "RUN_FLAGS", "add_run_flags", "run_axes", "run_config"]
 
@@ -37,6 +39,7 @@ RUN_FLAGS = {
     "conv_algo": "conv_algorithm",
     "kernel_storage": "kernel_storage",
     "activation_storage": "activation_storage",
+    "layer_impl": "layer_impl",
     "cpu_fast": "cpu_fast",
 }
 # dest -> (flag, help, argparse keywords): one entry per flag.
@@ -79,6 +82,13 @@ _FLAGS = {
         "transpose of the input), like PyTorch's channels_last memory format; layout runs "
         "them in NCHW",
         {"choices": ("auto", *ACTIVATION_STORAGES)},
+    ),
+    "layer_impl": (
+        "--layer-impl",
+        "how BatchNorm in training (bfloat16 activations) and 2D max pools with overlapping "
+        "windows compute: auto (oneDNN's primitive on CPU where it applies) or xla (XLA's "
+        "ops everywhere, as a data-parallel run and an exported model run them)",
+        {"choices": LAYER_IMPLS},
     ),
     "xla_option": (
         "--xla-option",

@@ -4,12 +4,13 @@
 holds names. ``resolve_spec(config)`` turns them into what a step is made of: the ``Layout``,
 the ``Policy`` and the ``LossScale`` (``train.run_precision``, the one place the loss-scale
 rule lives), the batch sizes and data parallelism, the ``ConvPlan`` with every algorithm it
-names taken as a value (``Algorithm``, core and all), kernel and activation storage, the XLA
-options of each program, the ``OptimizerSpec`` and the data. ``train.program.build_program(
-spec, inputs)`` builds the model, state and steps from it for ``train``, ``inspect``,
-``bench``, ``compare`` and ``infer`` alike, so the step one inspects or times is the step
-``layoutlab train`` runs. A run resolves its config once; what it decides later (its conv
-plans, its record) changes the spec as a value (``RunSpec.with_plan``, ``with_record``).
+names taken as a value (``Algorithm``, core and all), kernel and activation storage, how the
+batch norms and max pools compute (``layer_impl``), the XLA options of each program, the
+``OptimizerSpec`` and the data. ``train.program.build_program(spec, inputs)`` builds the
+model, state and steps from it for ``train``, ``inspect``, ``bench``, ``compare`` and
+``infer`` alike, so the step one inspects or times is the step ``layoutlab train`` runs. A
+run resolves its config once; what it decides later (its conv plans, its record) changes the
+spec as a value (``RunSpec.with_plan``, ``with_record``).
 
 A conv algorithm is looked up here, when the spec is resolved, and never while tracing: a
 conv carries its algorithm's value, so an algorithm registered again under the same name
@@ -138,6 +139,11 @@ class RunSpec:
     algorithms: Mapping[str, Algorithm]  # every algorithm the convs may run, as values
     kernel_storage: str
     activation_storage: str
+    # How the batch norms and max pools compute (nn.configure's batch_norm= and max_pool=):
+    # the config's layer_impl, "xla" in a data-parallel run (its statistics are over the
+    # global batch, which XLA's partitioner reduces across devices and a oneDNN call cannot;
+    # a max pool's oneDNN call would gather the batch).
+    layer_impl: str
     xla_options: Mapping[str, Mapping[str, Any]]  # "train"/"infer" -> XLA compile options
     optimizer: OptimizerSpec
     data: str
@@ -248,6 +254,7 @@ def resolve_spec(
         algorithms=types.MappingProxyType(_algorithms(config.conv_algorithm, plan, eval_plan)),
         kernel_storage=config.kernel_storage,
         activation_storage=config.activation_storage,
+        layer_impl="xla" if data_parallel else config.layer_impl,
         xla_options=types.MappingProxyType(options),
         optimizer=optimizer_spec(config, total_steps, policy, steps_per_epoch),
         data=config.data,

@@ -57,6 +57,7 @@ def _inspect(args: argparse.Namespace):
         conv_algorithm=run.conv_algorithm,
         kernel_storage=resolve_kernel_storage(run.kernel_storage, platform),
         activation_storage=resolve_activation_storage(run.activation_storage, platform),
+        layer_impl=run.layer_impl,
         conv_plan=load_plan(args.conv_plan) if args.conv_plan else None,
         optimizer=args.optimizer,
         num_steps=args.steps,

@@ -100,6 +100,7 @@ def inspect_spec(
     conv_algorithm: str = "xla",
     kernel_storage: str = "layout",
     activation_storage: str = "layout",
+    layer_impl: str = "auto",
     conv_plan=None,
     flags: dict | None = None,
     optimizer: str = "train",
@@ -136,6 +137,7 @@ def inspect_spec(
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
         activation_storage=activation_storage,
+        layer_impl=layer_impl,
         conv_plan=plan or None,
         xla_options=dict(flags or {}),
         cpu_fast=False,
@@ -184,6 +186,7 @@ def inspect_model(
     conv_algorithm: str = "xla",
     kernel_storage: str = "layout",
     activation_storage: str = "layout",
+    layer_impl: str = "auto",
     conv_plan=None,
     optimizer: str = "train",
     num_steps: int | None = None,
@@ -198,7 +201,9 @@ def inspect_model(
     ``nn.conv_algos.algorithm_names()``) and ``kernel_storage`` (``"layout"`` or
     ``"channels_last"``) are set on every conv, and ``activation_storage`` (``"layout"`` or
     ``"channels_last"``: an NCHW model computing in NHWC inside) on the model
-    (``nn.configure``), before compiling.
+    (``nn.configure``), before compiling; ``layer_impl`` (``TrainConfig.layer_impl``):
+    ``"xla"`` runs every batch norm and max pool on XLA's ops, ``"auto"`` on oneDNN's
+    primitive where it applies.
     ``"auto"`` convs run ``conv_plan`` (a ``ConvPlan`` or its dict; None: the shipped
     table's); nothing is autotuned here.
 
@@ -227,6 +232,7 @@ def inspect_model(
         conv_algorithm=conv_algorithm,
         kernel_storage=kernel_storage,
         activation_storage=activation_storage,
+        layer_impl=layer_impl,
         conv_plan=conv_plan,
         flags=flags,
         optimizer=optimizer,

@@ -38,6 +38,7 @@ _NOT_LAYOUT = (
     "conv_algo",
     "kernel_storage",
     "activation_storage",
+    "layer_impl",
     "xla_option",
     "cpu_fast",
 )
@@ -214,7 +215,9 @@ def _add_convs_args(c: argparse.ArgumentParser, func) -> None:
         "activation_storage": "auto",
         "cpu_fast": True,
     }
-    add_run_flags(c, defaults, omit=("conv_algo",), notes={"xla_option": "of the tuned steps"})
+    add_run_flags(
+        c, defaults, omit=("conv_algo", "layer_impl"), notes={"xla_option": "of the tuned steps"}
+    )
     add_model_options(c)
     _add_input_args(c)
     c.add_argument("--mode", type=parse_mode, choices=MODES, default="train",
