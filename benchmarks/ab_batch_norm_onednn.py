@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     )
     args = p.parse_args(argv)
     w = workload(args.model, "train", args.batch)
-    opts = bench_options(w)
+    opts = bench_options(w, precision=args.precision)
     first = Float32Onednn if args.onednn_float32 else JaxRunner
     variants = [(first, "onednn_bn"), (XlaBatchNorm, "xla_bn")]
     if args.unfused:

@@ -44,7 +44,7 @@ def main(argv=None) -> None:
     p.add_argument("--time-budget", type=float, default=40.0)
     args = p.parse_args(argv)
     w = workload(args.model, "train", args.batch)
-    opts = bench_options(w)
+    opts = bench_options(w, precision="mixed_bf16")
     runners = [
         runner(w, label, opts, cls=cls, precision="mixed_bf16")
         for cls, label in ((JaxRunner, "new"), (OldRule, "old"))

@@ -22,7 +22,7 @@ Y = "LIBRARY_FUSION_TYPE_"
 
 def main(model: str, batch: int, precision: str, rounds: int) -> None:
     w = workload(model, "train", batch)
-    base = bench_options(w)
+    base = bench_options(w, precision=precision)
     variants = {
         "current": base,
         "dot+reduce": {**base, KEY: f"{Y}INDIVIDUAL_DOT,{Y}REDUCE"},

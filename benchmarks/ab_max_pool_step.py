@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     p.add_argument("--time-budget", type=float, default=60.0)
     args = p.parse_args(argv)
     w = workload(args.model, args.mode, args.batch)
-    opts = bench_options(w)
+    opts = bench_options(w, precision=args.precision)
     variants = [(JaxRunner, "onednn_pool"), (XlaMaxPool, "xla_pool")]
     runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)

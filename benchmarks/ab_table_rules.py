@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
     w = workload(args.model, args.mode, args.batch)
-    opts = bench_options(w)
+    opts = bench_options(w, precision=args.precision)
     runners = [
         runner(w, label, opts, cls=cls, precision=args.precision)
         for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))

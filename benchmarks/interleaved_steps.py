@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from layoutlab import models
+from layoutlab import get_policy, models
 from layoutlab.arguments import parse_model_args
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
@@ -45,14 +45,16 @@ def workload(model: str, mode: str, batch: int) -> Workload:
     return make_workload(name, kwargs, shape, classes, mode, batch)
 
 
-def bench_options(w: Workload, optimizer: str = "pytorch") -> dict:
-    """The XLA:CPU compile options ``layoutlab bench`` gives ``w``'s step: they depend on the
-    model's largest activation at this batch (at small batches a training step leaves
-    elementwise fusions to XLA's loops), so ``cpu_fast_options`` without it is another
-    configuration."""
+def bench_options(w: Workload, optimizer: str = "pytorch", precision: str | None = None) -> dict:
+    """The XLA:CPU compile options ``layoutlab bench`` gives ``w``'s step in ``precision`` (a
+    policy name; None: not known): they depend on the model's largest activation at this
+    batch (at small batches a training step leaves elementwise fusions to XLA's loops) and on
+    whether the shipped table runs the step's convs on oneDNN, which the policy's compute
+    dtype decides, so ``cpu_fast_options`` without them is another configuration."""
     shape = (*w.spatial, w.channels)
+    dtype = None if precision is None else get_policy(precision).compute_dtype
     return models.model_compile_options(
-        w.model, w.kwargs, w.mode, "cpu", optimizer, w.batch_size, shape
+        w.model, w.kwargs, w.mode, "cpu", optimizer, w.batch_size, shape, compute_dtype=dtype
     )
 
 

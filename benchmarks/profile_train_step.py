@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--show", action="append", default=[], metavar="NAME")
     args = p.parse_args()
     w = workload(args.model, args.mode, args.batch)
-    options = bench_options(w, args.optimizer)
+    options = bench_options(w, args.optimizer, args.precision)
     case = JaxCase.of(w, args.optimizer, layout="NHWC", precision=args.precision,
                       conv_algorithm="auto", kernel_storage="channels_last",
                       activation_storage="channels_last", xla_options=options,

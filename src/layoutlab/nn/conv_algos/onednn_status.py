@@ -24,6 +24,9 @@ class OnednnStatus(NamedTuple):
     version: str | None  # oneDNN's, e.g. "3.2.0", where it is available
     reason: str | None  # why not, where it is not
     line: str  # e.g. "onednn convs: oneDNN 3.2.0"
+    # OpenMP's wait policy for oneDNN's threads and where it came from, where it is available:
+    # it decides whether those threads spin beside XLA's between calls (``onednn_load``).
+    wait_policy: str | None = None
 
     def to_dict(self) -> dict:
         return self._asdict()
@@ -51,4 +54,5 @@ def onednn_status() -> OnednnStatus:
         return OnednnStatus(False, None, reason, f"onednn convs: unavailable ({reason}); "
                             "XLA's convs run")  # fmt: skip
     found = re.search(r"oneDNN v?(\d+(?:\.\d+)*)", line) if available else None
-    return OnednnStatus(available, found.group(1) if found else None, reason, line)
+    policy = str(module.wait_policy()) if available else None
+    return OnednnStatus(available, found.group(1) if found else None, reason, line, policy)
