@@ -34,6 +34,7 @@ def onednn(monkeypatch):
             available=lambda: available,
             unavailable_reason=lambda: None if available else "simulated: not built",
             status_line=lambda: "onednn convs: oneDNN 3.2.0" if available else "unavailable",
+            wait_policy=lambda: "PASSIVE (set by layoutlab)",
         )
         monkeypatch.setattr(onednn_status, "_load", lambda: module)
 

@@ -27,6 +27,7 @@ def _loaded(monkeypatch, available: bool):
             if available
             else "onednn convs: unavailable (no AVX2 on this CPU); XLA's convs run"
         ),
+        wait_policy=lambda: "PASSIVE (set by layoutlab)",
     )
     monkeypatch.setattr(onednn_status, "_load", lambda: module)
 
@@ -59,9 +60,11 @@ def test_machine_json_records_available_version_and_reason(monkeypatch, state):
     else:
         _loaded(monkeypatch, state == "available")
     record = machine.machine_info()["onednn"]
-    assert set(record) == {"available", "version", "reason", "line"}
+    assert set(record) == {"available", "version", "reason", "line", "wait_policy"}
     assert record["available"] == (state == "available")
     assert record["version"] == ("3.2.0" if state == "available" else None)
+    # The policy oneDNN's threads run under is the loaded module's answer, only where it loaded.
+    assert record["wait_policy"] == ("PASSIVE (set by layoutlab)" if state == "available" else None)
     if state == "available":
         assert record["reason"] is None
     else:
