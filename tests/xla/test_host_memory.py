@@ -180,10 +180,12 @@ def test_keep_host_memory_rejects_unknown_arenas():
 def test_bench_records_kept_host_memory(tmp_path, flags, how):
     out = tmp_path / "bench"
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    # No roofline: each part would measure the machine's matmul peak and copy bandwidth for
+    # figures this test does not read (test_bench_sweep's real sweep measures them).
     args = [
         "bench", "--model", "small_cnn", "--tiny", "--layouts", "NHWC", "--precisions",
         "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
-        *flags, "--no-plots", "--out", str(out),
+        *flags, "--no-plots", "--no-roofline", "--out", str(out),
     ]  # fmt: skip
     code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
     subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
