@@ -54,6 +54,8 @@ _PREFIX = "layoutlab/"
 # says it is still deciding; both far below any sensible join timeout.
 _POLL_S = 0.5
 _BEAT_S = 2.0
+# How long process 0 waits for its beat thread's store call to return after deciding.
+_JOIN_S = 10.0
 # Differing fields named in the error line; the rest are counted.
 _SHOWN = 4
 _VALUE_CHARS = 60
@@ -308,5 +310,5 @@ def decided_by_process_0(name: str, decide: Callable[[], object]):
         # Out of its store call before this returns: a daemon thread still in one when the
         # interpreter finalizes aborts the process (liveness._done).
         done.set()
-        beater.join(timeout=timeout)
+        beater.join(timeout=min(timeout, _JOIN_S))
     return json.loads(text)  # what the others get, to the type (tuples come back as lists)
