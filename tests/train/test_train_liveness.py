@@ -138,3 +138,28 @@ def test_exit_ends_an_idle_link_thread(monkeypatch):
     assert len(_link_threads()) == before + 1
     liveness._done(store, 0, thread, stop, 3, unlink)
     assert len(_link_threads()) == before
+
+
+def test_a_decision_returns_with_its_beat_thread_out_of_the_store(monkeypatch):
+    """Process 0 beats while it decides alone (``agreement.decided_by_process_0``); the
+    thread must be out of its store call when the decision returns, for the process may
+    finalize soon after (a short run), and a daemon thread then in C++ aborts it."""
+    import jax
+
+    from layoutlab.train import agreement
+
+    store = _Store(slow_s=0.2)  # each beat is a slow store call
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: 0)
+    monkeypatch.setattr(agreement, "_client", lambda: store)
+    monkeypatch.setattr(agreement, "_timeout_s", lambda: 60.0)
+    monkeypatch.setattr(agreement, "_BEAT_S", 0.01)
+
+    def decide():
+        time.sleep(0.1)  # the beat thread is inside its first store call by now
+        return 7
+
+    assert agreement.decided_by_process_0("test decision", decide) == 7
+    beats = [t for t in threading.enumerate() if t.name == "layoutlab-test decision-beat"]
+    assert not beats
+    assert any(k.endswith("/beat") for k, _ in store.writes)
