@@ -26,6 +26,7 @@ from layoutlab.nn.conv_algos.geometry import ConvSpec
 
 __all__ = [
     "DEFAULT_RULES",
+    "ONEDNN_FLOAT32_INFER_MAX_BATCH",
     "ONEDNN_FLOAT32_TRAIN_MIN_BATCH",
     "Rule",
     "default_algorithm",
@@ -121,6 +122,8 @@ _ONEDNN_SHAPES = (
 
 # From this batch the AVX-512 table trains float32 convs on oneDNN (its rule below says why).
 ONEDNN_FLOAT32_TRAIN_MIN_BATCH = 16
+# Up to this batch the AVX-512 table runs float32 inference convs on oneDNN (the rule says why).
+ONEDNN_FLOAT32_INFER_MAX_BATCH = 32
 
 
 # A stem conv's few input channels: XLA's weight gradient beat oneDNN's there.
@@ -208,10 +211,13 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx512", "inference", "float32"): (
         *_TINY_INPUT,
         *_DEPTHWISE,
-        # oneDNN's float32 convs at small batch: ResNet-18 CIFAR's inference step 1.19x faster
-        # at batch 1 and 1.06x at 8, ResNet-50's 1.03x and 1.08x, quiet Zen 4
-        # (onednn_defaults_resnet18_zen4_cpu_2.md); larger batches unmeasured.
-        *_onednn("onednn", max_batch=8),
+        # oneDNN's float32 convs up to batch 32: ResNet-18 CIFAR's inference step 1.19x faster
+        # at batch 1 and 1.06x at 8, ResNet-50's 1.03x and 1.08x (onednn_defaults_resnet18_
+        # zen4_cpu_2.md); against this table without it, ResNet-50 1.07x at 16 and even at 32,
+        # ResNet-18 CIFAR 1.17x at 16 and 1.07x at 32, ResNet-34 ImageNet 1.16x and U-Net 1.25x
+        # at 16, VGG-11 even; at 128 and 256 Winograd beat it (0.92x, 0.95x), quiet Zen 4
+        # (onednn_fp32_inference_by_batch_zen4_cpu.md).
+        *_onednn("onednn", max_batch=ONEDNN_FLOAT32_INFER_MAX_BATCH),
         # From 32: at 16 ResNet-50 gained 1.01x [1.00, 1.04] with it and ResNet-18 CIFAR's
         # 8x8 and 16x16 convs lost its inference step 0.88x; at 32 ResNet-18 gained 1.04x.
         Rule("winograd4_full", **_WINOGRAD_MID, min_batch=32),
@@ -234,7 +240,7 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
         *_onednn("onednn"),
     ),
     # Its inference step 1.26x faster at batch 1, 2.59x at 8, 2.47-2.89x at 32, 2.43x at 128.
-    # (Float32 inference at batch 1 to 8: the AVX-512 table's oneDNN rule.)
+    # (Float32 inference at batch 1 to 32: the AVX-512 table's oneDNN rule.)
     ("avx512_bf16", "inference", "bfloat16"): _onednn("onednn"),
 }
 
