@@ -1,5 +1,6 @@
 """Result files (CSV/JSON round trip), PyTorch ratios and plots, on hand-made rows."""
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from layoutlab.bench.results import (
     add_torch_ratios,
     load_results,
     save_results,
+    variant,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -190,3 +192,21 @@ def test_markdown_table_has_one_line_per_row_and_flags_failures():
     assert len(table) == 2 + len(rows)
     assert any("**oom**" in line and "| 512 |" in line for line in table)
     assert any("| 1.25 |" in line for line in table)  # fp32 ratio 1000/800
+
+
+def test_a_run_on_xlas_batch_norms_and_max_pools_is_not_labelled_the_defaults():
+    # --layer-impl xla changes the program: its rows are custom and their variant says so.
+    from layoutlab.bench.sweep_config import defaults_label
+    from layoutlab.fast_defaults import default_activation_storage, default_kernel_storage
+    from layoutlab.train.config import TrainConfig
+
+    fast = TrainConfig(
+        kernel_storage=default_kernel_storage("cpu"),
+        activation_storage=default_activation_storage("cpu"),
+    )
+    assert defaults_label(fast, "cpu") == "fast"
+    assert defaults_label(dataclasses.replace(fast, layer_impl="xla"), "cpu") == "custom"
+    row = {"framework": "layoutlab", "defaults": "custom", "conv_algo": "auto",
+           "kernel_storage": "channels_last", "layout": "NHWC", "layer_impl": "xla"}  # fmt: skip
+    assert variant(row) == "auto+hwio +xla_layers"
+    assert variant({**row, "layer_impl": "auto"}) == "auto+hwio"

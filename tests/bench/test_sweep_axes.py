@@ -112,19 +112,19 @@ BEFORE = {
                 "train b8 8x8x1 NCHW mixed_bf16 xla layout/cl custom auto o0",
                 "train b8 8x8x1 NCHW mixed_bf16 auto layout/cl custom auto o0",
                 "train b8 8x8x1 NCHW mixed_bf16 im2col layout/cl custom auto o0",
-                "train b8 8x8x1 NCHW mixed_bf16 xla layout/layout plain auto o1",
+                "train b8 8x8x1 NCHW mixed_bf16 xla layout/layout plain+xla_layers auto o1",
                 "train b8 8x8x1 NHWC mixed_bf16 xla layout/cl custom auto o0",
                 "train b8 8x8x1 NHWC mixed_bf16 auto layout/cl custom auto o0",
                 "train b8 8x8x1 NHWC mixed_bf16 im2col layout/cl custom auto o0",
-                "train b8 8x8x1 NHWC mixed_bf16 xla layout/layout plain auto o1",
+                "train b8 8x8x1 NHWC mixed_bf16 xla layout/layout plain+xla_layers auto o1",
                 "train b8 8x8x1 NCHW bf16 xla layout/cl custom auto o0",
                 "train b8 8x8x1 NCHW bf16 auto layout/cl custom auto o0",
                 "train b8 8x8x1 NCHW bf16 im2col layout/cl custom auto o0",
-                "train b8 8x8x1 NCHW bf16 xla layout/layout plain auto o1",
+                "train b8 8x8x1 NCHW bf16 xla layout/layout plain+xla_layers auto o1",
                 "train b8 8x8x1 NHWC bf16 xla layout/cl custom auto o0",
                 "train b8 8x8x1 NHWC bf16 auto layout/cl custom auto o0",
                 "train b8 8x8x1 NHWC bf16 im2col layout/cl custom auto o0",
-                "train b8 8x8x1 NHWC bf16 xla layout/layout plain auto o1",
+                "train b8 8x8x1 NHWC bf16 xla layout/layout plain+xla_layers auto o1",
             ],
         ],
         [{"xla_cpu_enable_fast_math": False, _YNN: f"{_DOT},{_REDUCE}"}, {}],
@@ -191,16 +191,18 @@ def _bench_cases(argv: list[str], monkeypatch, tmp_path):
                 options.append(opts)
             spec, _ = case_spec(case)
             in_row = ("layout", "precision", "batch_size", "conv_algorithm", "kernel_storage",
-                      "activation_storage", "xla_options")  # fmt: skip
+                      "activation_storage", "layer_impl", "xla_options")  # fmt: skip
             record = {k: v for k, v in spec.config.to_dict().items()
                       if v != defaults[k] and k not in in_row}  # fmt: skip
             record["optimizer_label"] = spec.optimizer.label
             if record not in records:
                 records.append(record)
             storages = f"{_abbrev(row['kernel_storage'])}/{_abbrev(row['activation_storage'])}"
+            # The plain baseline runs XLA's batch norms and max pools as well.
+            layers = "+xla_layers" if row["layer_impl"] == "xla" else ""
             shown[-1].append(
-                f"{what} {row['conv_algo']} {storages} {row['defaults']} {case.conv_tune} "
-                f"o{options.index(opts)}"
+                f"{what} {row['conv_algo']} {storages} {row['defaults']}{layers} "
+                f"{case.conv_tune} o{options.index(opts)}"
             )
     return shown, options, records
 

@@ -196,6 +196,7 @@ class JaxCase:
             "conv_algo": self.conv_algo,
             "kernel_storage": self.kernel_storage,
             "activation_storage": self.activation_storage,
+            "layer_impl": self.run.layer_impl,
             "xla_options": json.dumps(dict(self.xla_options), sort_keys=True),
             "defaults": self.defaults,
         }

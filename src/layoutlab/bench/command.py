@@ -172,7 +172,8 @@ def register(subparsers) -> None:
         "--baseline-plain",
         action="store_true",
         help="also run every layout and precision in plain XLA (xla convs, the layout's "
-        "kernels and activations, no XLA options), interleaved; rows say defaults=fast or "
+        "kernels and activations, XLA's batch norms and max pools, no XLA options), "
+        "interleaved; rows say defaults=fast or "
         "plain",
     )
     p.add_argument(

@@ -42,6 +42,7 @@ _SCHEMA: dict[str, type] = {
     "conv_algo": str,  # layoutlab only: the Conv algorithm (xla, im2col, ..., auto)
     "kernel_storage": str,  # layoutlab only: layout | channels_last
     "activation_storage": str,  # layoutlab only: layout | channels_last (NHWC inside NCHW)
+    "layer_impl": str,  # layoutlab only: auto | xla, how batch norms and max pools compute
     "xla_options": str,  # layoutlab only: JSON of the XLA compile options
     "defaults": str,  # layoutlab only: fast (its defaults) | plain (plain XLA) | custom
     "optimizer": str,  # train rows: the step's optimizer (layoutlab: OptimizerSpec.label)
@@ -122,7 +123,8 @@ def precision_class(precision: str) -> str:
 
 def variant(row: dict) -> str:
     """A layoutlab row's conv and XLA settings in short: ``defaults`` (layoutlab's fast
-    defaults), ``plain XLA`` (``--baseline-plain``), else e.g. ``auto+hwio +ynn_fusion``;
+    defaults), ``plain XLA`` (``--baseline-plain``), else e.g. ``auto+hwio +ynn_fusion``
+    (``+xla_layers``: XLA's batch norms and max pools, ``--layer-impl xla``);
     ``""`` for PyTorch rows."""
     if row.get("framework") != "layoutlab":
         return ""
@@ -141,6 +143,8 @@ def variant(row: dict) -> str:
             + ("+hwio" if storage == "channels_last" else "")
             + ("+channels_last_inside" if inside == "channels_last" else "")
         )
+    if row.get("layer_impl") == "xla":
+        parts.append("+xla_layers")
     options = json.loads(row.get("xla_options") or "{}")
     # Option names without their common prefix keep the label short but recognisable.
     parts += [f"+{name.removeprefix('xla_cpu_').removeprefix('xla_gpu_')}" for name in options]

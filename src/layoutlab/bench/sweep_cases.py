@@ -35,6 +35,7 @@ _PLAIN = {
     "conv_algorithm": "xla",
     "kernel_storage": "layout",
     "activation_storage": "layout",
+    "layer_impl": "xla",
     "xla_options": {},
     "cpu_fast": False,
 }

@@ -74,8 +74,9 @@ class SweepConfig:
     # <= 10% of the measured steps (never, for a benchmark's few steps); "always"; "never".
     conv_tune: str = "auto"
     conv_tune_repeats: int = 6
-    # Also run every point in plain XLA (xla convs, the layout's kernels and activations, no
-    # compile options), interleaved with the rest, rows marked defaults="plain".
+    # Also run every point in plain XLA (xla convs, the layout's kernels and activations, XLA's
+    # batch norms and max pools, no compile options), interleaved with the rest, rows marked
+    # defaults="plain".
     baseline_plain: bool = False
     # Measure the machine's float32 matmul peak and copy bandwidth once (bench.roofline) and
     # give every row its share of that peak.
@@ -156,6 +157,7 @@ def defaults_label(run: TrainConfig, backend: str) -> str:
         and not run.xla_options
         and run.kernel_storage == default_kernel_storage(backend)
         and run.activation_storage == default_activation_storage(backend)
+        and run.layer_impl == "auto"
     )
     return "fast" if fast else "custom"
 
