@@ -16,15 +16,11 @@ BatchNorms run oneDNN's primitive with the ReLU after them left to XLA; ``--oned
 from __future__ import annotations
 
 import argparse
-import json
 
 import jax
-from interleaved_steps import bench_options, median_cell, runner, with_layer_impls, workload
+from interleaved_steps import bench_options, run_ab, runner, with_layer_impls, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_kind
 from layoutlab.models import resnet
 from layoutlab.nn import norm
 
@@ -74,16 +70,7 @@ def main(argv=None) -> None:
     if args.unfused:
         variants.append((UnfusedRelu, "onednn_bn_unfused"))
     runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
-    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
-    for r in rows:
-        print(cpu_kind(), args.model, args.batch, args.precision, r["defaults"], r["status"],
-              median_cell(r), r.get("error") or "")  # fmt: skip
-    if all(r["status"] == "ok" for r in rows):
-        rounds = {r["defaults"]: json.loads(r["round_ms"]) for r in rows}
-        for other in rounds:
-            if other != "onednn_bn":
-                print(f"{args.model} b{args.batch} {args.precision}: {other} / onednn_bn per "
-                      "round", paired_ratio(rounds[other], rounds["onednn_bn"]))  # fmt: skip
+    run_ab(runners, f"{args.model} b{args.batch} {args.precision}", "onednn_bn", args.time_budget)
 
 
 if __name__ == "__main__":

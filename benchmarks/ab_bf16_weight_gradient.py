@@ -16,14 +16,10 @@ each median and the per-round ratio ``old / new`` (above 1: the new rule is fast
 from __future__ import annotations
 
 import argparse
-import json
 
-from interleaved_steps import bench_options, median_cell, runner, workload
+from interleaved_steps import bench_options, run_ab, runner, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_kind
 from layoutlab.nn.conv_algos import onednn
 
 
@@ -49,13 +45,7 @@ def main(argv=None) -> None:
         runner(w, label, opts, cls=cls, precision="mixed_bf16")
         for cls, label in ((JaxRunner, "new"), (OldRule, "old"))
     ]
-    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
-    for r in rows:
-        print(cpu_kind(), args.model, args.batch, r["defaults"], r["status"], median_cell(r),
-              r.get("error") or "")  # fmt: skip
-    if all(r["status"] == "ok" for r in rows):
-        new, old = (json.loads(r["round_ms"]) for r in rows)
-        print(f"{args.model} b{args.batch}: old / new per round", paired_ratio(old, new))
+    run_ab(runners, f"{args.model} b{args.batch}", "new", args.time_budget)
 
 
 if __name__ == "__main__":

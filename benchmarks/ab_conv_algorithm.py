@@ -13,13 +13,8 @@ the step faster than the table's choices).
 from __future__ import annotations
 
 import argparse
-import json
 
-from interleaved_steps import bench_options, median_cell, runner, workload
-
-from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_kind
+from interleaved_steps import bench_options, run_ab, runner, workload
 
 
 def main(argv=None) -> None:
@@ -37,14 +32,8 @@ def main(argv=None) -> None:
         runner(w, "table", opts, precision=args.precision),
         runner(w, args.algo, opts, algo=args.algo, precision=args.precision),
     ]
-    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
-    for r in rows:
-        print(cpu_kind(), args.model, args.mode, args.batch, args.precision, r["defaults"],
-              r["status"], median_cell(r), r.get("error") or "")  # fmt: skip
-    if all(r["status"] == "ok" for r in rows):
-        table, algo = (json.loads(r["round_ms"]) for r in rows)
-        print(f"{args.model} {args.mode} b{args.batch} {args.precision}: table / {args.algo} "
-              "per round", paired_ratio(table, algo))  # fmt: skip
+    what = f"{args.model} {args.mode} b{args.batch} {args.precision}"
+    run_ab(runners, what, args.algo, args.time_budget)
 
 
 if __name__ == "__main__":

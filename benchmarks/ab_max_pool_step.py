@@ -14,14 +14,10 @@ step's own compile options). Prints each median and the per-round ratio ``xla / 
 from __future__ import annotations
 
 import argparse
-import json
 
-from interleaved_steps import bench_options, median_cell, runner, with_layer_impls, workload
+from interleaved_steps import bench_options, run_ab, runner, with_layer_impls, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_kind
 
 XlaMaxPool = with_layer_impls(max_pool="xla")
 
@@ -38,14 +34,8 @@ def main(argv=None) -> None:
     opts = bench_options(w, precision=args.precision)
     variants = [(JaxRunner, "onednn_pool"), (XlaMaxPool, "xla_pool")]
     runners = [runner(w, label, opts, cls=cls, precision=args.precision) for cls, label in variants]
-    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
-    for r in rows:
-        print(cpu_kind(), args.model, args.batch, args.precision, r["defaults"], r["status"],
-              median_cell(r), r.get("error") or "")  # fmt: skip
-    if all(r["status"] == "ok" for r in rows):
-        rounds = {r["defaults"]: json.loads(r["round_ms"]) for r in rows}
-        print(f"{args.model} b{args.batch} {args.precision}: xla_pool / onednn_pool per round",
-              paired_ratio(rounds["xla_pool"], rounds["onednn_pool"]))  # fmt: skip
+    what = f"{args.model} {args.mode} b{args.batch} {args.precision}"
+    run_ab(runners, what, "onednn_pool", args.time_budget)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ ends), ``active`` (threads spin between regions) and ``spin30k`` (spin 30000 ite
 then sleep). Each child builds the step as ``layoutlab bench`` does
 (``interleaved_steps.runner``: the shipped conv table, SGD with momentum, the bench compile
 options), runs two untimed steps and then times steps for ``--seconds``; the persistent
-compilation cache is shared, so only the first child compiles. Prints each variant's median of round medians and ``variant / passive`` per
-round (above 1: the variant is slower).
+compilation cache is shared, so only the first child compiles. Prints each variant's
+median of round medians and ``variant / passive`` per round (above 1: the variant is
+slower).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ A conv algorithm that wins on its own (``layoutlab autotune convs``) need not ma
 step faster: XLA:CPU overlaps a step's convs on the cores, and the conv's neighbours change.
 This times the two programs interleaved (``bench.sweep.run_group``, NHWC, fp32, SGD with
 momentum, the step's own compile options) and prints each median and the per-round ratio
-``without / with`` (above 1: the rules make the step faster). The second program is set up
+``without / table`` (above 1: the rules make the step faster). The second program is set up
 with the dropped rules removed from this CPU kind's table for the time of its set-up.
 
 ``--drop``: ``small`` every rule of the training table that holds below batch 128 (the table
@@ -28,14 +28,10 @@ multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col
 from __future__ import annotations
 
 import argparse
-import json
 
-from interleaved_steps import bench_options, median_cell, runner, with_rules, workload
+from interleaved_steps import bench_options, run_ab, runner, with_rules, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
-from layoutlab.bench.stats import paired_ratio
-from layoutlab.bench.sweep import run_group
-from layoutlab.fast_defaults import cpu_kind
 from layoutlab.nn.conv_algos import default_plan
 
 DROPS = {
@@ -76,13 +72,8 @@ def main(argv=None) -> None:
         runner(w, label, opts, cls=cls, precision=args.precision)
         for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))
     ]
-    rows = run_group(runners, repeats="auto", warmup=2, budget_s=args.time_budget)
-    for r in rows:
-        print(cpu_kind(), args.model, args.mode, args.batch, args.precision, r["defaults"],
-              r["status"], median_cell(r), r.get("error") or "")  # fmt: skip
-    if all(r["status"] == "ok" for r in rows):
-        table, without = (json.loads(r["round_ms"]) for r in rows)
-        print(f"--drop {args.drop}: without / with per round", paired_ratio(without, table))
+    what = f"{args.model} {args.mode} b{args.batch} {args.precision} --drop {args.drop}"
+    run_ab(runners, what, "table", args.time_budget)
 
 
 if __name__ == "__main__":

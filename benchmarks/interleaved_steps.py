@@ -110,6 +110,27 @@ def median_cell(row: dict) -> str:
     return f"{ms[0]:.1f} [{ms[1]:.1f}, {ms[2]:.1f}]"
 
 
+def run_ab(runners: list[JaxRunner], what: str, base: str, budget_s: float) -> list[dict]:
+    """``runners`` timed interleaved (``bench.sweep.run_group``, labelled by their cases'
+    ``defaults``); prints each row's median after ``what`` (the case, e.g. ``"resnet50 b16
+    fp32"``, after the CPU kind) and, when every row ran, each other label's per-round ratio
+    over ``base``'s (``label / base``: above 1, ``base`` is faster). Returns the rows."""
+    from layoutlab.bench.stats import paired_ratio
+    from layoutlab.bench.sweep import run_group
+    from layoutlab.fast_defaults import cpu_kind
+
+    rows = run_group(runners, repeats="auto", warmup=2, budget_s=budget_s)
+    for r in rows:
+        print(cpu_kind(), what, r["defaults"], r["status"], median_cell(r), r.get("error") or "")
+    if all(r["status"] == "ok" for r in rows):
+        rounds = {r["defaults"]: json.loads(r["round_ms"]) for r in rows}
+        for label in rounds:
+            if label != base:
+                print(f"{what}: {label} / {base} per round",
+                      paired_ratio(rounds[label], rounds[base]))  # fmt: skip
+    return rows
+
+
 def save_results(out: str, machine: dict, rows: list[dict]) -> None:
     """``out/results.json``: the machine (``bench.machine.machine_info``, finished now) and
     every row."""
