@@ -17,7 +17,10 @@ from layoutlab.arguments import parse_model_args
 from layoutlab.bench.cases import JaxCase, Workload, make_workload
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.bench.machine import finish_machine_info
+from layoutlab.bench.stats import paired_ratio
+from layoutlab.bench.sweep import run_group
 from layoutlab.bench.sweep_config import resolve_input
+from layoutlab.fast_defaults import cpu_kind
 from layoutlab.nn.conv_algos import default_plan
 from layoutlab.train import program
 
@@ -115,10 +118,6 @@ def run_ab(runners: list[JaxRunner], what: str, base: str, budget_s: float) -> l
     ``defaults``); prints each row's median after ``what`` (the case, e.g. ``"resnet50 b16
     fp32"``, after the CPU kind) and, when every row ran, each other label's per-round ratio
     over ``base``'s (``label / base``: above 1, ``base`` is faster). Returns the rows."""
-    from layoutlab.bench.stats import paired_ratio
-    from layoutlab.bench.sweep import run_group
-    from layoutlab.fast_defaults import cpu_kind
-
     rows = run_group(runners, repeats="auto", warmup=2, budget_s=budget_s)
     for r in rows:
         print(cpu_kind(), what, r["defaults"], r["status"], median_cell(r), r.get("error") or "")
