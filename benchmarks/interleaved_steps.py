@@ -107,6 +107,27 @@ def with_layer_impls(**impls) -> type[JaxRunner]:
     return Configured
 
 
+def with_algorithms(**values) -> type[JaxRunner]:
+    """A ``JaxRunner`` whose program is set up with the conv algorithm ``values`` (by name,
+    e.g. ``onednn=get_algorithm("onednn")._replace(rounds_kernel=False)``) in place of its
+    run's, so a variant of one algorithm runs in the same plan."""
+
+    class Swapped(JaxRunner):
+        def setup(self):
+            saved = program.configure
+
+            def configure(model, *a, algorithms=None, **kw):
+                return saved(model, *a, algorithms={**(algorithms or {}), **values}, **kw)
+
+            program.configure = configure
+            try:
+                return super().setup()
+            finally:
+                program.configure = saved
+
+    return Swapped
+
+
 def median_cell(row: dict) -> str:
     """``"71.0 [70.4, 71.6]"``: a result row's median step ms with its 95% interval."""
     ms = [row.get(k) or 0 for k in ("step_ms_median", "step_ms_ci_low", "step_ms_ci_high")]

@@ -88,7 +88,16 @@ std::unique_ptr<Entry> Create(const Params& p) {
   // and is converted by the reorder back to HWIO.
   const int64_t src_dt = p.f32_compute ? kF32 : p.src_dt;
   const int64_t dst_dt = p.f32_compute ? kF32 : p.dst_dt;
-  const int64_t wei_dt = p.f32_compute ? kF32 : p.wei_dt;
+  // The forward and the input gradient read the kernel in the activations' dtype: a float32
+  // kernel beside bfloat16 activations (a mixed-precision layer's float32 parameter) is
+  // rounded by the weight reorder, round-to-nearest-even as XLA's convert would, and the
+  // convert pass in front of the call goes.
+  const bool reads_wei = p.op != kBackwardWeights;
+  const int64_t wei_dt = p.f32_compute ? kF32 : reads_wei ? p.src_dt : p.wei_dt;
+  if (reads_wei && p.wei_dt != p.src_dt && (p.src_dt != kBF16 || p.wei_dt != kF32))
+    throw std::invalid_argument("a conv's kernel is its activations' dtype, or float32");
+  if (reads_wei && p.wei_dt != p.src_dt && p.plain_weights)
+    throw std::invalid_argument("plain_weights reads the kernel as it is: same dtype only");
   memory::desc src = ActDesc(p, src_dt, p.c, p.h, p.w);
   memory::desc dst = ActDesc(p, dst_dt, p.o, p.oh, p.ow);
   memory::desc wei_any(WeiDims(p), ToDnnl(wei_dt), memory::format_tag::any);

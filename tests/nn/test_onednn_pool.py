@@ -17,6 +17,7 @@ from layoutlab.nn.configuration import without_custom_calls
 from layoutlab.nn.pooling import MaxPool, max_pool, onednn_pool_reason
 from layoutlab.train.config import TrainConfig
 from layoutlab.train.spec import resolve_spec
+from layoutlab.xla.hlo import hlo_report
 from layoutlab.xla.hlo_extract import ONEDNN_PREFIX
 
 STEM = ((1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
@@ -140,6 +141,11 @@ def test_same_bits_twice_and_custom_calls_in_the_program():
     assert first.tobytes() == second.tobytes()
     text = step.lower(x, g).as_text()
     assert f"{ONEDNN_PREFIX}max_pool" in text and f"{ONEDNN_PREFIX}max_pool_grad" in text
+    # inspect counts them apart from the convs and batch norms
+    report = hlo_report(step.lower(x, g).as_text(dialect="hlo"))
+    assert report.onednn_max_pools() == 2 and report.totals()["onednn_max_pools"] == 2
+    assert report.onednn_convs() == {} and report.onednn_batch_norms() == 0
+    assert "oneDNN max pools: 2" in report.summary()
 
 
 def test_xla_where_oneDNN_is_absent_or_does_not_pay(monkeypatch):

@@ -195,7 +195,8 @@ class Conv(LayoutModule):
         if two_d and not native and self.algorithm != XLA:
             y = conv2d(
                 x.astype(dtype),
-                self.kernel[...].astype(dtype),
+                # conv2d casts it to ``dtype``, unless the algorithm rounds it itself
+                self.kernel[...],
                 algorithm=self.algorithm,
                 planned=self.plan_entry,
                 impl=self.settings.algorithm,

@@ -116,6 +116,7 @@ class HloReport:
             "convolutions": len(self.convolutions),
             "onednn_convs": sum(self.onednn_convs().values()),
             "onednn_batch_norms": self.onednn_batch_norms(),
+            "onednn_max_pools": self.onednn_max_pools(),
             "dots": len(self.dots),
             "custom_calls": len(self.custom_calls),
         }
@@ -128,8 +129,15 @@ class HloReport:
 
     def onednn_batch_norms(self) -> int:
         """How many oneDNN batch-normalization calls (forward and backward) the program makes."""
+        return self._onednn_calls("batch_norm")
+
+    def onednn_max_pools(self) -> int:
+        """How many oneDNN max-pooling calls (forward and backward) the program makes."""
+        return self._onednn_calls("max_pool")
+
+    def _onednn_calls(self, kind: str) -> int:
         kinds = (onednn_kind(c.target) for c in self.custom_calls)
-        return sum(1 for k in kinds if k is not None and k.startswith("batch_norm"))
+        return sum(1 for k in kinds if k is not None and k.startswith(kind))
 
     def conv_layouts(self) -> dict[str, int]:
         """How many convs run in each physical layout, e.g. ``{"NHWC*HWIO->NHWC": 20}``."""
@@ -178,7 +186,8 @@ class HloReport:
             f"  converts: {t['converts']} {self.conversions}, {t['convert_bytes']} bytes",
             f"  convolutions: {t['convolutions']} {self.conv_layouts()}; "
             f"{onednn_line(self.onednn_convs())}; "
-            f"oneDNN batch norms: {t['onednn_batch_norms']}; dots: {t['dots']}; "
+            f"oneDNN batch norms: {t['onednn_batch_norms']}; oneDNN max pools: "
+            f"{t['onednn_max_pools']}; dots: {t['dots']}; "
             f"custom-calls: {t['custom_calls']}",
             f"  operand dtypes: {self.operand_dtypes()}",
         ]

@@ -40,7 +40,10 @@ class Algorithm(NamedTuple):
     operands the core accumulates in float32 whatever dtype it writes, so asked for the
     half dtype it writes the float32 result rounded once, the bits a float32 output cast
     after it would have, without writing and reading the float32 tensor
-    (``dispatch.conv2d``'s ``out_dtype``).
+    (``dispatch.conv2d``'s ``out_dtype``). ``rounds_kernel``: beside bfloat16 activations the
+    core takes a float32 kernel and rounds it itself, as a convert would, where it rewrites the
+    kernel anyway (``dispatch.conv2d`` then leaves the layer's float32 parameter uncast, and
+    the weight gradient comes back in float32).
     """
 
     name: str
@@ -50,6 +53,7 @@ class Algorithm(NamedTuple):
     dtype_reason: DtypeReason = any_dtype
     custom_calls: bool = False
     rounds_once: bool = False
+    rounds_kernel: bool = False
 
 
 def plain_2d(spec: ConvSpec) -> str | None:

@@ -115,6 +115,7 @@ BUILTIN = (
         onednn.dtype_reason,
         custom_calls=True,
         rounds_once=True,
+        rounds_kernel=True,
     ),
     # oneDNN's forward and input gradient with XLA's weight gradient: oneDNN's weight
     # gradient loses at small batch and spatial sizes where its other two passes win

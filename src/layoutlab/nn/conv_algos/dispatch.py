@@ -136,13 +136,17 @@ def conv2d(
 
     ``out_dtype``: the dtype the caller casts the result to (None: the result's own). An
     algorithm that ``rounds_once`` writes it directly instead of ``preferred_element_type``.
+
+    ``kernel`` may be in another dtype than ``x`` (a mixed-precision layer's float32
+    parameter): it is cast to ``x``'s, except for an algorithm that ``rounds_kernel``, which
+    takes a float32 kernel beside bfloat16 activations as it is.
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
     if not all(isinstance(d, int) for d in x.shape):
         # A symbolic dimension (jax.export with a symbolic batch): no plan entry was chosen
         # for it and the custom algorithms need concrete shapes, so XLA's conv runs.
-        return _native_symbolic(x, kernel, strides, padding, dilation, groups, layout, klay,
+        return _native_symbolic(x, kernel.astype(x.dtype), strides, padding, dilation, groups, layout, klay,
                                 preferred_element_type)  # fmt: skip
     spec = conv_spec(
         x.shape,
@@ -157,9 +161,12 @@ def conv2d(
     )
     chosen = select_algorithm(spec, algorithm, planned, impl)
     if chosen.name == XLA:
+        kernel = kernel.astype(x.dtype)
         y = native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
         return _cast(y, out_dtype)
     value = _value(chosen.name, impl)
+    if not (value.rounds_kernel and _half_with_float32(x, kernel)):
+        kernel = kernel.astype(x.dtype)
     core, preferred = value.core, preferred_element_type
     if out_dtype is not None and value.rounds_once:
         preferred = out_dtype
@@ -170,6 +177,10 @@ def conv2d(
         y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred)
         return _cast(jnp.transpose(y, (0, 3, 1, 2)), out_dtype)
     return _cast(core(x, w, spec.geometry, preferred), out_dtype)
+
+
+def _half_with_float32(x, kernel) -> bool:
+    return x.dtype == jnp.bfloat16 and kernel.dtype == jnp.float32
 
 
 def _cast(y, dtype):

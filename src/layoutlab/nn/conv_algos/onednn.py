@@ -8,8 +8,11 @@ registry core takes NHWC only and ``conv2d`` transposes an NCHW conv in and out,
 the transposes with their neighbours (an NCHW model on CPU computes channels-last inside anyway).
 Operands are float32 or bfloat16 and accumulate in float32 inside oneDNN; the forward writes
 ``preferred_element_type`` (float32 from bfloat16 operands, as autocast's) or the operands' dtype.
-The backward casts the cotangent to the operands' dtype, as autocast does, writes the input gradient
-in that dtype and the weight gradient in the accumulation dtype. Which primitive variant a call runs
+The kernel may also be float32 beside bfloat16 activations (``Algorithm.rounds_kernel``): the
+forward and the input gradient round it in the weight reorder they run anyway, the bits XLA's
+convert would give, so no convert pass runs in front of the call.
+The backward casts the cotangent to the activations' dtype, as autocast does, writes the input
+gradient in that dtype and the weight gradient in the accumulation dtype (then the kernel's). Which primitive variant a call runs
 (the kernel read or written as HWIO, or a bfloat16 weight gradient computed by the float32
 primitive) follows ``choice``, by the call's shape.
 
@@ -287,10 +290,11 @@ onednn_conv.defvjp(_fwd, _bwd)
 
 
 def _handled(x, w, preferred) -> bool:
-    """Operand and output dtypes the primitives take (the supported specs all pass)."""
+    """Operand and output dtypes the primitives take (the supported specs all pass): the
+    kernel in the activations' dtype, or a float32 kernel beside bfloat16 activations."""
     out = jnp.dtype(preferred) if preferred is not None else x.dtype
     return (
-        x.dtype == w.dtype
+        w.dtype.name in (x.dtype.name, "float32")
         and x.dtype.name in _DTYPES
         and out.name in (x.dtype.name, "float32")
         and available()
@@ -302,7 +306,7 @@ def onednn_core(x, w, geom: Geometry, preferred, layout: str = "NHWC"):
     operand pairing the primitives do not take)."""
 
     def native(a, b):
-        return native_conv(a, b, geom, preferred, (layout, "HWIO", layout))
+        return native_conv(a, b.astype(a.dtype), geom, preferred, (layout, "HWIO", layout))
 
     if not _handled(x, w, preferred):
         return native(x, w)
