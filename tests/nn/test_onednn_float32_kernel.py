@@ -94,8 +94,10 @@ def test_a_mixed_bf16_layer_keeps_its_bits_with_the_kernel_rounded_by_onednn():
                        policy=get_policy("mixed_bf16"), rngs=nnx.Rngs(1))  # fmt: skip
         conv = nn.configure(conv, nn.ConvSettings(algorithm=algorithm))
 
+        graph = nnx.graphdef(conv)
+
         @jax.jit
-        def loss(params, x, graph=nnx.graphdef(conv)):
+        def loss(params, x, graph=graph):
             y = nnx.merge(graph, params)(x)
             return jnp.sum(y.astype(jnp.float32) ** 2), y
 

@@ -146,7 +146,8 @@ def conv2d(
     if not all(isinstance(d, int) for d in x.shape):
         # A symbolic dimension (jax.export with a symbolic batch): no plan entry was chosen
         # for it and the custom algorithms need concrete shapes, so XLA's conv runs.
-        return _native_symbolic(x, kernel.astype(x.dtype), strides, padding, dilation, groups, layout, klay,
+        kernel = kernel.astype(x.dtype)
+        return _native_symbolic(x, kernel, strides, padding, dilation, groups, layout, klay,
                                 preferred_element_type)  # fmt: skip
     spec = conv_spec(
         x.shape,

@@ -12,9 +12,9 @@ The kernel may also be float32 beside bfloat16 activations (``Algorithm.rounds_k
 forward and the input gradient round it in the weight reorder they run anyway, the bits XLA's
 convert would give, so no convert pass runs in front of the call.
 The backward casts the cotangent to the activations' dtype, as autocast does, writes the input
-gradient in that dtype and the weight gradient in the accumulation dtype (then the kernel's). Which primitive variant a call runs
-(the kernel read or written as HWIO, or a bfloat16 weight gradient computed by the float32
-primitive) follows ``choice``, by the call's shape.
+gradient in that dtype and the weight gradient in the accumulation dtype (then the kernel's).
+Which primitive variant a call runs (the kernel read or written as HWIO, or a bfloat16 weight
+gradient computed by the float32 primitive) follows ``choice``, by the call's shape.
 
 ``supports`` refuses a conv (so XLA's conv runs, with the reason) when the extension is not
 available, for dtypes other than float32 and bfloat16, for negative padding, and where oneDNN
