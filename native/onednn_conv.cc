@@ -150,6 +150,7 @@ std::unique_ptr<Entry> Create(const Params& p) {
                                    eng, entry->user_wei_md, eng, entry->wei_md));
   }
   entry->info.reorder_wei = entry->reorder_wei;
+  entry->info.wei_bytes = entry->wei_md.get_size();
   return entry;
 }
 
@@ -162,20 +163,34 @@ const Entry& Lookup(const Params& p) {
 
 PrimitiveInfo Describe(const Params& p) { return Lookup(p).info; }
 
-void Run(const Params& p, void* src, void* wei, void* dst) {
+void Pack(const Params& p, void* wei, void* out) {
+  if (p.op != kForward) throw std::invalid_argument("only a forward's kernel is packed");
   const Entry& e = Lookup(p);
+  if (!e.reorder_wei) throw std::invalid_argument("this forward reads its kernel as it is");
+  auto& eng = Engine();
+  dnnl::stream& stream = Stream();
+  memory user_wei(e.user_wei_md, eng, wei), packed(e.wei_md, eng, out);
+  e.wei_reorder.execute(stream, user_wei, packed);
+  stream.wait();
+}
+
+void Run(const Params& p, void* src, void* wei, void* dst, bool packed) {
+  const Entry& e = Lookup(p);
+  if (packed && (p.op != kForward || !e.reorder_wei))
+    throw std::invalid_argument("a packed kernel is for a forward that reorders its kernel");
   auto& eng = Engine();
   dnnl::stream& stream = Stream();
   // Each thread's own: XLA may run custom calls from several threads at once.
   thread_local Buffer scratch, wei_buf, src_buf, dst_buf;
   memory src_m(e.user_src_md, eng, src), dst_m(e.user_dst_md, eng, dst);
   memory user_wei(e.user_wei_md, eng, wei);
-  memory wei_m = e.reorder_wei ? memory(e.wei_md, eng, wei_buf.Get(e.wei_md.get_size()))
-                               : user_wei;
+  memory wei_m = packed          ? memory(e.wei_md, eng, wei)
+                 : e.reorder_wei ? memory(e.wei_md, eng, wei_buf.Get(e.wei_md.get_size()))
+                                 : user_wei;
   DnnlArgs args;
   AddScratchpad(args, scratch, e.info.scratch_bytes);
   if (p.op == kForward) {
-    if (e.reorder_wei) e.wei_reorder.execute(stream, user_wei, wei_m);
+    if (e.reorder_wei && !packed) e.wei_reorder.execute(stream, user_wei, wei_m);
     args.insert({{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, wei_m}, {DNNL_ARG_DST, dst_m}});
     e.prim.execute(stream, args);
   } else if (p.op == kBackwardData) {

@@ -31,13 +31,18 @@ struct PrimitiveInfo {
   std::string impl;  // oneDNN's impl_info_str
   bool reorder_wei;
   size_t scratch_bytes;
+  size_t wei_bytes;  // the kernel in the primitive's own format
 };
 
 // Both create the primitive on first use (cached for the process) and throw dnnl::error or
 // std::exception on failure.
 PrimitiveInfo Describe(const Params& p);
-// src, wei and dst are XLA's buffers in the conv's roles (see Params).
-void Run(const Params& p, void* src, void* wei, void* dst);
+// src, wei and dst are XLA's buffers in the conv's roles (see Params). `packed` (forward
+// only): wei already holds the kernel in the primitive's format (Pack's output).
+void Run(const Params& p, void* src, void* wei, void* dst, bool packed = false);
+// The forward's kernel reorder alone: the HWIO kernel `wei` into `out` (wei_bytes), so an
+// inference program that calls the forward many times on one kernel reorders it once.
+void Pack(const Params& p, void* wei, void* out);
 
 }  // namespace layoutlab
 

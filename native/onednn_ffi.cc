@@ -123,9 +123,65 @@ ffi::Error BackwardWeights(ffi::AnyBuffer x, ffi::AnyBuffer dy, ffi::Result<ffi:
   });
 }
 
+// A packed forward's parameters come whole, as Python built them for the pack (the
+// primitive is the one the plain forward would run); the buffers must have their sizes.
+Params ParamsFrom(ffi::Span<const int64_t> values) {
+  if (values.size() != static_cast<size_t>(kNumParams))
+    throw std::invalid_argument("params must hold " + std::to_string(kNumParams) + " ints");
+  Params p;
+  std::memcpy(&p, values.begin(), sizeof(Params));
+  if (p.op != kForward) throw std::invalid_argument("a packed kernel is a forward's");
+  return p;
+}
+
+// `at_least`: a packed kernel's buffer is rounded up to whole bytes per kernel element.
+void CheckBytes(const ffi::AnyBuffer& b, size_t want, const char* what, bool at_least = false) {
+  if (at_least ? b.size_bytes() < want : b.size_bytes() != want)
+    throw std::invalid_argument(std::string(what) + " has " + std::to_string(b.size_bytes()) +
+                                " bytes, the conv's takes " + std::to_string(want));
+}
+
+size_t ActBytes(const Params& p, int64_t dt, int64_t c, int64_t h, int64_t w) {
+  return static_cast<size_t>(p.n * c * h * w) * (dt == kBF16 ? 2 : 4);
+}
+
+ffi::Error Pack(ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                ffi::Span<const int64_t> params) {
+  return layoutlab::FfiGuard("conv pack", [&] {
+    const Params p = ParamsFrom(params);
+    CheckBytes(w, static_cast<size_t>(p.kh * p.kw * (p.c / p.groups) * p.o) *
+                      (p.wei_dt == kBF16 ? 2 : 4), "the kernel");
+    CheckBytes(*out, layoutlab::Describe(p).wei_bytes, "the packed kernel", true);
+    layoutlab::Pack(p, w.untyped_data(), out->untyped_data());
+  });
+}
+
+ffi::Error ForwardPacked(ffi::AnyBuffer x, ffi::AnyBuffer packed, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Span<const int64_t> params) {
+  return layoutlab::FfiGuard("conv", [&] {
+    const Params p = ParamsFrom(params);
+    CheckBytes(x, ActBytes(p, p.src_dt, p.c, p.h, p.w), "the input");
+    CheckBytes(*y, ActBytes(p, p.dst_dt, p.o, p.oh, p.ow), "the output");
+    CheckBytes(packed, layoutlab::Describe(p).wei_bytes, "the packed kernel", true);
+    layoutlab::Run(p, x.untyped_data(), packed.untyped_data(), y->untyped_data(), true);
+  });
+}
+
 #define BIND_ATTR(type, name) .Attr<type>(#name)
 
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvPack, Pack,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("params"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvFwdPacked, ForwardPacked,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("params"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LayoutlabOnednnConvFwd, Forward,
                               ffi::Ffi::Bind()
@@ -181,8 +237,9 @@ PyObject* ImplInfo(PyObject*, PyObject* args) {
   std::memcpy(&p, values, sizeof(Params));
   return PyGuard([&] {
     const layoutlab::PrimitiveInfo info = layoutlab::Describe(p);
-    return Py_BuildValue("(sNn)", info.impl.c_str(), PyBool_FromLong(info.reorder_wei),
-                         static_cast<Py_ssize_t>(info.scratch_bytes));
+    return Py_BuildValue("(sNnn)", info.impl.c_str(), PyBool_FromLong(info.reorder_wei),
+                         static_cast<Py_ssize_t>(info.scratch_bytes),
+                         static_cast<Py_ssize_t>(info.wei_bytes));
   });
 }
 
@@ -221,7 +278,10 @@ PyObject* Version(PyObject*, PyObject*) {
 PyObject* Capsule(void* fn) { return PyCapsule_New(fn, nullptr, nullptr); }
 
 PyObject* Handlers(PyObject*, PyObject*) {
-  return Py_BuildValue("{sNsNsNsNsNsNsN}", "fwd",
+  return Py_BuildValue("{sNsNsNsNsNsNsNsNsN}", "conv_pack",
+                       Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvPack)),
+                       "fwd_packed", Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvFwdPacked)),
+                       "fwd",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvFwd)), "bwd_data",
                        Capsule(reinterpret_cast<void*>(LayoutlabOnednnConvBwdData)),
                        "bwd_weights",
@@ -242,7 +302,8 @@ PyMethodDef kMethods[] = {
      "w, c, oh, ow, kh, kw, sh, sw, plh, plw, prh, prw)."},
     {"version", Version, METH_NOARGS, "oneDNN's (major, minor, patch, commit hash)."},
     {"impl_info", ImplInfo, METH_VARARGS,
-     "(impl_info_str, weights reordered, scratchpad bytes) of the primitive for a parameter "
+     "(impl_info_str, weights reordered, scratchpad bytes, packed kernel bytes) of the "
+     "primitive for a parameter "
      "tuple (op, src_dt, wei_dt, dst_dt, nchw, n, c, h, w, o, kh, kw, oh, ow, sh, sw, plh, plw, "
      "prh, prw, dh, dw, groups, plain_weights, f32_compute)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -47,6 +47,7 @@ _SCHEMA: dict[str, type] = {
     "defaults": str,  # layoutlab only: fast (its defaults) | plain (plain XLA) | custom
     "optimizer": str,  # train rows: the step's optimizer (layoutlab: OptimizerSpec.label)
     "conv_plan_source": str,  # layoutlab, conv_algo auto: cache | tuned | table
+    "packed_kernels": int,  # layoutlab infer: oneDNN convs reading a kernel packed once
     "mode": str,  # infer | train
     "batch_size": int,
     "backend": str,

@@ -23,6 +23,7 @@ from flax import nnx
 from layoutlab.data import Dataset
 from layoutlab.fast_defaults import default_backend, table_cpu_kind
 from layoutlab.infer.plan import planned_model
+from layoutlab.nn.conv_algos.onednn_packed import pack_kernels, with_packed_kernels
 from layoutlab.train.best import BEST_DIR
 from layoutlab.train.checkpoint import (
     ForeignCheckpointError,
@@ -96,7 +97,8 @@ class Run:
             forward = forwards.get(images.shape[0])
             if forward is None:
                 defs = self.inference_defs(images)
-                forward = forwards[images.shape[0]] = jitted_flat_forward(defs, treedef, options)
+                forward = packed_flat_forward(defs, treedef, options, leaves, images)
+                forwards[images.shape[0]] = forward
             return forward(leaves, images)
 
         return logits
@@ -142,13 +144,34 @@ class Run:
 
 
 @functools.lru_cache(maxsize=8)
-def jitted_flat_forward(defs: ModelDefs, treedef, options: tuple) -> Callable:
+def _flat_forward(defs: ModelDefs, treedef) -> Callable:
     forward = make_forward(defs)
 
     def flat(leaves, images):
         return forward(jax.tree.unflatten(treedef, leaves), images)
 
+    return flat
+
+
+@functools.lru_cache(maxsize=8)
+def jitted_flat_forward(defs: ModelDefs, treedef, options: tuple, keys: tuple = ()) -> Callable:
+    """The jitted ``(leaves, images) -> logits`` of ``defs``; with ``keys`` (the
+    ``PackedKernels.keys`` of its oneDNN convs) ``(blobs, leaves, images) -> logits``."""
+    flat = _flat_forward(defs, treedef)
+    if keys:
+        flat = with_packed_kernels(flat, keys)
     return jax.jit(flat, compiler_options=dict(options) or None)
+
+
+def packed_flat_forward(defs: ModelDefs, treedef, options: tuple, leaves, images) -> Callable:
+    """``(leaves, images) -> logits`` for ``leaves`` (fixed) at ``images``' shape, its oneDNN
+    convs reading kernels packed once here (``nn.conv_algos.onednn_packed``, the same bits):
+    a forward called again and again on one state reorders no kernel per call."""
+    packed = pack_kernels(_flat_forward(defs, treedef), leaves, images)
+    if not any(k is not None for k in packed.keys):
+        return jitted_flat_forward(defs, treedef, options)
+    forward = jitted_flat_forward(defs, treedef, options, packed.keys)
+    return functools.partial(forward, packed.blobs)
 
 
 def class_names(dataset: Dataset) -> list[str]:

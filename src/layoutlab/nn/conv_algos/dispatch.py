@@ -6,13 +6,24 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from layoutlab.nn.conv_algos.geometry import ConvSpec, make_spec, resolve_geometry
+from layoutlab.nn.conv_algos.geometry import (
+    ConvSpec,
+    kernel_to_hwio,
+    make_spec,
+    resolve_geometry,
+)
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name, get_algorithm
 from layoutlab.nn.padding import Padding
 
-__all__ = ["Selection", "conv2d", "conv_spec", "planned_algorithm", "select_algorithm"]
+__all__ = [
+    "Selection",
+    "conv2d",
+    "conv_spec",
+    "planned_algorithm",
+    "select_algorithm",
+]
 
 
 _DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
@@ -65,12 +76,6 @@ def select_algorithm(
     if reason is not None:
         return Selection(XLA, asked, f"{name} does not support {reason}; using xla")
     return Selection(name, asked, None)
-
-
-def _kernel_to_hwio(kernel, kernel_layout: str):
-    if kernel_layout == "HWIO":
-        return kernel
-    return jnp.transpose(kernel, tuple(kernel_layout.index(c) for c in "HWIO"))
 
 
 def _check_kernel_layout(kernel_layout: str) -> str:
@@ -171,7 +176,7 @@ def conv2d(
     core, preferred = value.core, preferred_element_type
     if out_dtype is not None and value.rounds_once:
         preferred = out_dtype
-    w = _kernel_to_hwio(kernel, klay)
+    w = kernel_to_hwio(kernel, klay)
     if layout in getattr(core, "layouts", ("NHWC",)) and layout != "NHWC":
         return _cast(core(x, w, spec.geometry, preferred, layout=layout), out_dtype)
     if layout == "NCHW":

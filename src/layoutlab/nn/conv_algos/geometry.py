@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from layoutlab.nn.padding import Padding, normalize_padding, normalize_tuple, same_padding
 
-__all__ = ["ConvSpec", "Geometry", "Pairs", "make_spec", "resolve_geometry"]
+__all__ = ["ConvSpec", "Geometry", "Pairs", "kernel_to_hwio", "make_spec", "resolve_geometry"]
 
 
 Pairs = tuple[tuple[int, int], ...]
@@ -116,3 +117,10 @@ def make_spec(
     return ConvSpec(
         int(n), (int(h), int(w)), int(c), int(out_features), geometry, np.dtype(dtype).name, layout
     )
+
+
+def kernel_to_hwio(kernel, kernel_layout: str):
+    """``kernel`` (axes in ``kernel_layout``, a permutation of ``"HWIO"``) as HWIO."""
+    if kernel_layout == "HWIO":
+        return kernel
+    return jnp.transpose(kernel, tuple(kernel_layout.index(c) for c in "HWIO"))

@@ -52,6 +52,7 @@ from layoutlab.nn.conv_algos.onednn_load import (
     status_line,
     unavailable_reason,
 )
+from layoutlab.nn.conv_algos.onednn_packed import packed_forward
 
 __all__ = [
     "TARGET_PREFIX",
@@ -223,11 +224,16 @@ def _call(target: str, shape, dtype, a, b, geom: Geometry, layout: str):
     out = jax.ShapeDtypeStruct(shape, dtype)
     call = jax.ffi.ffi_call(TARGETS[target], out, vmap_method="sequential")
     y = {"fwd": shape, "bwd_data": a.shape, "bwd_weights": b.shape}[target]  # y or dy
-    pixels = math.prod(y) // y[1 if layout == "NCHW" else 3]
-    channel_axis = 1 if layout == "NCHW" else 3
-    slow = target == "bwd_weights" and slow_bf16_weight_gradient(geom, a.shape[channel_axis], y[0])
-    how = choice(_OPS[target], a.dtype.name, y[0], pixels, slow)
+    channels = a.shape[1 if layout == "NCHW" else 3]
+    how = _choice_of(target, a.dtype.name, y, layout, geom, channels)
     return call(a, b, **_attrs(geom, layout, how))
+
+
+def _choice_of(target: str, dtype: str, y, layout: str, geom: Geometry, in_channels: int):
+    """``choice`` for a call of ``target`` whose output (or cotangent) has shape ``y``."""
+    pixels = math.prod(y) // y[1 if layout == "NCHW" else 3]
+    slow = target == "bwd_weights" and slow_bf16_weight_gradient(geom, in_channels, y[0])
+    return choice(_OPS[target], dtype, y[0], pixels, slow)
 
 
 def _with_batch(shape, n: int) -> tuple[int, ...]:
@@ -250,12 +256,28 @@ def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
 
 def _forward(x, w, geom, preferred, layout):
     out_dtype = jnp.dtype(preferred) if preferred is not None else x.dtype
+    shape = _out_shape(x.shape, w.shape, geom, layout)
 
     def fwd(a, b):
         return _call("fwd", _out_shape(a.shape, b.shape, geom, layout), out_dtype, a, b, geom,
                      layout)  # fmt: skip
 
-    return batch_parallel(fwd, 1)(x, w)
+    # Inference with packed kernels (``onednn_packed``) reads a kernel reordered beforehand.
+    params = _fwd_params(x, w, shape, out_dtype, geom, layout)
+    return packed_forward(params, x, lambda: batch_parallel(fwd, 1)(x, w))
+
+
+def _fwd_params(x, w, y_shape, y_dtype, geom: Geometry, layout: str) -> tuple[int, ...]:
+    """The parameter tuple the forward handler builds from these buffers (``MakeParams``)."""
+    nchw = layout == "NCHW"
+    n, c, h, wd = (x.shape[0], *x.shape[1:]) if nchw else (x.shape[0], x.shape[3], *x.shape[1:3])
+    oh, ow = y_shape[2:4] if nchw else y_shape[1:3]
+    a = _attrs(geom, layout, _choice_of("fwd", x.dtype.name, y_shape, layout, geom, c))
+    dts = (_DTYPES[x.dtype.name], _DTYPES[w.dtype.name], _DTYPES[jnp.dtype(y_dtype).name])
+    rest = (a[k] for k in ("sh", "sw", "plh", "plw", "prh", "prw", "dh", "dw", "groups",
+                           "plain_weights", "f32_compute"))  # fmt: skip
+    return tuple(int(v) for v in (_FWD, *dts, int(nchw), n, c, h, wd, w.shape[3], w.shape[0],
+                                  w.shape[1], oh, ow, *rest))  # fmt: skip
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))

@@ -20,6 +20,7 @@ from types import ModuleType
 
 __all__ = [
     "NORM_TARGETS",
+    "PACK_TARGETS",
     "POOL_TARGETS",
     "TARGET_PREFIX",
     "TARGETS",
@@ -52,6 +53,11 @@ NORM_TARGETS = {
 POOL_TARGETS = {
     "pool_fwd": TARGET_PREFIX + "max_pool",
     "pool_bwd": TARGET_PREFIX + "max_pool_grad",
+}
+# The packed-kernel inference handlers' (``onednn_packed``).
+PACK_TARGETS = {
+    "conv_pack": TARGET_PREFIX + "conv_pack",
+    "fwd_packed": TARGET_PREFIX + "conv_fwd_packed",
 }
 _LIBRARY = "libdnnl.so.3"
 _DIST = "onednn-cpu-gomp"
@@ -136,7 +142,7 @@ def register_targets() -> None:
             return
         import jax
 
-        targets = {**TARGETS, **NORM_TARGETS, **POOL_TARGETS}
+        targets = {**TARGETS, **NORM_TARGETS, **POOL_TARGETS, **PACK_TARGETS}
         for name, capsule in module.handlers().items():
             jax.ffi.register_ffi_target(targets[name], capsule, platform="cpu")
         _state["registered"] = True
@@ -178,11 +184,12 @@ def status_line() -> str:
     return f"onednn convs: unavailable ({unavailable_reason()}); XLA's convs run"
 
 
-_impl_cache: dict[tuple[int, ...], tuple[str, bool, int] | str] = {}
+_impl_cache: dict[tuple[int, ...], tuple[str, bool, int, int] | str] = {}
 
 
-def impl_info(params: tuple[int, ...]) -> tuple[str, bool, int] | str:
-    """``(oneDNN implementation, kernel reordered, scratchpad bytes)`` of the primitive for
+def impl_info(params: tuple[int, ...]) -> tuple[str, bool, int, int] | str:
+    """``(oneDNN implementation, kernel reordered, scratchpad bytes, reordered kernel bytes)``
+    of the primitive for
     ``params`` (the extension's parameter tuple), or the error text when oneDNN has none.
     Creating the descriptor also creates and caches the primitive the handler will run."""
     if params not in _impl_cache:
