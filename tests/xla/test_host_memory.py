@@ -1,8 +1,10 @@
 """``keep_host_memory``: XLA:CPU's per-call temp buffer stops page-faulting once freed host
 memory stays in the process.
 
-The positive checks run in fresh interpreters: the setting has to come before JAX starts its
-backend, and this test process started it at collection (conftest).
+The positive checks run in fresh processes: the setting has to come before JAX starts its
+backend, and this test process started it at collection (conftest). Each is forked from one
+server that imported layoutlab and JAX without starting a backend (``fresh``), as a new
+interpreter is once it has imported them, without paying ~1.5-2.5 s of imports each.
 """
 
 import argparse
@@ -10,11 +12,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from block_server import BlockServer
 from host_memory_probe import probe
 
 from layoutlab import cli
@@ -27,26 +29,35 @@ glibc_only = pytest.mark.skipif(
 )
 
 
-def _fresh_python(code: str) -> str:
-    """The stdout of ``code`` in a new interpreter without ``GLIBC_TUNABLES``."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300, check=True).stdout  # fmt: skip
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """``fresh(code) -> stdout``: ``code`` run as ``python -c`` would, in a process started
+    without ``GLIBC_TUNABLES`` (``tests/helpers/block_server.py``); it must exit with 0."""
+    root = tmp_path_factory.mktemp("fresh")
+    server = BlockServer({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}, root)
+
+    def run(code: str) -> str:
+        rc, out, err = server.run(code, Path(tempfile.mkdtemp(dir=root)), 300)
+        assert rc == 0, err[-2000:]
+        return out
+
+    yield run
+    server.close()
 
 
 @pytest.fixture(scope="module")
-def default_probe():
+def default_probe(fresh):
     """glibc's defaults, probed once: the baseline of both arena settings below."""
-    return probe("default")
+    return probe("default", run=fresh)
 
 
 @glibc_only
 @pytest.mark.parametrize(
     "arenas, how", [("one", "mallopt"), ("per_thread", "mallopt (per-thread arenas)")]
 )
-def test_kept_host_memory_stops_the_temp_buffer_faulting(default_probe, arenas, how):
+def test_kept_host_memory_stops_the_temp_buffer_faulting(default_probe, fresh, arenas, how):
     # Per-thread arenas too: the 36 MB buffer is under the 64 MiB a thread's arena holds.
-    default, kept = default_probe, probe(arenas)
+    default, kept = default_probe, probe(arenas, run=fresh)
     assert default["state"] == [False, "default glibc malloc"]
     assert kept["state"] == [True, how]
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
@@ -146,14 +157,14 @@ def test_the_default_leaves_a_process_that_started_jax_as_it_was(capsys):
 
 
 @glibc_only
-def test_per_thread_arenas_can_come_after_jax_starts():
+def test_per_thread_arenas_can_come_after_jax_starts(fresh):
     # Only one arena for every thread has to come first: per-thread arenas set no arena.
     code = (
         "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
         "from layoutlab.host import keep_host_memory\n"
         "print(list(keep_host_memory('per_thread')))"
     )
-    out = _fresh_python(code)
+    out = fresh(code)
     assert out.strip().splitlines()[-1] == "[True, 'mallopt (per-thread arenas)']"
 
 
@@ -177,9 +188,8 @@ def test_keep_host_memory_rejects_unknown_arenas():
         ),
     ],
 )
-def test_bench_records_kept_host_memory(tmp_path, flags, how):
+def test_bench_records_kept_host_memory(tmp_path, fresh, flags, how):
     out = tmp_path / "bench"
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     # No roofline: each part would measure the machine's matmul peak and copy bandwidth for
     # figures this test does not read (test_bench_sweep's real sweep measures them).
     args = [
@@ -187,8 +197,7 @@ def test_bench_records_kept_host_memory(tmp_path, flags, how):
         "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
         *flags, "--no-plots", "--no-roofline", "--out", str(out),
     ]  # fmt: skip
-    code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
-    subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
+    fresh(f"import sys; from layoutlab.cli import main; sys.exit(main({args!r}))")
     machine = json.loads((out / "machine.json").read_text())["machine"]
     assert machine["host_memory_kept"] is True
     assert machine["host_memory"] == how
@@ -308,13 +317,13 @@ def test_the_flags_choose_the_arenas():
 
 
 @glibc_only
-def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_probe):
+def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_probe, fresh):
     # What a bench sweep across the threshold does between batch groups, with JAX running:
     # per-thread arenas kept, then released, then kept again. The steady calls (17 to 48,
     # as above) must fault like glibc's defaults once released (the 36 MB buffer is over the
     # 32 MiB mmap threshold release_host_memory sets) and reuse the heap once kept again.
-    released = probe("per_thread", then="released")
-    again = probe("per_thread+released", then="per_thread")
+    released = probe("per_thread", then="released", run=fresh)
+    again = probe("per_thread+released", then="per_thread", run=fresh)
     assert released["state"] == [False, "mallopt: glibc's default limits (released)"]
     assert again["state"] == [True, "mallopt (per-thread arenas)"]
     pages = released["temp"] / os.sysconf("SC_PAGE_SIZE")
@@ -326,13 +335,13 @@ def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_p
 
 
 @glibc_only
-def test_one_arena_cannot_be_released():
+def test_one_arena_cannot_be_released(fresh):
     code = (
         "from layoutlab.host import HostMemoryError, keep_host_memory, release_host_memory\n"
         "keep_host_memory('one')\n"
         "try:\n    release_host_memory()\nexcept HostMemoryError as e:\n    print('refused:', e)"
     )
-    out = _fresh_python(code)
+    out = fresh(code)
     assert "refused: release_host_memory() cannot undo one malloc arena" in out, out
 
 
