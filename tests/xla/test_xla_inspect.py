@@ -24,7 +24,10 @@ from layoutlab.xla.conv_rows import match_convs
 
 # The real ResNet-18 structure, narrowed: stem conv + 8 basic blocks x 2 convs + 3 downsample
 # 1x1 convs = 20 convolutions, each with its own kernel.
-RESNET18 = dict(batch_size=2, image_size=32, stem="cifar", model_kwargs={"width": 8})
+# Compiled without LLVM optimizations: only the compiled HLO is read, and every LLVM level
+# runs the same HLO passes on it (docs/development.md), in about half the compile time.
+RESNET18 = dict(batch_size=2, image_size=32, stem="cifar", model_kwargs={"width": 8},
+                flags={"xla_backend_optimization_level": 0})  # fmt: skip
 RESNET18_CONVS = 1 + 8 * 2 + 3
 
 
