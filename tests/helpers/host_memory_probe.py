@@ -40,19 +40,12 @@ print(json.dumps({"temp": temp, "faults": faults, "state": list(host_memory_stat
 """
 
 
-def probe(mode: str = "default", tunables: str | None = None, then: str = "", run=None) -> dict:
+def probe(mode: str = "default", tunables: str | None = None, then: str = "") -> dict:
     """``{"temp": bytes, "faults": [minor faults of each of 48 calls], "state": [kept, how]}``
     of a fresh process that calls ``keep_host_memory(mode)`` first (``"default"``: not at
     all), with ``GLIBC_TUNABLES`` set to ``tunables`` (None: unset). ``mode`` and ``then``
     may chain settings with ``+``, ``"released"`` for ``release_host_memory()``: ``then``
-    is applied after the 4th call, with JAX running. ``run(code) -> stdout``: runs the probe
-    in a process forked from one that imported JAX without starting its backend and without
-    ``GLIBC_TUNABLES`` (``test_host_memory.fresh``) instead of a new interpreter; not with
-    ``tunables``, which glibc reads when a process starts."""
-    if run is not None:
-        assert tunables is None, "glibc reads GLIBC_TUNABLES when a process starts"
-        out = run(f"import sys; sys.argv[1:] = {[mode, then]!r}\n{_PROBE}")
-        return json.loads(out.strip().splitlines()[-1])
+    is applied after the 4th call, with JAX running."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     if tunables:
         env["GLIBC_TUNABLES"] = tunables

@@ -2,9 +2,10 @@
 memory stays in the process.
 
 The positive checks run in fresh processes: the setting has to come before JAX starts its
-backend, and this test process started it at collection (conftest). Each is forked from one
-server that imported layoutlab and JAX without starting a backend (``fresh``), as a new
-interpreter is once it has imported them, without paying ~1.5-2.5 s of imports each.
+backend, and this test process started it at collection (conftest). The page-fault probes are
+new interpreters (their counts were measured on such); the commands and the other checks are
+forked from one server that imported layoutlab and JAX without starting a backend
+(``fresh``), as a new interpreter is once it has imported them, without ~2 s of imports each.
 """
 
 import argparse
@@ -46,18 +47,18 @@ def fresh(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def default_probe(fresh):
+def default_probe():
     """glibc's defaults, probed once: the baseline of both arena settings below."""
-    return probe("default", run=fresh)
+    return probe("default")
 
 
 @glibc_only
 @pytest.mark.parametrize(
     "arenas, how", [("one", "mallopt"), ("per_thread", "mallopt (per-thread arenas)")]
 )
-def test_kept_host_memory_stops_the_temp_buffer_faulting(default_probe, fresh, arenas, how):
+def test_kept_host_memory_stops_the_temp_buffer_faulting(default_probe, arenas, how):
     # Per-thread arenas too: the 36 MB buffer is under the 64 MiB a thread's arena holds.
-    default, kept = default_probe, probe(arenas, run=fresh)
+    default, kept = default_probe, probe(arenas)
     assert default["state"] == [False, "default glibc malloc"]
     assert kept["state"] == [True, how]
     pages = kept["temp"] / os.sysconf("SC_PAGE_SIZE")
@@ -317,13 +318,13 @@ def test_the_flags_choose_the_arenas():
 
 
 @glibc_only
-def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_probe, fresh):
+def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_probe):
     # What a bench sweep across the threshold does between batch groups, with JAX running:
     # per-thread arenas kept, then released, then kept again. The steady calls (17 to 48,
     # as above) must fault like glibc's defaults once released (the 36 MB buffer is over the
     # 32 MiB mmap threshold release_host_memory sets) and reuse the heap once kept again.
-    released = probe("per_thread", then="released", run=fresh)
-    again = probe("per_thread+released", then="per_thread", run=fresh)
+    released = probe("per_thread", then="released")
+    again = probe("per_thread+released", then="per_thread")
     assert released["state"] == [False, "mallopt: glibc's default limits (released)"]
     assert again["state"] == [True, "mallopt (per-thread arenas)"]
     pages = released["temp"] / os.sysconf("SC_PAGE_SIZE")
