@@ -14,6 +14,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from block_server import BlockServer
 from flax import nnx
 
 from layoutlab import cli, fast_defaults, models
@@ -184,28 +185,40 @@ def test_default_keep_host_memory_applies_before_jax_starts(tmp_path):
     """In a fresh process the CLI's default keeps host memory with one malloc arena for big
     batches and with per-thread arenas for small ones (the digits job's 32 x 8 x 8);
     ``--no-keep-host-memory`` leaves glibc alone. The bench then fails on its unknown model,
-    after the setting and before any compile."""
+    after the setting and before any compile. Forked from one process that imported the CLI
+    without starting JAX's backend (``tests/helpers/block_server.py``), ~2.5 s of imports
+    paid once; a new interpreter where glibc must read ``GLIBC_TUNABLES`` at its start."""
     code = (
         "import sys; from layoutlab import cli; from layoutlab.host import host_memory_state;"
         "assert cli.main(sys.argv[1:]) == 2; print(host_memory_state().how)"
     )
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    (tmp_path / "forks").mkdir()
+    server = BlockServer(env, tmp_path / "forks", preload=("layoutlab.cli", "layoutlab.host"))
 
     def kept(*flags, tunables=None):
         argv = ["bench", "--model", "no_such_model", "--out", str(tmp_path), *flags]
-        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
         if tunables:
-            env["GLIBC_TUNABLES"] = tunables
-        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
-                             text=True, timeout=300, check=True, env=env).stdout  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                                 text=True, timeout=300, check=True,
+                                 env={**env, "GLIBC_TUNABLES": tunables}).stdout  # fmt: skip
+        else:
+            cwd = tmp_path / "forks" / str(len(list((tmp_path / "forks").iterdir())))
+            cwd.mkdir()
+            rc, out, err = server.run(f"import sys; sys.argv[1:] = {argv!r}\n{code}", cwd, 300)
+            assert rc == 0, err[-2000:]
         return out.strip().splitlines()[-1]
 
-    big = ("--image-size", "32", "--batch-sizes", "128")
-    assert kept(*big) == "mallopt"
-    assert kept(*big, "--no-keep-host-memory") == "default glibc malloc"
-    assert kept("--image-size", "8", "--batch-sizes", "32") == "mallopt (per-thread arenas)"
-    # The host-memory guide's way to per-thread arenas at any batch, from the command line.
-    per_thread = ENV_SETTING_PER_THREAD.split("=", 1)[1]
-    assert kept(*big, tunables=per_thread) == "environment (per-thread arenas)"
+    try:
+        big = ("--image-size", "32", "--batch-sizes", "128")
+        assert kept(*big) == "mallopt"
+        assert kept(*big, "--no-keep-host-memory") == "default glibc malloc"
+        assert kept("--image-size", "8", "--batch-sizes", "32") == "mallopt (per-thread arenas)"
+        # The host-memory guide's way to per-thread arenas at any batch, from the command line.
+        per_thread = ENV_SETTING_PER_THREAD.split("=", 1)[1]
+        assert kept(*big, tunables=per_thread) == "environment (per-thread arenas)"
+    finally:
+        server.close()
 
 
 def test_bench_rows_say_which_defaults_ran_and_baseline_plain_adds_plain_rows(

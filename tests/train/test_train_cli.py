@@ -1,5 +1,8 @@
 """``layoutlab train`` end to end in subprocesses, including SIGKILL mid-epoch and ``--resume``
 (the resume of the killed run in this process: what needs a process of its own is the kill).
+The uninterrupted run is the command as a user starts it; the others are processes forked
+from one that imported layoutlab before JAX started a backend (``fork_server``), each its own
+process for a signal or ``--backend`` without paying ~3.5 s of imports again.
 
 The subprocesses inherit the 4 fake CPU devices from conftest (XLA_FLAGS), so they train
 data parallel. They share a persistent compilation cache: a run that compiles the same
@@ -14,9 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
+from block_server import BlockServer
 
 from layoutlab import cli
 from layoutlab.train.checkpoint import read_checkpoint
@@ -88,6 +94,32 @@ def _train(env, *argv, timeout=300) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
+def fork_server(env, tmp_path_factory):
+    """The process the runs below are forked from, with the module's ``env`` (its
+    compilation cache is read at import, so they read ``full_run``'s programs back)."""
+    server = BlockServer(env, tmp_path_factory.mktemp("fork_server"))
+    yield server
+    server.close()
+
+
+def _forked(server, pool, code, argv, cwd):
+    """Submits ``code`` to ``pool``, run as ``python -c code *argv`` would be in a child of
+    ``server`` in directory ``cwd``, which writes its process id to ``cwd/pid``; the future
+    gives ``(returncode, stdout, stderr)``."""
+    cwd.mkdir()
+    head = f"import os, sys\nopen('pid', 'w').write(str(os.getpid()))\nsys.argv[1:] = {argv!r}\n"
+    return pool.submit(server.run, head + code, cwd, 300)
+
+
+def _train_forked(server, *argv):
+    """``layoutlab train ARGV`` in a child of ``server``: ``(returncode, stdout, stderr)``."""
+    with ThreadPoolExecutor(1) as pool:
+        code = "from layoutlab import cli\nsys.argv[0] = 'layoutlab'\nsys.exit(cli.main())\n"
+        cwd = Path(argv[argv.index("--workdir") + 1] + ".proc")
+        return _forked(server, pool, code, ["train", *argv], cwd).result()
+
+
+@pytest.fixture(scope="module")
 def full_run(tmp_path_factory, env):
     workdir = tmp_path_factory.mktemp("cli") / "run"
     proc = _train(env, *ARGS, "--workdir", str(workdir))
@@ -112,35 +144,36 @@ def test_cli_writes_the_workdir(full_run):
     assert (workdir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _wait_for(paths, proc, timeout=240):
+def _wait_for(cwd, paths, run, timeout=240):
+    """The process id of ``run`` (``_forked``'s future, in ``cwd``) once ``paths`` exist."""
     deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        if proc.poll() is not None:
-            pytest.fail(f"driver exited early ({proc.returncode}): {proc.stderr.read()}")
+    pid = cwd / "pid"
+    while not all(p.exists() for p in (pid, *paths)):
+        if run.done():
+            pytest.fail(f"driver exited early: {run.result()}")
         if time.monotonic() > deadline:
-            proc.kill()
+            if pid.exists():
+                os.kill(int(pid.read_text()), signal.SIGKILL)
             pytest.fail(f"timed out waiting for {paths}")
         time.sleep(0.05)
+    return int(pid.read_text())
 
 
-def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(full_run, env, tmp_path, capsys):
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
+    full_run, fork_server, tmp_path, capsys
+):
     reference, _ = full_run
-    workdir, flag = tmp_path / "run", tmp_path / "stalled"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(flag), "7", *ARGS, "--workdir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    # The prefetch thread asks for batch 7 once the loop has taken batch 4 (two wait in its
-    # queue), i.e. after step 4 and its checkpoint; the loop then stalls after step 7, so
-    # the kill lands mid-epoch between the checkpoints of steps 4 and 8.
-    _wait_for([flag, workdir / "checkpoints" / "4" / "layoutlab_manifest.json"], proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    workdir, proc = tmp_path / "run", tmp_path / "proc"
+    flag = proc / "stalled"
+    with ThreadPoolExecutor(1) as pool:
+        argv = [str(flag), "7", *ARGS, "--workdir", str(workdir)]
+        run = _forked(fork_server, pool, DRIVER, argv, proc)
+        # The prefetch thread asks for batch 7 once the loop has taken batch 4 (two wait in
+        # its queue), i.e. after step 4 and its checkpoint; the loop then stalls after step
+        # 7, so the kill lands mid-epoch between the checkpoints of steps 4 and 8.
+        manifest = workdir / "checkpoints" / "4" / "layoutlab_manifest.json"
+        os.kill(_wait_for(proc, [flag, manifest], run), signal.SIGKILL)
+        assert run.result()[0] == -signal.SIGKILL
     assert not (workdir / "checkpoints" / "8").exists()
 
     # The command's own entry point, here: the interpreter and its ~3.5 s of imports are not
@@ -175,19 +208,22 @@ def _quiet_run(code: str, env) -> int:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode
 
 
-def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env):
+def test_backend_flag_picks_the_platform_or_says_it_is_missing(tmp_path, env, fork_server):
     # Probed in a child: this process's JAX may be held to the CPU (JAX_PLATFORMS=cpu) while
     # `--backend gpu` overrides that and starts an installed plugin's device.
     platform = gpu_platform()
     probe = f"import jax; jax.config.update('jax_platforms', '{platform}'); jax.devices()"
     if platform != "gpu" and _quiet_run(probe, env) == 0:
         pytest.skip("a GPU is present: --backend gpu would train on it")
-    missing = _train(env, "--backend", "gpu", "--workdir", str(tmp_path / "gpu"), timeout=120)
-    assert missing.returncode == 2, missing.stderr
-    assert missing.stderr.startswith("error: --backend gpu is not available here")
-    assert missing.stderr.count("\n") == 1 and not (tmp_path / "gpu").exists()
-    ok = _train(env, *ARGS, "--backend", "cpu", "--workdir", str(tmp_path / "cpu"))
-    assert ok.returncode == 0, ok.stderr
+    code, _, err = _train_forked(
+        fork_server, "--backend", "gpu", "--workdir", str(tmp_path / "gpu")
+    )
+    assert code == 2, err
+    assert err.startswith("error: --backend gpu is not available here")
+    assert err.count("\n") == 1 and not (tmp_path / "gpu").exists()
+    code, _, err = _train_forked(fork_server, *ARGS, "--backend", "cpu", "--workdir",
+                                 str(tmp_path / "cpu"))  # fmt: skip
+    assert code == 0, err
     assert json.loads((tmp_path / "cpu" / "config.json").read_text())["num_steps"] == 12
 
 
@@ -207,24 +243,20 @@ RESUMABLE_STALL = DRIVER.replace(
 )
 
 
-def test_sigterm_says_what_ctrl_c_says(full_run, env, tmp_path):
+def test_sigterm_says_what_ctrl_c_says(full_run, fork_server, tmp_path):
     """SIGTERM (what a job scheduler sends first) stops the run as Ctrl-C does: one line
     saying how to continue, a non-zero exit, and the workdir's lock released. The run is
     ``full_run``'s (its programs come from the cache), stalled mid-epoch."""
     assert RESUMABLE_STALL != DRIVER
-    workdir, flag = tmp_path / "run", tmp_path / "stalled"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RESUMABLE_STALL, str(flag), "7", *ARGS, "--workdir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    _wait_for([flag], proc)
-    proc.send_signal(signal.SIGTERM)
-    flag.with_suffix(".go").touch()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    workdir, proc = tmp_path / "run", tmp_path / "proc"
+    flag = proc / "stalled"
+    with ThreadPoolExecutor(1) as pool:
+        argv = [str(flag), "7", *ARGS, "--workdir", str(workdir)]
+        run = _forked(fork_server, pool, RESUMABLE_STALL, argv, proc)
+        os.kill(_wait_for(proc, [flag], run), signal.SIGTERM)
+        flag.with_suffix(".go").touch()
+        code, _, err = run.result(timeout=120)
+    assert code == 128 + signal.SIGTERM, err
     assert err.strip().splitlines() == ["interrupted; continue with --resume"], err
     assert json.loads((workdir / "layoutlab.lock").read_text())["released"]
 

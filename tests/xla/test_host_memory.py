@@ -1,8 +1,11 @@
 """``keep_host_memory``: XLA:CPU's per-call temp buffer stops page-faulting once freed host
 memory stays in the process.
 
-The positive checks run in fresh interpreters: the setting has to come before JAX starts its
-backend, and this test process started it at collection (conftest).
+The positive checks run in fresh processes: the setting has to come before JAX starts its
+backend, and this test process started it at collection (conftest). The page-fault probes are
+new interpreters (their counts were measured on such); the commands and the other checks are
+forked from one server that imported layoutlab and JAX without starting a backend
+(``fresh``), as a new interpreter is once it has imported them, without ~2 s of imports each.
 """
 
 import argparse
@@ -10,11 +13,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from block_server import BlockServer
 from host_memory_probe import probe
 
 from layoutlab import cli
@@ -27,11 +30,20 @@ glibc_only = pytest.mark.skipif(
 )
 
 
-def _fresh_python(code: str) -> str:
-    """The stdout of ``code`` in a new interpreter without ``GLIBC_TUNABLES``."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=300, check=True).stdout  # fmt: skip
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """``fresh(code) -> stdout``: ``code`` run as ``python -c`` would, in a process started
+    without ``GLIBC_TUNABLES`` (``tests/helpers/block_server.py``); it must exit with 0."""
+    root = tmp_path_factory.mktemp("fresh")
+    server = BlockServer({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}, root)
+
+    def run(code: str) -> str:
+        rc, out, err = server.run(code, Path(tempfile.mkdtemp(dir=root)), 300)
+        assert rc == 0, err[-2000:]
+        return out
+
+    yield run
+    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +158,14 @@ def test_the_default_leaves_a_process_that_started_jax_as_it_was(capsys):
 
 
 @glibc_only
-def test_per_thread_arenas_can_come_after_jax_starts():
+def test_per_thread_arenas_can_come_after_jax_starts(fresh):
     # Only one arena for every thread has to come first: per-thread arenas set no arena.
     code = (
         "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
         "from layoutlab.host import keep_host_memory\n"
         "print(list(keep_host_memory('per_thread')))"
     )
-    out = _fresh_python(code)
+    out = fresh(code)
     assert out.strip().splitlines()[-1] == "[True, 'mallopt (per-thread arenas)']"
 
 
@@ -177,9 +189,8 @@ def test_keep_host_memory_rejects_unknown_arenas():
         ),
     ],
 )
-def test_bench_records_kept_host_memory(tmp_path, flags, how):
+def test_bench_records_kept_host_memory(tmp_path, fresh, flags, how):
     out = tmp_path / "bench"
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     # No roofline: each part would measure the machine's matmul peak and copy bandwidth for
     # figures this test does not read (test_bench_sweep's real sweep measures them).
     args = [
@@ -187,8 +198,7 @@ def test_bench_records_kept_host_memory(tmp_path, flags, how):
         "fp32", "--modes", "infer", "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
         *flags, "--no-plots", "--no-roofline", "--out", str(out),
     ]  # fmt: skip
-    code = "import sys; from layoutlab.cli import main; sys.exit(main(sys.argv[1:]))"
-    subprocess.run([sys.executable, "-c", code, *args], env=env, timeout=300, check=True)
+    fresh(f"import sys; from layoutlab.cli import main; sys.exit(main({args!r}))")
     machine = json.loads((out / "machine.json").read_text())["machine"]
     assert machine["host_memory_kept"] is True
     assert machine["host_memory"] == how
@@ -326,13 +336,13 @@ def test_released_host_memory_faults_again_and_keeping_it_again_reuses(default_p
 
 
 @glibc_only
-def test_one_arena_cannot_be_released():
+def test_one_arena_cannot_be_released(fresh):
     code = (
         "from layoutlab.host import HostMemoryError, keep_host_memory, release_host_memory\n"
         "keep_host_memory('one')\n"
         "try:\n    release_host_memory()\nexcept HostMemoryError as e:\n    print('refused:', e)"
     )
-    out = _fresh_python(code)
+    out = fresh(code)
     assert "refused: release_host_memory() cannot undo one malloc arena" in out, out
 
 

@@ -22,9 +22,14 @@ from layoutlab.xla import (
 )
 from layoutlab.xla.conv_rows import match_convs
 
+# Every report here is compiled without LLVM optimizations: only the compiled HLO (and XLA's
+# counts and buffer sizes from it) is read, and every LLVM level runs the same HLO passes
+# (docs/development.md), in about half the compile time.
+LEVEL_0 = {"xla_backend_optimization_level": 0}
 # The real ResNet-18 structure, narrowed: stem conv + 8 basic blocks x 2 convs + 3 downsample
 # 1x1 convs = 20 convolutions, each with its own kernel.
-RESNET18 = dict(batch_size=2, image_size=32, stem="cifar", model_kwargs={"width": 8})
+RESNET18 = dict(batch_size=2, image_size=32, stem="cifar", model_kwargs={"width": 8},
+                flags=LEVEL_0)  # fmt: skip
 RESNET18_CONVS = 1 + 8 * 2 + 3
 
 
@@ -224,6 +229,7 @@ def test_one_conv_flops_match_analytic_count(one_conv, layout, h, stride):
         image_size=h,
         num_classes=cout,
         model_kwargs={"strides": stride},
+        flags=LEVEL_0,
     )
     taps = _valid_taps(h, 3, stride, 1)
     assert ins.totals()["flops"] == 2 * n * cout * cin * taps * taps
@@ -281,7 +287,12 @@ def _nbytes(tree) -> int:
 def test_train_mode_compiles_and_reports_memory():
     tiny = models.spec("small_cnn").tiny
     ins = inspect_model(
-        "small_cnn", precision="mixed_fp16", mode="train", batch_size=4, model_kwargs=tiny
+        "small_cnn",
+        precision="mixed_fp16",
+        mode="train",
+        batch_size=4,
+        model_kwargs=tiny,
+        flags=LEVEL_0,
     )
     assert ins.loss_scale == "DynamicLossScale"  # float16 compute gets a dynamic loss scale
     t = ins.totals()
