@@ -1,6 +1,7 @@
 """The sweep: a real tiny run beside PyTorch, failures as rows, and early errors."""
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -246,3 +247,31 @@ def test_prediction_prefers_the_same_mode_then_scales_inference():
     assert guess == pytest.approx(20.0)
     # Nothing smaller to go by: no prediction.
     assert _predicted_step_s({**base, "mode": "infer", "batch_size": 64}, history) is None
+
+
+def test_an_inference_row_reads_onednn_kernels_packed_once():
+    """bench's inference step runs oneDNN's convs on kernels packed before the timed steps,
+    as predict does (nn.conv_algos.onednn_packed), and counts their work as before."""
+    from layoutlab.nn.conv_algos import onednn
+
+    if not onednn.available():
+        pytest.skip(f"onednn extension: {onednn.unavailable_reason()}")
+    config = SweepConfig(
+        config_for("pytorch", model="small_cnn", model_kwargs=TINY, batch_size=4,
+                   conv_algorithm="onednn"),
+        axes={"precision": ("fp32",)},
+        modes=("infer",),
+        repeats=1,
+        warmup=0,
+    )  # fmt: skip
+    (row,) = run_sweep(config).rows
+    assert row["status"] == "ok" and row["packed_kernels"] >= 1, row
+    # The packed calls' flops count as the plain forwards' would (xla.custom_call_cost).
+    plain = run_sweep(dataclasses.replace(config, pack_kernels=False)).rows[0]
+    assert plain["packed_kernels"] == 0 and row["flops"] == plain["flops"] > 0
+
+
+def test_no_pack_kernels_flag_reaches_the_sweep():
+    for flags, want in (([], True), (["--no-pack-kernels"], False)):
+        args = build_parser().parse_args(["bench", "--model", "small_cnn", "--out", "o", *flags])
+        assert command._sweep_config(args).pack_kernels is want

@@ -84,6 +84,7 @@ def _sweep_config(args: argparse.Namespace):
         max_step_s=args.max_step_seconds,
         note=args.note,
         conv_tune_repeats=args.conv_tune_repeats,
+        pack_kernels=args.pack_kernels,
         conv_tune=args.conv_tune,
         baseline_plain=args.baseline_plain,
     )
@@ -178,6 +179,13 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--conv-tune-repeats", type=int, default=6, help="timing rounds per shape for auto"
+    )
+    p.add_argument(
+        "--pack-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="inference: oneDNN's convs read kernels packed once before the timed steps, as "
+        "predict runs them (default); --no-pack-kernels reorders them inside every call",
     )
     p.add_argument("--torch", action="store_true", help="run PyTorch side by side")
     p.add_argument(

@@ -353,6 +353,7 @@ def run_sweep(
             conv_tune_repeats=config.conv_tune_repeats,
             log=log,
             steps=steps,
+            pack_convs=config.pack_kernels,
         )
     if torch_runner is None and device is not None:
         from layoutlab.bench.torch_runner import TorchRunner

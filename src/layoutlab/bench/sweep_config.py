@@ -74,6 +74,8 @@ class SweepConfig:
     # <= 10% of the measured steps (never, for a benchmark's few steps); "always"; "never".
     conv_tune: str = "auto"
     conv_tune_repeats: int = 6
+    # Inference rows: oneDNN's convs read kernels packed once (nn.conv_algos.onednn_packed).
+    pack_kernels: bool = True
     # Also run every point in plain XLA (xla convs, the layout's kernels and activations, XLA's
     # batch norms and max pools, no compile options), interleaved with the rest, rows marked
     # defaults="plain".

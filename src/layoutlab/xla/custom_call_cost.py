@@ -37,8 +37,10 @@ def onednn_conv_flops(call: CustomCallOp) -> float | None:
         out, kernel = call.operands[1], call.result
     else:
         return None
-    # HWIO: every kernel element but the out-channel axis is summed per output element.
-    return 2.0 * math.prod(out.dims) * math.prod(kernel.dims[:-1])
+    # HWIO: every kernel element but the out-channel axis is summed per output element. A
+    # packed kernel (nn.conv_algos.onednn_packed) is bytes shaped (kh, kw, in, out, bytes).
+    hwi = kernel.dims[:3]
+    return 2.0 * math.prod(out.dims) * math.prod(hwi)
 
 
 def onednn_flops_in(custom_calls) -> tuple[float, int]:

@@ -47,6 +47,7 @@ def effective_compute_dtype(dtype, platform: str | None) -> np.dtype:
     tf32 = platform == "gpu" and jax.config.jax_default_matmul_precision not in _FULL_F32
     return np.dtype(np.float16) if dtype == np.float32 and tf32 else dtype
 
+
 def conv_tolerance(dtype, reduction: int) -> Tolerance:
     """Tolerance for a conv output summing ``reduction`` products computed in ``dtype``
     with float32 accumulation; apply with ``atol = rtol * max|expected|`` (see module doc).
@@ -130,8 +131,7 @@ def reference_conv(
         )
     ]
     y, dx, dw_oihw = (
-        np.concatenate([part[k] for part in parts], axis=axis)
-        for k, axis in enumerate((1, 1, 0))
+        np.concatenate([part[k] for part in parts], axis=axis) for k, axis in enumerate((1, 1, 0))
     )
     dw = np.transpose(dw_oihw, (2, 3, 1, 0)) if spec.layout == "NHWC" else dw_oihw
     return {"y": _from_cf(y, spec.layout), "dx": _from_cf(dx, spec.layout), "dw": dw}
@@ -180,4 +180,3 @@ def candidate_errors(
         rtols[key] = tol.rtol
         passed = passed and report.passed
     return errors, rtols, passed
-
