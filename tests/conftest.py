@@ -4,6 +4,7 @@
 - rank promotion raises, so a bias added without an explicit broadcast is an error;
 - 4 fake CPU devices back the sharding tests (set before JAX starts its backend);
 - the autotune cache is a fresh file, not the user's;
+- one OpenMP thread per process (oneDNN, PyTorch): the two workers already fill two cores;
 - on a GPU, float32 matmuls run at full precision: the float64 references' float32
   tolerances assume it, where XLA:GPU's default is TensorFloat32 (docs/performance/gpu.md);
 - warnings are errors (pyproject's filterwarnings).
@@ -27,6 +28,13 @@ os.environ.setdefault("XLA_FLAGS", "")
 if "--xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=4"
 os.environ.setdefault("MPLBACKEND", "Agg")
+# One OpenMP thread (oneDNN's kernels; PyTorch's too) in this process and the ones it starts,
+# notebook kernels included: the suite keeps both cores busy with its two workers, and a
+# second OpenMP thread has to share its core with the other worker while oneDNN's first waits
+# for it in a spinning barrier. Beside one busy process, notebook 06's four runs took 49-55
+# CPU-seconds with two threads and 27-30 with one, with the same accuracies. XLA's own
+# threads are not OpenMP's and keep their number.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The suite's own autotune cache, empty at start: what a user (or an earlier run) tuned into
 # ~/.cache/layoutlab must not change which conv plan a test sees. Subprocesses inherit it;
 # the directory goes when this process exits (each xdist worker makes its own).
