@@ -21,3 +21,18 @@ def test_every_test_module_sits_in_a_package_folder_and_helpers_apart():
     # Every folder is on the path (conftest.py): a module is imported by its file name alone.
     names = [p.name for p in modules]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_the_suite_runs_one_openmp_thread():
+    """tests/conftest.py sets it before anything starts OpenMP, unless the environment did;
+    a subprocess inherits it (docs/development.md)."""
+    import os
+    import subprocess
+    import sys
+
+    assert os.environ.get("OMP_NUM_THREADS")
+    got = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert got == os.environ["OMP_NUM_THREADS"]
