@@ -8,8 +8,8 @@ Both programs run the shipped conv table (NHWC, SGD with momentum, the step's ow
 options, ``bench.sweep.run_group``); the second is set up with the ``onednn`` algorithm's
 value without ``rounds_kernel`` (``interleaved_steps.with_algorithms``). Both give the same
 bits. Inference steps run without packed kernels (``JaxRunner.pack_convs``), which would move
-the converts out of the timed step. Prints each median and the per-round ratio ``convert / float32_kernel`` (above 1:
-taking the float32 kernel makes the step faster).
+the converts out of the timed step. Prints each median and the per-round ratio
+``convert / float32_kernel`` (above 1: taking the float32 kernel makes the step faster).
 """
 
 from __future__ import annotations
