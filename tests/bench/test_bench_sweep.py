@@ -263,6 +263,7 @@ def test_an_inference_row_reads_onednn_kernels_packed_once():
         modes=("infer",),
         repeats=1,
         warmup=0,
+        roofline=False,
     )  # fmt: skip
     (row,) = run_sweep(config).rows
     assert row["status"] == "ok" and row["packed_kernels"] >= 1, row

@@ -13,13 +13,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from onednn_helpers import case_inputs, case_spec, needs_onednn, simulate_no_onednn, train_fn
+from onednn_helpers import (
+    FAST_COMPILE,
+    case_inputs,
+    case_spec,
+    needs_onednn,
+    simulate_no_onednn,
+    train_fn,
+)
 
 from layoutlab.nn import conv_algos as ca
 from layoutlab.nn.conv_algos import onednn
 from layoutlab.xla.hlo import hlo_report
 
-CASES = ("3x3s1", "3x3s2", "1x1s2", "7x7s2_rgb", "3x3s2_batch8")
+# A strided 3x3, the RGB stem (its bfloat16 weight gradient runs the float32 primitive) and a
+# batch-8 strided conv (oneDNN's own bfloat16 weight-gradient kernel): each forward reorders.
+CASES = ("3x3s2", "7x7s2_rgb", "3x3s2_batch8")
 
 
 def _with_ties(w: np.ndarray) -> np.ndarray:
@@ -48,7 +57,9 @@ def test_a_float32_kernel_gives_the_bits_of_its_bfloat16_convert(layout):
     for i, case in enumerate(CASES):
         spec = case_spec(case, layout, "bfloat16")
         x, w32, dy = _inputs(spec, seed=11 + i)
-        train = jax.jit(train_fn(spec, "onednn", jnp.float32))
+        # Both sides are this program at LLVM level 0 (docs/development.md): the bits compared
+        # are oneDNN's and the converts', which the backend's optimization level does not touch.
+        train = jax.jit(train_fn(spec, "onednn", jnp.float32), compiler_options=FAST_COMPILE)
         y, dx, dw = train(x, w32, dy)
         y_c, dx_c, dw_c = train(x, w32.astype(jnp.bfloat16), dy)
         assert _bits_equal(y, y_c) and _bits_equal(dx, dx_c), case
