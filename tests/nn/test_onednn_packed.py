@@ -101,3 +101,15 @@ def test_without_the_extension_nothing_is_packed(monkeypatch):
     assert packed.blobs == () and all(k is None for k in packed.keys)
     got = jax.jit(with_packed_kernels(forward, packed.keys))((), state, x)
     assert np.asarray(got).tobytes() == np.asarray(jax.jit(forward)(state, x)).tobytes()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_nothing_is_packed():
+    """The pack handlers are CPU custom calls: a forward whose arguments sit on a GPU (a
+    ``--conv-algo onednn`` run predicting there) is left as it is."""
+    gpu = next(d for d in jax.devices() if d.platform == "gpu")
+    model = _model("NHWC", "fp32")
+    state = jax.device_put(nnx.state(model), gpu)
+    x = jax.device_put(_input("NHWC", 4), gpu)
+    packed = pack_kernels(_forward(model), state, x)
+    assert packed == ((), ())

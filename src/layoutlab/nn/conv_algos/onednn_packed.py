@@ -121,6 +121,8 @@ def pack_kernels(fn: Callable, *args) -> PackedKernels:
     """The packed kernels of ``fn(*args)``'s oneDNN forwards (see the module docstring),
     computed by one compiled program (kept per ``fn`` and argument shapes); no packs (every
     key None) where no conv runs oneDNN's forward with a reorder."""
+    if not _on_cpu(args):
+        return PackedKernels((), ())  # the pack handlers are CPU custom calls
     programs = _PROGRAMS.setdefault(fn, {})
     shapes = tuple((a.shape, a.dtype) for a in jax.tree.leaves(args))
     if shapes not in programs:
@@ -128,6 +130,12 @@ def pack_kernels(fn: Callable, *args) -> PackedKernels:
         programs[shapes] = (keys, jax.jit(_collector(fn, keys)).lower(*args).compile())
     keys, program = programs[shapes]
     return PackedKernels(tuple(keys), tuple(program(*args)))
+
+
+def _on_cpu(args) -> bool:
+    arrays = [a for a in jax.tree.leaves(args) if isinstance(a, jax.Array)]
+    platforms = {d.platform for a in arrays for d in a.devices()}
+    return platforms <= {"cpu"} if arrays else jax.default_backend() == "cpu"
 
 
 def _collector(fn: Callable, keys: list) -> Callable:
