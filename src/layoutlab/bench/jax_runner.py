@@ -164,7 +164,7 @@ class JaxRunner:
             # oneDNN's convs read kernels packed once, as `predict` runs them (Run.logits).
             args = (leaves, images)
             packed = pack_kernels(forward, *args) if self.pack_convs else None
-            self.packed_kernels = sum(k is not None for k in packed.keys) if packed else 0
+            self.packed_kernels = len(packed.blobs) if packed else 0
             if self.packed_kernels:
                 forward = with_packed_kernels(forward, packed.keys)
                 args = (packed.blobs, *args)

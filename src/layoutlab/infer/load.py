@@ -168,7 +168,7 @@ def packed_flat_forward(defs: ModelDefs, treedef, options: tuple, leaves, images
     convs reading kernels packed once here (``nn.conv_algos.onednn_packed``, the same bits):
     a forward called again and again on one state reorders no kernel per call."""
     packed = pack_kernels(_flat_forward(defs, treedef), leaves, images)
-    if not any(k is not None for k in packed.keys):
+    if not packed.blobs:
         return jitted_flat_forward(defs, treedef, options)
     forward = jitted_flat_forward(defs, treedef, options, packed.keys)
     return functools.partial(forward, packed.blobs)

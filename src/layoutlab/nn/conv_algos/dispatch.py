@@ -17,13 +17,7 @@ from layoutlab.nn.conv_algos.plan import PlanEntry
 from layoutlab.nn.conv_algos.registry import AUTO, XLA, Algorithm, check_name, get_algorithm
 from layoutlab.nn.padding import Padding
 
-__all__ = [
-    "Selection",
-    "conv2d",
-    "conv_spec",
-    "planned_algorithm",
-    "select_algorithm",
-]
+__all__ = ["Selection", "conv2d", "conv_spec", "planned_algorithm", "select_algorithm"]
 
 
 _DEFAULT_KERNEL = {"NHWC": "HWIO", "NCHW": "OIHW"}
@@ -166,13 +160,12 @@ def conv2d(
         dtype=x.dtype,
     )
     chosen = select_algorithm(spec, algorithm, planned, impl)
-    if chosen.name == XLA:
+    value = None if chosen.name == XLA else _value(chosen.name, impl)
+    if not (value is not None and value.rounds_kernel and _half_with_float32(x, kernel)):
         kernel = kernel.astype(x.dtype)
+    if value is None:
         y = native_conv(x, kernel, spec.geometry, preferred_element_type, (layout, klay, layout))
         return _cast(y, out_dtype)
-    value = _value(chosen.name, impl)
-    if not (value.rounds_kernel and _half_with_float32(x, kernel)):
-        kernel = kernel.astype(x.dtype)
     core, preferred = value.core, preferred_element_type
     if out_dtype is not None and value.rounds_once:
         preferred = out_dtype

@@ -41,7 +41,7 @@ import numpy as np
 from jax import lax
 
 from layoutlab.nn.conv_algos.batch_sharded import batch_parallel, batch_reduced
-from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry
+from layoutlab.nn.conv_algos.geometry import ConvSpec, Geometry, make_spec
 from layoutlab.nn.conv_algos.native import native_conv
 from layoutlab.nn.conv_algos.onednn_load import (
     TARGET_PREFIX,
@@ -95,18 +95,18 @@ def _attrs(geom: Geometry, layout: str, choice: tuple[bool, bool]) -> dict:
 
 
 def _params(
-    op: int, dts: tuple[str, str, str], spec: ConvSpec, choice=(False, False)
+    op: int, dts: tuple[str, str, str], spec: ConvSpec, choice=(False, False), nchw=False
 ) -> tuple[int, ...]:
     """The extension's parameter tuple (see ``native/onednn_conv.h``: ``Params``) of the
-    primitive the core runs for ``spec``: NHWC whatever the spec's layout (see the module
-    docstring)."""
+    primitive for ``spec``: NHWC whatever the spec's layout, as the registry core runs it
+    (see the module docstring), unless ``nchw``."""
     g = spec.geometry
     (plh, prh), (plw, prw) = g.padding
     ho, wo = spec.out_size
     return (
         op,
         *(_DTYPES[d] for d in dts),
-        0,  # NHWC
+        int(nchw),
         spec.batch,
         spec.in_features,
         *spec.in_size,
@@ -256,28 +256,23 @@ def _out_shape(x_shape, w_shape, geom: Geometry, layout: str):
 
 def _forward(x, w, geom, preferred, layout):
     out_dtype = jnp.dtype(preferred) if preferred is not None else x.dtype
-    shape = _out_shape(x.shape, w.shape, geom, layout)
 
     def fwd(a, b):
         return _call("fwd", _out_shape(a.shape, b.shape, geom, layout), out_dtype, a, b, geom,
                      layout)  # fmt: skip
 
     # Inference with packed kernels (``onednn_packed``) reads a kernel reordered beforehand.
-    params = _fwd_params(x, w, shape, out_dtype, geom, layout)
+    params = _fwd_params(x, w, out_dtype, geom, layout)
     return packed_forward(params, x, lambda: batch_parallel(fwd, 1)(x, w))
 
 
-def _fwd_params(x, w, y_shape, y_dtype, geom: Geometry, layout: str) -> tuple[int, ...]:
+def _fwd_params(x, w, y_dtype, geom: Geometry, layout: str) -> tuple[int, ...]:
     """The parameter tuple the forward handler builds from these buffers (``MakeParams``)."""
-    nchw = layout == "NCHW"
-    n, c, h, wd = (x.shape[0], *x.shape[1:]) if nchw else (x.shape[0], x.shape[3], *x.shape[1:3])
-    oh, ow = y_shape[2:4] if nchw else y_shape[1:3]
-    a = _attrs(geom, layout, _choice_of("fwd", x.dtype.name, y_shape, layout, geom, c))
-    dts = (_DTYPES[x.dtype.name], _DTYPES[w.dtype.name], _DTYPES[jnp.dtype(y_dtype).name])
-    rest = (a[k] for k in ("sh", "sw", "plh", "plw", "prh", "prw", "dh", "dw", "groups",
-                           "plain_weights", "f32_compute"))  # fmt: skip
-    return tuple(int(v) for v in (_FWD, *dts, int(nchw), n, c, h, wd, w.shape[3], w.shape[0],
-                                  w.shape[1], oh, ow, *rest))  # fmt: skip
+    spec = make_spec(x.shape, w.shape[3], geom, x.dtype, layout)
+    y = _out_shape(x.shape, w.shape, geom, layout)
+    how = _choice_of("fwd", x.dtype.name, y, layout, geom, spec.in_features)
+    dts = (x.dtype.name, w.dtype.name, jnp.dtype(y_dtype).name)
+    return _params(_FWD, dts, spec, how, nchw=layout == "NCHW")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
