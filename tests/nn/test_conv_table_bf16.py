@@ -1,7 +1,8 @@
 """The conv table's CPU kinds and its oneDNN rules: an AVX-512 CPU with bfloat16 units
 (``avx512_bf16`` or AMX) is the kind ``avx512_bf16``, whose bfloat16 convs run oneDNN's
-(``mixed_bf16`` computes them in bfloat16 instead of XLA's float32-widened convs); plain
-AVX-512 and AVX2 keep XLA's; float32 rules are the AVX-512 ones on both AVX-512 kinds; and
+(``mixed_bf16`` computes them in bfloat16 instead of XLA's float32-widened convs); on plain
+AVX-512 they take their float32 twin's rule on widened operands (``test_conv_widen_bf16.py``),
+on AVX2 and elsewhere XLA's; float32 rules are the AVX-512 ones on both AVX-512 kinds; and
 where the extension is unavailable the same convs fall back to their old choice. The CPU
 flags are monkeypatched, so this holds on any machine."""
 
@@ -78,8 +79,11 @@ def test_bfloat16_convs_run_onednn_only_on_a_cpu_with_bf16_units(objective, batc
         got = default_algorithm(spec, objective, "avx512_bf16")
         stem = objective == "train" and spec.in_features == 3
         assert got[0] == (STEM_TRAIN if stem else BF16_CHOICES[objective, batch]), (spec, got)
-        for kind in ("avx512", "avx2", "other", None):
+        for kind in ("avx2", "other", None):
             assert default_algorithm(spec, objective, kind)[0] == "xla", (kind, spec)
+        for kind in ("avx512",):
+            twin = default_algorithm(spec._replace(dtype="float32"), objective, kind)[0]
+            assert default_algorithm(spec, objective, kind)[0] == twin, (kind, spec)
         # No batch bound: at 256 oneDNN won the whole step 2.25x (train) and 2.45x (infer).
         assert default_algorithm(spec._replace(batch=1024), objective, "avx512_bf16")[0] == got[0]
     # A float32 conv on the bf16 kind gets the AVX-512 float32 rules.
@@ -125,6 +129,10 @@ def test_a_mixed_bf16_model_plans_onednn_on_the_bf16_kind_only():
             return self.conv(x)
 
     x = jax.ShapeDtypeStruct((32, 16, 16, 64), "float32")
-    plans = {kind: default_conv_plan(One(), x, "train", kind) for kind in ("avx512_bf16", "avx512")}
+    kinds = ("avx512_bf16", "avx512", "other")
+    plans = {kind: default_conv_plan(One(), x, "train", kind) for kind in kinds}
     assert plans["avx512_bf16"]["conv"].algorithm == BF16_CHOICES["train", 32]
-    assert plans["avx512"]["conv"].algorithm == "xla"
+    assert plans["avx512_bf16"]["conv"].compute_dtype is None
+    assert plans["other"]["conv"] == ("xla", plans["other"]["conv"].spec_key, None)
+    # Without bf16 units: the float32 rule, on operands widened to float32.
+    assert plans["avx512"]["conv"].compute_dtype == "float32"

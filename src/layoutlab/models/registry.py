@@ -254,13 +254,16 @@ def table_runs_onednn(compute_dtype, batch: int | None = None) -> bool:
     ``compute_dtype`` (a policy's) at ``batch`` (None: not known) on oneDNN on this CPU,
     where the extension loaded: on AVX-512 a float32 step from
     ``default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH``, and a bfloat16 one at every batch where
-    the CPU has bfloat16 units (``avx512_bf16``); every conv but a few-channel stem's and a
+    the CPU has bfloat16 units (``avx512_bf16``), where it has none as a float32 one (its
+    convs widened); every conv but a few-channel stem's and a
     tiny input's (``nn.conv_algos.default_plan``)."""
     kind = table_cpu_kind("cpu")
     if kind is None or not kind.startswith("avx512") or not onednn.available():
         return False
     dtype = jnp.dtype(compute_dtype)
     if dtype == jnp.dtype(jnp.bfloat16):
-        return kind == "avx512_bf16"
+        if kind not in default_plan.WIDEN_KINDS:
+            return kind == "avx512_bf16"
+        dtype = jnp.dtype(jnp.float32)  # widened: the float32 rules (default_plan.widened_dtype)
     floor = default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH
     return dtype == jnp.dtype(jnp.float32) and batch is not None and batch >= floor

@@ -208,7 +208,7 @@ def default_conv_plan(
     ``specs``: ``conv_specs(model, x)`` when the caller has it (saves a trace). ``keep``: a
     plan whose entries, with their evidence, stand wherever they were made for the conv's
     very shape (a tuning at this batch); the table fills the rest."""
-    from layoutlab.nn.conv_algos.default_plan import default_algorithm
+    from layoutlab.nn.conv_algos.default_plan import default_algorithm, widened_dtype
 
     keep = as_plan(keep)
     entries, evidence = {}, {}
@@ -220,7 +220,7 @@ def default_conv_plan(
                 evidence[path] = keep.evidence(path)
             continue
         algorithm, why = default_algorithm(spec, objective, cpu_kind)
-        entries[path] = PlanEntry(algorithm, spec.key())
+        entries[path] = PlanEntry(algorithm, spec.key(), widened_dtype(spec, cpu_kind))
         evidence[path] = {"source": why}
     return ConvPlan(entries, evidence)
 

@@ -38,6 +38,9 @@ def _table(model, x, objective: str, backend: str, why: str, specs=None) -> Plan
         counts[entry] = counts.get(entry, 0) + 1
     shown = ", ".join(f"{a} x{n}" for a, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     where = f"{kind} CPU" if kind else backend
+    wide = sum(e.compute_dtype is not None for _, e in plan.items())
+    if wide:  # bfloat16 convs on a CPU without bf16 units (default_plan.widened_dtype)
+        shown += f"; {wide} widened to float32, this CPU has no bfloat16 units"
     return PlanSource(plan, "table", f"shipped table for {where} ({shown}); {why}")
 
 

@@ -29,8 +29,10 @@ __all__ = [
     "ONEDNN_FLOAT32_INFER_MAX_BATCH",
     "ONEDNN_FLOAT32_TRAIN_MIN_BATCH",
     "Rule",
+    "WIDEN_KINDS",
     "default_algorithm",
     "table_key",
+    "widened_dtype",
 ]
 
 
@@ -245,6 +247,11 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
 }
 
 
+# The CPU kinds without bfloat16 units whose bfloat16 convs compute in float32: AVX-512 (an
+# Ice Lake Xeon: widened_dtype). AVX2 lacks the units too but was not measured.
+WIDEN_KINDS = ("avx512",)
+
+
 def table_key(cpu_kind: str | None, objective: str, dtype: str) -> tuple[str, str, str]:
     """The ``DEFAULT_RULES`` key of a ``dtype`` conv on ``cpu_kind`` (``table_cpu_kind``):
     bfloat16 rules are keyed by the whole kind (``"avx512_bf16"`` only where the CPU has
@@ -255,11 +262,24 @@ def table_key(cpu_kind: str | None, objective: str, dtype: str) -> tuple[str, st
     return kind, objective, dtype
 
 
+def widened_dtype(spec: ConvSpec, cpu_kind: str | None) -> str | None:
+    """``"float32"`` where a ``spec`` conv computes on float32 operands: a bfloat16 conv on a
+    CPU kind without bfloat16 units (``WIDEN_KINDS``), else None. There XLA:CPU's bfloat16
+    conv ran far below its float32 one (ResNet-18 CIFAR's ``mixed_bf16`` training step 2.7x
+    slower than float32's at batch 128 on an Ice Lake Xeon) and oneDNN's emulates bfloat16,
+    so the conv widens its operands (exactly) and runs the float32 rules."""
+    return "float32" if spec.dtype == "bfloat16" and cpu_kind in WIDEN_KINDS else None
+
+
 def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> tuple[str, str]:
     """``(algorithm, why)`` for ``spec`` from the table (``cpu_kind`` None: not a CPU run);
-    ``xla`` when no rule matches or the matching algorithm does not take the shape."""
+    ``xla`` when no rule matches or the matching algorithm does not take the shape. A spec
+    that ``widened_dtype`` widens is looked up as its float32 twin."""
     from layoutlab.nn.conv_algos.registry import XLA, get_algorithm
 
+    wide = widened_dtype(spec, cpu_kind)
+    if wide is not None:
+        spec = spec._replace(dtype=wide)
     rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:

@@ -139,6 +139,11 @@ def conv2d(
     ``kernel`` may be in another dtype than ``x`` (a mixed-precision layer's float32
     parameter): it is cast to ``x``'s, except for an algorithm that ``rounds_kernel``, which
     takes a float32 kernel beside bfloat16 activations as it is.
+
+    An ``"auto"`` conv whose ``planned`` entry names a ``compute_dtype`` (a bfloat16 conv on
+    a CPU without bfloat16 units: ``default_plan.widened_dtype``) runs the entry's algorithm
+    on its operands rounded to ``x``'s dtype and then widened to that one, exactly, and casts
+    the result to ``out_dtype``.
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
@@ -159,6 +164,23 @@ def conv2d(
         kernel_layout=klay,
         dtype=x.dtype,
     )
+    if _widens(spec, algorithm, planned):
+        # Rounded to the conv's dtype first, so the operands are what a half conv multiplies.
+        wide = planned.compute_dtype
+        y = conv2d(
+            x.astype(wide),
+            kernel.astype(x.dtype).astype(wide),
+            strides=strides,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            layout=layout,
+            kernel_layout=klay,
+            algorithm=AUTO,
+            planned=PlanEntry(planned.algorithm, spec._replace(dtype=wide).key()),
+            impl=impl,
+        )
+        return _cast(y, out_dtype)
     chosen = select_algorithm(spec, algorithm, planned, impl)
     value = None if chosen.name == XLA else _value(chosen.name, impl)
     if not (value is not None and value.rounds_kernel and _half_with_float32(x, kernel)):
@@ -176,6 +198,19 @@ def conv2d(
         y = core(jnp.transpose(x, (0, 2, 3, 1)), w, spec.geometry, preferred)
         return _cast(jnp.transpose(y, (0, 3, 1, 2)), out_dtype)
     return _cast(core(x, w, spec.geometry, preferred), out_dtype)
+
+
+def _widens(spec: ConvSpec, algorithm: str, planned: PlanEntry | None) -> bool:
+    """Whether an ``"auto"`` conv runs its entry on operands widened to the entry's
+    ``compute_dtype`` (``PlanEntry``): the entry was chosen for this very shape and names
+    one."""
+    return (
+        algorithm == AUTO
+        and planned is not None
+        and planned.compute_dtype is not None
+        and planned.spec_key == spec.key()
+        and spec.dtype != planned.compute_dtype
+    )
 
 
 def _half_with_float32(x, kernel) -> bool:

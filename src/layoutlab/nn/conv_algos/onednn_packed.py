@@ -104,7 +104,12 @@ def _pack(conv, params) -> jax.Array:
     ``params``, computed where the caller traces."""
     register_targets()
     wei_dt = params[2]
-    w = kernel_to_hwio(conv.kernel[...], conv.kernel_spec).astype(_DT[wei_dt])
+    w = kernel_to_hwio(conv.kernel[...], conv.kernel_spec)
+    entry = conv.plan_entry
+    if entry is not None and entry.compute_dtype is not None:
+        # A widened conv multiplies its kernel rounded to the layer's dtype (conv2d).
+        w = w.astype(conv.policy.compute_dtype)
+    w = w.astype(_DT[wei_dt])
     size = impl_info(tuple(params))[3]
     r = -(-size // math.prod(w.shape))
     out = jax.ShapeDtypeStruct((*w.shape, r), jnp.uint8)

@@ -20,25 +20,41 @@ from typing import Any, NamedTuple
 
 from layoutlab.nn.conv_names import AUTO
 
-__all__ = ["PLAN_FORMAT", "ConvPlan", "PlanEntry", "as_plan", "load_plan"]
+__all__ = ["PLAN_FORMAT", "WIDE_DTYPES", "ConvPlan", "PlanEntry", "as_plan", "load_plan"]
 
 
 PLAN_FORMAT = "layoutlab.conv_plan/1"
 
 
+# The compute dtypes an entry may widen a half-precision conv to.
+WIDE_DTYPES = ("float32",)
+
+
 class PlanEntry(NamedTuple):
     """What one conv runs, and the ``spec_key`` it was chosen for (also what a ``Conv``
-    carries as a static attribute, so it is part of the jitted program's cache key)."""
+    carries as a static attribute, so it is part of the jitted program's cache key).
+
+    ``compute_dtype``: None, or ``"float32"`` for a half-precision conv that multiplies its
+    operands widened to float32 (exact: every bfloat16 is a float32) with ``algorithm``'s
+    float32 kernel, its result rounded to the conv's dtype as before: the shipped table's
+    entries for ``mixed_bf16`` convs on a CPU without bfloat16 units."""
 
     algorithm: str
     spec_key: str
+    compute_dtype: str | None = None
 
 
-def _check_entry(path: str, algorithm: Any, spec_key: Any) -> PlanEntry:
+def _check_entry(path: str, algorithm: Any, spec_key: Any, compute_dtype: Any = None) -> PlanEntry:
     if not isinstance(algorithm, str) or not isinstance(spec_key, str) or not spec_key:
         raise ValueError(
             f"conv plan entry {path!r} needs string 'algorithm' and 'spec_key' fields, got "
             f"algorithm={algorithm!r}, spec_key={spec_key!r}; regenerate the plan with "
+            "`layoutlab autotune convs --out plan.json`."
+        )
+    if compute_dtype is not None and compute_dtype not in WIDE_DTYPES:
+        raise ValueError(
+            f"conv plan entry {path!r}: compute_dtype must be one of {WIDE_DTYPES} or absent, "
+            f"got {compute_dtype!r}; regenerate the plan with "
             "`layoutlab autotune convs --out plan.json`."
         )
     # A plan file names algorithms: here they are parsed (the table is imported on first use,
@@ -54,7 +70,7 @@ def _check_entry(path: str, algorithm: Any, spec_key: Any) -> PlanEntry:
             f"conv plan entry {path!r} says 'auto'; a plan names the algorithm that runs "
             "(e.g. 'xla' or 'im2col')."
         )
-    return PlanEntry(algorithm, spec_key)
+    return PlanEntry(algorithm, spec_key, compute_dtype)
 
 
 def _frozen_json(value: Any) -> Any:
@@ -82,7 +98,7 @@ class ConvPlan:
 
     def __init__(
         self,
-        entries: Mapping[str, PlanEntry | tuple[str, str]] | None = None,
+        entries: Mapping[str, PlanEntry | tuple[str, ...]] | None = None,
         evidence: Mapping[str, Mapping] | None = None,
     ):
         checked = {str(p): _check_entry(p, *tuple(e)) for p, e in sorted((entries or {}).items())}
@@ -142,14 +158,20 @@ class ConvPlan:
         return hash(tuple(self._entries.items()))
 
     def __repr__(self) -> str:
-        body = ", ".join(f"{p!r}: {e.algorithm}" for p, e in self._entries.items())
+        body = ", ".join(
+            f"{p!r}: {e.algorithm}" + (f"@{e.compute_dtype}" if e.compute_dtype else "")
+            for p, e in self._entries.items()
+        )
         return f"ConvPlan({{{body}}})"
 
     def to_dict(self) -> dict:
-        """The JSON form: ``{"format", "convs": {path: {algorithm, spec_key[, evidence]}}}``."""
+        """The JSON form: ``{"format", "convs": {path: {algorithm, spec_key[, compute_dtype]
+        [, evidence]}}}``."""
         convs = {}
         for path, entry in self._entries.items():
             convs[path] = {"algorithm": entry.algorithm, "spec_key": entry.spec_key}
+            if entry.compute_dtype is not None:
+                convs[path]["compute_dtype"] = entry.compute_dtype
             if path in self._evidence:
                 convs[path]["evidence"] = _plain_json(self._evidence[path])
         return {"format": PLAN_FORMAT, "convs": convs}
@@ -173,7 +195,11 @@ class ConvPlan:
         for path, item in data["convs"].items():
             if not isinstance(item, Mapping):
                 raise ValueError(f"conv plan entry {path!r} is not a mapping; {fix}.")
-            entries[str(path)] = (item.get("algorithm"), item.get("spec_key"))
+            entries[str(path)] = (
+                item.get("algorithm"),
+                item.get("spec_key"),
+                item.get("compute_dtype"),
+            )
             if item.get("evidence") is not None:
                 evidence[str(path)] = item["evidence"]
         return cls(entries, evidence)
