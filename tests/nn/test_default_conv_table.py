@@ -78,7 +78,10 @@ def test_depthwise_convs_take_the_shifted_multiply_adds_on_x86():
                 for kind in ("avx512", "avx2"):
                     assert default_algorithm(spec, objective, kind)[0] == "depthwise"
                 assert default_algorithm(spec, objective, "other")[0] == "xla"
-            assert default_algorithm(spec._replace(dtype="bfloat16"), "train", "avx512")[0] == "xla"
+            half = spec._replace(dtype="bfloat16")
+            assert default_algorithm(half, "train", "avx2")[0] == "xla"
+            # Without bfloat16 units a bfloat16 conv widens to float32 and takes its rule.
+            assert default_algorithm(half, "train", "avx512")[0] == "depthwise"
     # Grouped but not depthwise, and a channel multiplier of 2: XLA's conv.
     assert default_algorithm(_spec(8, 16, 144, 144, groups=2), "train", "avx512")[0] == "xla"
     assert default_algorithm(_spec(8, 16, 72, 144, groups=72), "train", "avx512")[0] == "xla"
@@ -100,10 +103,11 @@ def test_shipped_table_follows_its_measurements():
         for batch in (1, 8, 32):
             assert default_algorithm(_spec(batch, 32, 3, 16), objective, "avx512")[0] == "xla"
     assert default_algorithm(_spec(32, 8, 1, 32), "train", "avx512")[0] == "xla"
-    # Winograd F(4x4) refuses bfloat16 and nothing was measured there; GPU has no rules.
-    assert (
-        default_algorithm(_spec(128, 16, 128, 128, dtype="bfloat16"), "train", "avx512")[0] == "xla"
-    )
+    # Winograd F(4x4) refuses bfloat16 and nothing was measured there; GPU has no rules. On
+    # AVX-512 without bfloat16 units the conv is widened, and Winograd runs it in float32.
+    half = _spec(128, 16, 128, 128, dtype="bfloat16")
+    assert default_algorithm(half, "train", "avx2")[0] == "xla"
+    assert default_algorithm(half, "train", "avx512")[0] == "winograd4_full"
     assert default_algorithm(_spec(128, 16, 128, 128), "train", None)[0] == "xla"
 
 

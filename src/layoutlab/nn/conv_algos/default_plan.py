@@ -264,10 +264,10 @@ def table_key(cpu_kind: str | None, objective: str, dtype: str) -> tuple[str, st
 
 def widened_dtype(spec: ConvSpec, cpu_kind: str | None) -> str | None:
     """``"float32"`` where a ``spec`` conv computes on float32 operands: a bfloat16 conv on a
-    CPU kind without bfloat16 units (``WIDEN_KINDS``), else None. There XLA:CPU's bfloat16
-    conv ran far below its float32 one (ResNet-18 CIFAR's ``mixed_bf16`` training step 2.7x
-    slower than float32's at batch 128 on an Ice Lake Xeon) and oneDNN's emulates bfloat16,
-    so the conv widens its operands (exactly) and runs the float32 rules."""
+    CPU kind without bfloat16 units (``WIDEN_KINDS``), else None. There a bfloat16 conv
+    missed the float32 rules' faster algorithms and oneDNN's emulates bfloat16, so the conv
+    widens its operands (exactly) and runs the float32 rules
+    (docs/performance/measurements.md#widened-bfloat16-convs)."""
     return "float32" if spec.dtype == "bfloat16" and cpu_kind in WIDEN_KINDS else None
 
 
