@@ -13,6 +13,8 @@ miss; the gradients come back in the operands' dtypes (bfloat16 for the activati
 float32 kernel's through its bfloat16 rounding), within bfloat16's tolerance.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -226,9 +228,10 @@ def test_a_mixed_bf16_train_step_on_the_widened_plan_matches_the_float32_twin():
 @needs_onednn
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 def test_packed_widened_kernels_give_the_unpacked_bits(layout):
-    """Inference packs a widened oneDNN conv's kernel (``onednn_packed``): the packed copy
-    must be the kernel rounded to bfloat16 and widened, as the unpacked call multiplies, so
-    the outputs match bit for bit (no tolerance)."""
+    """Inference packs a widened oneDNN conv's kernel (``onednn_packed``): a reordered copy
+    where oneDNN reorders it, the rounded and widened HWIO kernel where it reads the kernel as
+    it is (a small output), each made once instead of in every call. Both must be what the
+    unpacked call multiplies, so the outputs match bit for bit (no tolerance)."""
     from flax import nnx
 
     from layoutlab import nn
@@ -238,7 +241,10 @@ def test_packed_widened_kernels_give_the_unpacked_bits(layout):
 
     kw = dict(layout=Layout(layout), policy=get_policy("mixed_bf16"), use_bias=False,
               algorithm="auto", rngs=nnx.Rngs(0))  # fmt: skip
-    model = nnx.Sequential(nn.Conv(8, 32, 3, **kw), nn.Conv(32, 16, 3, **kw))
+    # Outputs of 2x12x12 and 2x6x6 pixels reorder their kernels; 2x3x3 (at most
+    # onednn.PLAIN_WEIGHTS_MAX_PIXELS) reads its kernel as it is.
+    model = nnx.Sequential(nn.Conv(8, 32, 3, **kw), nn.Conv(32, 32, 3, strides=2, **kw),
+                           nn.Conv(32, 16, 3, strides=2, **kw))  # fmt: skip
     shape = (2, 12, 12, 8) if layout == "NHWC" else (2, 8, 12, 12)
     x = jax.random.normal(jax.random.key(3), shape, jnp.float32)
     plan = default_conv_plan(model, x, "inference", "avx512")
@@ -252,8 +258,27 @@ def test_packed_widened_kernels_give_the_unpacked_bits(layout):
 
     state = nnx.state(model)
     packed = pack_kernels(forward, state, x)
-    assert len(packed.blobs) == 2
+    kinds = [(b.dtype, b.ndim) for b in packed.blobs]
+    assert kinds == [(jnp.uint8, 5), (jnp.uint8, 5), (jnp.float32, 4)], kinds
     plain = jax.jit(forward)(state, x)
-    got = jax.jit(with_packed_kernels(forward, packed.keys))(packed.blobs, state, x)
+    fast = jax.jit(with_packed_kernels(forward, packed.keys))
+    got = fast(packed.blobs, state, x)
     assert got.dtype == plain.dtype == jnp.bfloat16
     assert np.array_equal(np.asarray(got, np.float32), np.asarray(plain, np.float32))
+
+    # The unpacked program rounds the plain-read kernel (3x3x32x16) in each call; the packed
+    # one reads the widened copy.
+    def kernel_converts(text):
+        found = []
+        for line in text.splitlines():
+            if " convert(" not in line or "=" not in line:
+                continue
+            shape = line.split("=", 1)[1].strip().split("{")[0].split(" ")[0]
+            dims = shape[shape.find("[") + 1 : shape.find("]")].split(",")
+            if all(d.isdigit() for d in dims) and math.prod(map(int, dims)) == 9 * 32 * 16:
+                found.append(line)
+        return found
+
+    plain_text = jax.jit(forward).lower(state, x).compile().as_text()
+    fast_text = fast.lower(packed.blobs, state, x).compile().as_text()
+    assert kernel_converts(plain_text) and not kernel_converts(fast_text)

@@ -263,7 +263,7 @@ def _forward(x, w, geom, preferred, layout):
 
     # Inference with packed kernels (``onednn_packed``) reads a kernel reordered beforehand.
     params = _fwd_params(x, w, out_dtype, geom, layout)
-    return packed_forward(params, x, lambda: batch_parallel(fwd, 1)(x, w))
+    return packed_forward(params, x, lambda kernel=w: batch_parallel(fwd, 1)(x, kernel))
 
 
 def _fwd_params(x, w, y_dtype, geom: Geometry, layout: str) -> tuple[int, ...]:

@@ -15,6 +15,11 @@ oneDNN's own graph API do the same: pack the weights once, then run on the packe
   A conv called at another shape than it was packed for (the last, smaller batch of an
   evaluation) runs as before, reordering its kernel.
 
+A widened conv (``PlanEntry.compute_dtype``: ``mixed_bf16`` on a CPU without bfloat16
+units) rounds and widens its kernel in every call; packing does that once, into the reordered
+kernel or, where oneDNN reads the kernel as it is, into a float32 HWIO copy that the call
+reads instead.
+
 The packed forward runs the same primitive on the same reordered kernel, so its output has
 the same bits. Packing is for single-device programs: the calls are not batch-partitioned.
 A packed kernel is a ``uint8`` array shaped ``(kh, kw, in / groups, out, r)`` with ``r``
@@ -41,6 +46,8 @@ from layoutlab.nn.conv_intercept import intercept_convs
 __all__ = ["PackedKernels", "pack_kernels", "packed_forward", "with_packed_kernels"]
 
 _DT = {0: jnp.float32, 1: jnp.bfloat16}
+# Marks a key whose blob is a widened conv's HWIO kernel, not a reordered one.
+_WIDENED = -1
 
 
 class PackedKernels(NamedTuple):
@@ -75,12 +82,15 @@ def _slot(slot: _Slot) -> Iterator[_Slot]:
 
 def packed_forward(params: tuple[int, ...], x, plain: Callable):
     """The forward of ``params`` (the extension's tuple) on ``x``: through the current slot's
-    packed kernel when the slot was packed for exactly these parameters, else ``plain()``.
-    Called by ``onednn``'s forward while it is traced."""
+    packed kernel when the slot was packed for exactly these parameters, ``plain(kernel)``
+    on the slot's widened kernel when it holds one for them, else ``plain()`` (on the
+    forward's own kernel). Called by ``onednn``'s forward while it is traced."""
     slot = _SLOT.get()
     if slot is None:
         return plain()
     slot.seen = params
+    if slot.blob is not None and slot.key == (*params, _WIDENED):
+        return plain(slot.blob)
     if slot.blob is None or slot.key != params:
         return plain()
     out = _out_struct(params)
@@ -99,16 +109,28 @@ def _packable(params) -> bool:
     return not isinstance(info, str) and bool(info[1])
 
 
+def _widens(conv) -> bool:
+    entry = conv.plan_entry
+    return entry is not None and entry.compute_dtype is not None
+
+
+def _widened_kernel(conv) -> jax.Array:
+    """The HWIO kernel a widened conv (``PlanEntry.compute_dtype``) multiplies: rounded to
+    the layer's dtype, then widened, as ``conv2d`` computes it on every call."""
+    w = kernel_to_hwio(conv.kernel[...], conv.kernel_spec)
+    return w.astype(conv.policy.compute_dtype).astype(conv.plan_entry.compute_dtype)
+
+
 def _pack(conv, params) -> jax.Array:
     """The packed kernel of ``conv`` (its stored kernel, in any order and dtype) for
     ``params``, computed where the caller traces."""
     register_targets()
     wei_dt = params[2]
-    w = kernel_to_hwio(conv.kernel[...], conv.kernel_spec)
-    entry = conv.plan_entry
-    if entry is not None and entry.compute_dtype is not None:
-        # A widened conv multiplies its kernel rounded to the layer's dtype (conv2d).
-        w = w.astype(conv.policy.compute_dtype)
+    w = (
+        _widened_kernel(conv)
+        if _widens(conv)
+        else kernel_to_hwio(conv.kernel[...], conv.kernel_spec)
+    )
     w = w.astype(_DT[wei_dt])
     size = impl_info(tuple(params))[3]
     r = -(-size // math.prod(w.shape))
@@ -152,10 +174,17 @@ def _collector(fn: Callable, keys: list) -> Callable:
         def intercept(conv, x):
             with _slot(_Slot()) as slot:
                 y = conv.compute(x)
-            key = slot.seen if slot.seen is not None and _packable(slot.seen) else None
-            keys.append(key)
-            if key is not None:
+            key = slot.seen
+            if key is not None and _packable(key):
                 blobs.append(_pack(conv, key))
+            elif key is not None and _widens(conv):
+                # A kernel oneDNN reads as it is: the widened copy, made once here instead
+                # of in every call (the rounding is a pass over the kernel).
+                key = (*key, _WIDENED)
+                blobs.append(_widened_kernel(conv))
+            else:
+                key = None
+            keys.append(key)
             return y
 
         with intercept_convs(intercept):
