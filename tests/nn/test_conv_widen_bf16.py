@@ -282,3 +282,22 @@ def test_packed_widened_kernels_give_the_unpacked_bits(layout):
     plain_text = jax.jit(forward).lower(state, x).compile().as_text()
     fast_text = fast.lower(packed.blobs, state, x).compile().as_text()
     assert kernel_converts(plain_text) and not kernel_converts(fast_text)
+
+
+def test_what_runs_is_checked_at_the_widened_dtype_and_the_result_keeps_its_dtype():
+    """Winograd refuses bfloat16, but a widened entry runs it in float32: the selection that
+    reports what runs (``select_algorithm``, read by ``compare`` and ``running_algorithms``)
+    says Winograd. And a widened call returns what the unwidened one would: ``x``'s dtype
+    without ``preferred_element_type`` or ``out_dtype``."""
+    geom = ca.conv_spec((8, 16, 16, 128), (3, 3, 128, 128), strides=1, padding="SAME",
+                        layout="NHWC", kernel_layout="HWIO", dtype="bfloat16")  # fmt: skip
+    entry = PlanEntry("winograd4_full", geom.key(), "float32")
+    assert ca.select_algorithm(geom, "auto", entry).name == "winograd4_full"
+    narrow = PlanEntry("winograd4_full", geom.key())
+    assert ca.select_algorithm(geom, "auto", narrow).name == "xla"
+    x = jnp.ones((8, 16, 16, 128), jnp.bfloat16)
+    w = jnp.ones((3, 3, 128, 128), jnp.float32)
+    y = ca.conv2d(x, w, algorithm="auto", planned=entry)
+    assert y.dtype == jnp.bfloat16
+    y32 = ca.conv2d(x, w, algorithm="auto", planned=entry, preferred_element_type=jnp.float32)
+    assert y32.dtype == jnp.float32

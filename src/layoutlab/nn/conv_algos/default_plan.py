@@ -12,9 +12,10 @@ Winograd F(4x4,3x3) refuses half-precision compute (its error), so in bfloat16 a
 im2col rules apply; they were measured in float32 only, so those dtypes get none, but for bfloat16
 on an AVX-512 CPU with bfloat16 units (the kind ``avx512_bf16``: ``fast_defaults.table_cpu_kind``):
 there oneDNN multiplies bfloat16 in hardware where XLA:CPU widens the conv to float32, and
-``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's convs (the ``_ONEDNN`` rules). Other
-kinds keep XLA's bfloat16 convs: without those units oneDNN widens them too. ``table_key`` keys
-every other dtype by the kind without its ``_bf16`` suffix.
+``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's convs (the ``_ONEDNN`` rules). On
+plain AVX-512 (``WIDEN_KINDS``) a bfloat16 conv takes its float32 twin's rule on operands widened
+to float32 (``widened_dtype``): oneDNN only emulates bfloat16 there. Other kinds keep XLA's
+bfloat16 convs. ``table_key`` keys every other dtype by the kind without its ``_bf16`` suffix.
 """
 
 from __future__ import annotations
@@ -278,11 +279,12 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     from layoutlab.nn.conv_algos.registry import XLA, get_algorithm
 
     wide = widened_dtype(spec, cpu_kind)
+    dtype = spec.dtype if wide is None else f"{spec.dtype} widened to {wide}"
     if wide is not None:
         spec = spec._replace(dtype=wide)
     rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
-            return rule.algorithm, f"default table ({cpu_kind}, {objective}, {spec.dtype})"
+            return rule.algorithm, f"default table ({cpu_kind}, {objective}, {dtype})"
     where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
     return XLA, f"default table: no rule for this shape on {where}"

@@ -66,7 +66,10 @@ def select_algorithm(
         return Selection(XLA, asked, why)
     if name == XLA:
         return Selection(XLA, asked, None)
-    reason = _value(name, impl).supports(spec)
+    runs = spec
+    if asked == AUTO and _widens(spec, AUTO, planned):
+        runs = spec._replace(dtype=planned.compute_dtype)  # a widened conv: conv2d
+    reason = _value(name, impl).supports(runs)
     if reason is not None:
         return Selection(XLA, asked, f"{name} does not support {reason}; using xla")
     return Selection(name, asked, None)
@@ -142,8 +145,9 @@ def conv2d(
 
     An ``"auto"`` conv whose ``planned`` entry names a ``compute_dtype`` (a bfloat16 conv on
     a CPU without bfloat16 units: ``default_plan.widened_dtype``) runs the entry's algorithm
-    on its operands rounded to ``x``'s dtype and then widened to that one, exactly, and casts
-    the result to ``out_dtype``.
+    on its operands rounded to ``x``'s dtype and then widened to that one, exactly, and returns
+    the dtype the unwidened conv would (``out_dtype``, else ``preferred_element_type``, else
+    ``x``'s).
     """
     layout = str(getattr(layout, "value", layout)).upper()
     klay = _check_kernel_layout(kernel_layout or _DEFAULT_KERNEL.get(layout, "HWIO"))
@@ -180,6 +184,9 @@ def conv2d(
             planned=PlanEntry(planned.algorithm, spec._replace(dtype=wide).key()),
             impl=impl,
         )
+        # The dtype the same conv returns unwidened: out_dtype, else preferred, else x's.
+        if out_dtype is None:
+            out_dtype = x.dtype if preferred_element_type is None else preferred_element_type
         return _cast(y, out_dtype)
     chosen = select_algorithm(spec, algorithm, planned, impl)
     value = None if chosen.name == XLA else _value(chosen.name, impl)

@@ -9,7 +9,8 @@ oneDNN's own graph API do the same: pack the weights once, then run on the packe
 
 - ``pack_kernels(fn, *args) -> PackedKernels``: traces ``fn(*args)`` (a jitted inference
   forward's function, its parameters among ``args``) and computes, in one compiled program,
-  the packed kernel of every ``nn.Conv`` call that runs oneDNN's forward with a reorder.
+  the packed kernel of every ``nn.Conv`` call that runs oneDNN's forward with a reorder, and
+  the widened kernel of every widened one that reads its kernel as it is.
 - ``with_packed_kernels(fn, packed.keys) -> g``: ``g(packed.blobs, *args)`` is ``fn(*args)``
   with those convs reading the packed kernels (a jit argument like the parameters) instead.
   A conv called at another shape than it was packed for (the last, smaller batch of an
@@ -22,8 +23,9 @@ reads instead.
 
 The packed forward runs the same primitive on the same reordered kernel, so its output has
 the same bits. Packing is for single-device programs: the calls are not batch-partitioned.
-A packed kernel is a ``uint8`` array shaped ``(kh, kw, in / groups, out, r)`` with ``r``
-bytes per kernel element (padding included), so its shape still tells the conv's work.
+A widened copy is the float32 HWIO kernel. A packed kernel is a ``uint8`` array shaped
+``(kh, kw, in / groups, out, r)`` with ``r`` bytes per kernel element (padding included), so
+its shape still tells the conv's work.
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def pack_kernels(fn: Callable, *args) -> PackedKernels:
     """The packed kernels of ``fn(*args)``'s oneDNN forwards (see the module docstring),
     computed by one compiled program (kept per ``fn`` and argument shapes); no packs (every
-    key None) where no conv runs oneDNN's forward with a reorder."""
+    key None) where no conv runs oneDNN's forward with a reorder or widened."""
     if not _on_cpu(args):
         return PackedKernels((), ())  # the pack handlers are CPU custom calls
     programs = _PROGRAMS.setdefault(fn, {})
