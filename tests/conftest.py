@@ -41,6 +41,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 _AUTOTUNE_DIR = tempfile.mkdtemp(prefix="layoutlab-autotune-")
 atexit.register(shutil.rmtree, _AUTOTUNE_DIR, ignore_errors=True)
 os.environ["LAYOUTLAB_AUTOTUNE_CACHE"] = os.path.join(_AUTOTUNE_DIR, "autotune.json")
+# One persistent compilation cache for the whole run: both xdist workers (they inherit the
+# controller's environment, so the controller makes it) and the processes they start. Test
+# modules compile many of the same programs (a small_cnn's train step on digits, a
+# ResNet-18's forward), and the key holds the whole HLO and every option, so a hit is the
+# same executable. Programs under a second are compiled again rather than written (the
+# thousands of eager primitives). Not the user's cache: what it holds must not change a test.
+# A size limit turns on jax's file lock around each read and write: without it a worker could
+# read a program another process is still writing, and fail on the half-written file.
+if "LAYOUTLAB_SUITE_JAX_CACHE" not in os.environ:
+    os.environ["LAYOUTLAB_SUITE_JAX_CACHE"] = tempfile.mkdtemp(prefix="layoutlab-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["LAYOUTLAB_SUITE_JAX_CACHE"], ignore_errors=True)
+SUITE_CACHE = os.environ["LAYOUTLAB_SUITE_JAX_CACHE"]
+os.environ["JAX_COMPILATION_CACHE_DIR"] = SUITE_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1"
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 << 30)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -152,8 +167,10 @@ PARTITIONED_KEY = "JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY"
 def env(tmp_path_factory, request):
     """The environment for training subprocesses of one test module: they share a persistent
     compilation cache, so a resumed or repeated run reads its programs back."""
-    cache = tmp_path_factory.mktemp("jax_cache")
     partitioned = {PARTITIONED_KEY: "1"} if getattr(request.module, "CACHE_PARTITIONED", 0) else {}
+    # Without the partitioning ids two modules' programs that differ in a partitioned conv's
+    # algorithm alone share a key: such a module keeps a cache of its own.
+    cache = tmp_path_factory.mktemp("jax_cache") if partitioned else SUITE_CACHE
     return {
         **os.environ,
         "JAX_COMPILATION_CACHE_DIR": str(cache),

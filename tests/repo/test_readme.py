@@ -75,7 +75,8 @@ def server(tmp_path_factory):
     # The reader's environment, not the suite's: no fake devices or strict promotion flags.
     env.pop("XLA_FLAGS", None)
     env["MPLBACKEND"] = "Agg"
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("readme_jax_cache"))
+    # JAX_COMPILATION_CACHE_DIR stays the suite's (tests/conftest.py), shared with the modules
+    # that run the same commands.
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     # Besides the server's usual libraries, PyTorch: the blocks that compare against it,
     # convert its weights or benchmark beside it import it again each (1.5 s of CPU).
