@@ -21,7 +21,9 @@ to 7x7 at batch 1, ``b1_s2`` im2col on the 3x3 stride-2 convs up to 28x28 at bat
 multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col on the
 3-channel stem (``--model unet``, ``--model unet:width=64``), ``winograd_small`` Winograd on the
 3x3 stride-1 convs of 128+ channels at 16x16 and below, ``stem7x7`` the oneDNN rules on the
-7x7 stride-2 ImageNet stem (``--model resnet50``), ``all`` every rule (XLA's convs).
+7x7 stride-2 ImageNet stem (``--model resnet50``), ``all`` every rule (XLA's convs),
+``overrides`` the kind's ``ONEDNN_OVERRIDES`` (oneDNN back on the convs they take).
+``--add`` times candidate rules (``ADDS``) in front of the table instead, one program each.
 ``--precision mixed_bf16`` times both programs under that policy (the bf16 table).
 """
 
@@ -33,6 +35,7 @@ from interleaved_steps import bench_options, run_ab, runner, with_rules, workloa
 
 from layoutlab.bench.jax_runner import JaxRunner
 from layoutlab.nn.conv_algos import default_plan
+from layoutlab.nn.conv_algos.default_plan import Rule
 
 DROPS = {
     "small": lambda r: r.min_batch < 128 and r.max_size != 2,
@@ -50,7 +53,51 @@ DROPS = {
 }
 
 
+# Candidate rules put in front of the AVX-512 float32 table of the run's mode (``--add``).
+# ``deep_xla_dw``: XLA's weight gradient (oneDNN's forward and input gradient) on ResNet-18
+# CIFAR's 16x16 and 8x8 stride-2 3x3 convs and its 4x4 512-channel ones, from batch 16 where
+# the training table's oneDNN rule starts; ``deep_xla``: the same, but XLA's conv in all three
+# passes on the 4x4 ones; ``4x4_*``: only the 4x4 ones, on XLA's conv, im2col or Winograd
+# (``4x4_xla_b1`` from batch 1, for inference).
+_S2_DW = Rule("onednn_xla_dw", (3, 3), (2, 2), min_in=128, max_in=256, max_size=16, min_batch=16)
+
+
+def _deep(algorithm, min_batch=16):
+    return Rule(algorithm, (3, 3), (1, 1), min_in=512, max_size=4, min_batch=min_batch)
+
+
+ADDS = {
+    "deep_xla_dw": (_deep("onednn_xla_dw"), _S2_DW),
+    "deep_xla": (_deep("xla"), _S2_DW),
+    "4x4_xla": (_deep("xla"),),
+    "4x4_xla_b1": (_deep("xla", 1),),
+    "4x4_xla_b8": (_deep("xla", 8),),
+    "4x4_im2col": (_deep("im2col"),),
+    "4x4_winograd": (_deep("winograd4_full"),),
+}
+
+
+def _with(add, mode):
+    key = ("avx512", "train" if mode == "train" else "inference", "float32")
+    return with_rules({key: (*add, *default_plan.DEFAULT_RULES[key])})
+
+
+class _WithoutOverrides(JaxRunner):
+    """The table without ``ONEDNN_OVERRIDES`` (``--drop overrides``): oneDNN where the shared
+    rules give it."""
+
+    def setup(self):
+        saved = default_plan.ONEDNN_OVERRIDES
+        default_plan.ONEDNN_OVERRIDES = {}
+        try:
+            return super().setup()
+        finally:
+            default_plan.ONEDNN_OVERRIDES = saved
+
+
 def _without(drop):
+    if drop == "overrides":
+        return _WithoutOverrides
     return with_rules({
         key: tuple(r for r in rules if not drop(r))
         for key, rules in default_plan.DEFAULT_RULES.items()
@@ -62,17 +109,22 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR, 32x32) or resnet50")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--mode", default="train", choices=("train", "infer"))
-    p.add_argument("--drop", default="small", choices=sorted(DROPS))
+    p.add_argument("--drop", default="small", choices=sorted([*DROPS, "overrides"]))
+    p.add_argument("--add", help=f"comma-separated, of: {', '.join(ADDS)}; instead of --drop")
     p.add_argument("--precision", default="fp32", help="a policy name: fp32 or mixed_bf16")
     p.add_argument("--time-budget", type=float, default=30.0)
     args = p.parse_args(argv)
     w = workload(args.model, args.mode, args.batch)
     opts = bench_options(w, precision=args.precision)
+    adds = args.add.split(",") if args.add else []
+    drop = args.drop if args.drop == "overrides" else DROPS[args.drop]
+    others = [(_with(ADDS[a], args.mode), a) for a in adds] or [(_without(drop), "without")]
     runners = [
         runner(w, label, opts, cls=cls, precision=args.precision)
-        for cls, label in ((JaxRunner, "table"), (_without(DROPS[args.drop]), "without"))
+        for cls, label in ((JaxRunner, "table"), *others)
     ]
-    what = f"{args.model} {args.mode} b{args.batch} {args.precision} --drop {args.drop}"
+    change = f"--add {args.add}" if args.add else f"--drop {args.drop}"
+    what = f"{args.model} {args.mode} b{args.batch} {args.precision} {change}"
     run_ab(runners, what, "table", args.time_budget)
 
 

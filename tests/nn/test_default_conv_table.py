@@ -18,7 +18,10 @@ from layoutlab import nn
 from layoutlab.bench.tuning import budget
 from layoutlab.bench.tuning.plan_source import conv_plan_for_run
 from layoutlab.nn.conv_algos import conv2d, onednn
-from layoutlab.nn.conv_algos.default_plan import DEFAULT_RULES, default_algorithm
+from layoutlab.nn.conv_algos.default_plan import (
+    DEFAULT_RULES,
+    default_algorithm,
+)
 from layoutlab.nn.conv_algos.geometry import make_spec, resolve_geometry
 
 
@@ -48,7 +51,9 @@ def test_float32_small_batch_inference_and_larger_batch_training_run_onednn_on_a
              _spec(1, 32, 64, 128, k=1, stride=2), _spec(1, 14, 1024, 256, k=1),
              _spec(1, 4, 512, 512), _spec(1, 224, 3, 64, k=7, stride=2)]  # fmt: skip
     for spec in convs:
-        for kind in ("avx512", "avx512_bf16"):  # float32 reads the AVX-512 rules on both
+        # float32 reads the AVX-512 rules on both kinds; the 4x4 512-channel conv runs XLA's
+        # on the kind without bf16 units (test_an_ice_lake_runs_xla_on_4x4_512_channel_convs).
+        for kind in ("avx512", "avx512_bf16") if spec.in_size != (4, 4) else ("avx512_bf16",):
             for batch in (1, 8, 16, 32):
                 got = default_algorithm(spec._replace(batch=batch), "inference", kind)
                 assert got[0] == "onednn", (spec, batch, got)
@@ -64,6 +69,51 @@ def test_float32_small_batch_inference_and_larger_batch_training_run_onednn_on_a
     # Depthwise convs keep the shifted multiply-adds, which come first.
     dw = _spec(1, 16, 144, 144, groups=144)
     assert default_algorithm(dw, "inference", "avx512")[0] == "depthwise"
+
+
+@pytest.mark.with_onednn
+@pytest.mark.skipif(not onednn.available(), reason="the onednn extension did not load")
+def test_an_ice_lake_runs_xla_on_4x4_512_channel_convs():
+    # On the AVX-512 kind without bf16 units (an Ice Lake Xeon), XLA's conv on ResNet-18
+    # CIFAR's 4x4 512-channel convs, where the AVX-512 rules give oneDNN: training from
+    # batch 16 1.05-1.08x faster, inference up to 32 1.05-1.15x
+    # (benchmarks/results/ab_4x4_xla_icelake_cpu.md); the Zen 4 (avx512_bf16) keeps oneDNN.
+    spec = _spec(1, 4, 512, 512)
+    for batch in (16, 32, 128, 256):
+        at = spec._replace(batch=batch)
+        assert default_algorithm(at, "train", "avx512") == (
+            "xla",
+            "default table (avx512, train, float32)",
+        )
+        assert default_algorithm(at, "train", "avx512_bf16")[0] == "onednn"
+    for batch in (1, 8, 16, 32):
+        at = spec._replace(batch=batch)
+        assert default_algorithm(at, "inference", "avx512")[0] == "xla"
+        assert default_algorithm(at, "inference", "avx512_bf16")[0] == "onednn"
+    # Below 16 the training rules of both kinds agree (im2col), and so does inference from
+    # 33; the rule takes neither 2x2 inputs (im2col everywhere) nor 8x8 ones or fewer channels.
+    for objective, batch in (("train", 8), ("inference", 64), ("inference", 128)):
+        at = spec._replace(batch=batch)
+        want = default_algorithm(at, objective, "avx512_bf16")[0]
+        assert default_algorithm(at, objective, "avx512")[0] == want
+    for other in (_spec(32, 2, 512, 512), _spec(32, 8, 512, 512), _spec(32, 4, 256, 256)):
+        for objective in ("train", "inference"):
+            want = default_algorithm(other, objective, "avx512_bf16")[0]
+            assert default_algorithm(other, objective, "avx512")[0] == want
+    # A bfloat16 conv widened to float32 there takes the rule too.
+    half = spec._replace(batch=32, dtype="bfloat16")
+    assert default_algorithm(half, "train", "avx512")[0] == "xla"
+
+
+def test_without_onednn_an_ice_lake_keeps_the_shared_rules_on_4x4_512_channel_convs():
+    # The override takes only what oneDNN would run: where the extension is absent (this
+    # module's fixture) both AVX-512 kinds get the XLA compositions measured for them.
+    spec = _spec(1, 4, 512, 512)
+    for objective, batch in (("train", 16), ("train", 32), ("train", 128), ("inference", 8)):
+        at = spec._replace(batch=batch)
+        want = default_algorithm(at, objective, "avx512_bf16")[0]
+        assert default_algorithm(at, objective, "avx512")[0] == want
+    assert default_algorithm(spec._replace(batch=32), "train", "avx512")[0] == "im2col"
 
 
 def test_depthwise_convs_take_the_shifted_multiply_adds_on_x86():

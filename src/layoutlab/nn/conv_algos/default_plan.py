@@ -15,7 +15,8 @@ there oneDNN multiplies bfloat16 in hardware where XLA:CPU widens the conv to fl
 ``mixed_bf16``'s ResNet-18 CIFAR step ran faster with oneDNN's convs (the ``_ONEDNN`` rules). On
 plain AVX-512 (``WIDEN_KINDS``) a bfloat16 conv takes its float32 twin's rule on operands widened
 to float32 (``widened_dtype``): oneDNN only emulates bfloat16 there. Other kinds keep XLA's
-bfloat16 convs. ``table_key`` keys every other dtype by the kind without its ``_bf16`` suffix.
+bfloat16 convs. ``table_key`` keys every other dtype by the kind without its ``_bf16`` suffix;
+``ONEDNN_OVERRIDES`` take some of oneDNN's convs back where one such kind measured otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_RULES",
     "ONEDNN_FLOAT32_INFER_MAX_BATCH",
     "ONEDNN_FLOAT32_TRAIN_MIN_BATCH",
+    "ONEDNN_OVERRIDES",
     "Rule",
     "WIDEN_KINDS",
     "default_algorithm",
@@ -248,6 +250,23 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
 }
 
 
+# Where CPUs that share the AVX-512 float32 rules measured otherwise: per whole CPU kind
+# (``table_cpu_kind``), rules that take a conv the shared rules give ``onednn`` (so only where
+# the extension loaded, and at the batches of the oneDNN rules). On an Ice Lake Xeon
+# (``avx512``, no bfloat16 units) XLA's conv beat oneDNN's on ResNet-18 CIFAR's 4x4
+# 512-channel convs, one by one (forward 14 against 23 ms at batch 32, weight gradient 15
+# against 21) and in whole steps: training 1.05-1.08x faster at batch 16, 32, 128 and 256,
+# inference 1.05-1.15x at 1, 8, 16 and 32 (ab_4x4_xla_icelake_cpu.md). On the Zen 4
+# (``avx512_bf16``) oneDNN's forward was the faster there at batch 1 (0.86 against 1.40 ms),
+# so that kind keeps oneDNN.
+ONEDNN_OVERRIDES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
+    ("avx512", objective, "float32"): (
+        Rule("xla", (3, 3), (1, 1), min_in=512, min_size=4, max_size=4),
+    )
+    for objective in ("train", "inference")
+}
+
+
 # The CPU kinds without bfloat16 units whose bfloat16 convs compute in float32: AVX-512 (an
 # Ice Lake Xeon: widened_dtype). AVX2 lacks the units too but was not measured.
 WIDEN_KINDS = ("avx512",)
@@ -285,6 +304,9 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
+            if rule.algorithm == "onednn":
+                overrides = ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ())
+                rule = next((r for r in overrides if r.matches(spec)), rule)
             return rule.algorithm, f"default table ({cpu_kind}, {objective}, {dtype})"
     where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
     return XLA, f"default table: no rule for this shape on {where}"
