@@ -1,8 +1,11 @@
-"""A whole step with the shipped conv table against the same table without some rules.
+"""A whole step with the shipped conv table against the same table without some rules, or
+with candidate rules added.
 
     python benchmarks/ab_table_rules.py --model resnet18 --batch 8 --drop small
     python benchmarks/ab_table_rules.py --model resnet50 --batch 16 --drop 1x1s1
     python benchmarks/ab_table_rules.py --model resnet50 --batch 16 --drop mid --mode infer
+    python benchmarks/ab_table_rules.py --batch 32 --drop overrides
+    python benchmarks/ab_table_rules.py --batch 32 --add 4x4_xla,4x4_im2col
 
 A conv algorithm that wins on its own (``layoutlab autotune convs``) need not make the whole
 step faster: XLA:CPU overlaps a step's convs on the cores, and the conv's neighbours change.
@@ -23,7 +26,9 @@ multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col
 3x3 stride-1 convs of 128+ channels at 16x16 and below, ``stem7x7`` the oneDNN rules on the
 7x7 stride-2 ImageNet stem (``--model resnet50``), ``all`` every rule (XLA's convs),
 ``overrides`` the kind's ``ONEDNN_OVERRIDES`` (oneDNN back on the convs they take).
-``--add`` times candidate rules (``ADDS``) in front of the table instead, one program each.
+``--add`` times instead one program per candidate (``ADDS``), its rules in front of the
+AVX-512 float32 table of the mode, and prints ``candidate / table`` (below 1: the candidate
+is faster); only where that table is the one read (an AVX-512 CPU, a float32 policy).
 ``--precision mixed_bf16`` times both programs under that policy (the bf16 table).
 """
 
@@ -34,8 +39,10 @@ import argparse
 from interleaved_steps import bench_options, run_ab, runner, with_rules, workload
 
 from layoutlab.bench.jax_runner import JaxRunner
+from layoutlab.fast_defaults import table_cpu_kind
 from layoutlab.nn.conv_algos import default_plan
 from layoutlab.nn.conv_algos.default_plan import Rule
+from layoutlab.precision import get_policy
 
 DROPS = {
     "small": lambda r: r.min_batch < 128 and r.max_size != 2,
@@ -77,8 +84,12 @@ ADDS = {
 }
 
 
+def _add_key(mode):
+    return ("avx512", "train" if mode == "train" else "inference", "float32")
+
+
 def _with(add, mode):
-    key = ("avx512", "train" if mode == "train" else "inference", "float32")
+    key = _add_key(mode)
     return with_rules({key: (*add, *default_plan.DEFAULT_RULES[key])})
 
 
@@ -117,6 +128,14 @@ def main(argv=None) -> None:
     w = workload(args.model, args.mode, args.batch)
     opts = bench_options(w, precision=args.precision)
     adds = args.add.split(",") if args.add else []
+    if unknown := [a for a in adds if a not in ADDS]:
+        p.error(f"unknown --add {', '.join(unknown)}: choose from {', '.join(ADDS)}")
+    kind, dtype = table_cpu_kind("cpu"), str(get_policy(args.precision).compute_dtype)
+    if dtype == "bfloat16" and kind in default_plan.WIDEN_KINDS:
+        dtype = "float32"  # its convs widened: they read the float32 rules
+    read = default_plan.table_key(kind, _add_key(args.mode)[1], dtype)
+    if adds and read != _add_key(args.mode):
+        p.error(f"--add changes the table {_add_key(args.mode)}, but this run reads {read}")
     drop = args.drop if args.drop == "overrides" else DROPS[args.drop]
     others = [(_with(ADDS[a], args.mode), a) for a in adds] or [(_without(drop), "without")]
     runners = [

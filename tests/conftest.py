@@ -4,6 +4,8 @@
 - rank promotion raises, so a bias added without an explicit broadcast is an error;
 - 4 fake CPU devices back the sharding tests (set before JAX starts its backend);
 - the autotune cache is a fresh file, not the user's;
+- one persistent compilation cache for the whole run, not the user's: both workers, their
+  subprocesses and notebook kernels read back what any of them compiled;
 - one OpenMP thread per process (oneDNN, PyTorch): the two workers already fill two cores;
 - on a GPU, float32 matmuls run at full precision: the float64 references' float32
   tolerances assume it, where XLA:GPU's default is TensorFloat32 (docs/performance/gpu.md);
@@ -165,8 +167,9 @@ PARTITIONED_KEY = "JAX_REMOVE_CUSTOM_PARTITIONING_PTR_FROM_CACHE_KEY"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, request):
-    """The environment for training subprocesses of one test module: they share a persistent
-    compilation cache, so a resumed or repeated run reads its programs back."""
+    """The environment for training subprocesses of one test module: they share the run's
+    persistent compilation cache (a module with ``CACHE_PARTITIONED`` one of its own), so a
+    resumed or repeated run reads its programs back."""
     partitioned = {PARTITIONED_KEY: "1"} if getattr(request.module, "CACHE_PARTITIONED", 0) else {}
     # Without the partitioning ids two modules' programs that differ in a partitioned conv's
     # algorithm alone share a key: such a module keeps a cache of its own.

@@ -34,7 +34,7 @@ from layoutlab.train import (
 from layoutlab.train.steps import make_forward
 
 # A program compiled twice here (the loop's eval step, which evaluate runs again on the
-# restored state) is read back from the module's compilation cache the second time.
+# restored state) is read back from the run's compilation cache the second time.
 pytestmark = pytest.mark.usefixtures("shared_compiles")
 
 STEPS_PER_EPOCH = 44  # 1438 digits train images in batches of 32
@@ -236,7 +236,7 @@ def test_predict_gives_the_labels_of_saved_upscaled_digits(run_dir, tmp_path, ca
 
     with watch_compilation() as events:
         again = predict_files(open_run(run_dir), [rgb], k=3)
-    # Nor read back from the module's compilation cache: this process still holds it.
+    # Nor read back from the run's compilation cache: this process still holds it.
     assert events.backend_compiles == 0 and events.cache_hit is None
     assert again[0]["top_k"][0]["class"] == dataset.test_labels[n]
     # With an eval batch of 5, the 13 files go in 3 chunks of 5, the last with 2 zero images
@@ -249,7 +249,8 @@ def test_predict_gives_the_labels_of_saved_upscaled_digits(run_dir, tmp_path, ca
     run = dataclasses.replace(run, config=dataclasses.replace(run.config, eval_batch_size=5))
     with watch_compilation() as events:
         chunked = predict_files(run, sorted(folder.iterdir()) + [rgb], k=3)
-    assert events.backend_compiles == 1 + onednn.available()
+    # Compiled, or read back from the run's cache where another test compiled it first.
+    assert events.backend_compiles + events.hits == 1 + onednn.available()
     assert [r["file"] for r in chunked] == [r["file"] for r in results]
     for a, b in zip(chunked, results, strict=True):
         assert [t["class"] for t in a["top_k"]] == [t["class"] for t in b["top_k"]]

@@ -255,8 +255,8 @@ def table_runs_onednn(compute_dtype, batch: int | None = None) -> bool:
     where the extension loaded: on AVX-512 a float32 step from
     ``default_plan.ONEDNN_FLOAT32_TRAIN_MIN_BATCH``, and a bfloat16 one at every batch where
     the CPU has bfloat16 units (``avx512_bf16``), where it has none as a float32 one (its
-    convs widened); every conv but a few-channel stem's and a
-    tiny input's (``nn.conv_algos.default_plan``)."""
+    convs widened); every conv but a few-channel stem's, a tiny input's and, on a CPU
+    without bfloat16 units, the 4x4 512-channel ones (``default_plan.ONEDNN_OVERRIDES``)."""
     kind = table_cpu_kind("cpu")
     if kind is None or not kind.startswith("avx512") or not onednn.available():
         return False

@@ -255,8 +255,8 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
 # the extension loaded, and at the batches of the oneDNN rules). On an Ice Lake Xeon
 # (``avx512``, no bfloat16 units) XLA's conv beat oneDNN's on ResNet-18 CIFAR's 4x4
 # 512-channel convs, one by one (forward 14 against 23 ms at batch 32, weight gradient 15
-# against 21) and in whole steps: training 1.05-1.08x faster at batch 16, 32, 128 and 256,
-# inference 1.05-1.15x at 1, 8, 16 and 32 (ab_4x4_xla_icelake_cpu.md). On the Zen 4
+# against 21) and in whole steps: training 1.05-1.11x faster at batch 16, 32, 128 and 256,
+# inference 1.04-1.15x at 1, 8 and 32 (ab_4x4_xla_icelake_cpu.md). On the Zen 4
 # (``avx512_bf16``) oneDNN's forward was the faster there at batch 1 (0.86 against 1.40 ms),
 # so that kind keeps oneDNN.
 ONEDNN_OVERRIDES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
@@ -304,9 +304,12 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
+            why = f"default table ({cpu_kind}, {objective}, {dtype})"
             if rule.algorithm == "onednn":
                 overrides = ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ())
-                rule = next((r for r in overrides if r.matches(spec)), rule)
-            return rule.algorithm, f"default table ({cpu_kind}, {objective}, {dtype})"
+                for over in overrides:
+                    if over.matches(spec) and get_algorithm(over.algorithm).supports(spec) is None:
+                        return over.algorithm, f"{why}, in oneDNN's place on this CPU kind"
+            return rule.algorithm, why
     where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
     return XLA, f"default table: no rule for this shape on {where}"
