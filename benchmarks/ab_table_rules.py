@@ -81,6 +81,15 @@ ADDS = {
     "4x4_xla_b8": (_deep("xla", 8),),
     "4x4_im2col": (_deep("im2col"),),
     "4x4_winograd": (_deep("winograd4_full"),),
+    # ResNet-50's layer4 3x3 convs (7x7 512-channel, and the 14x14 stride-2 one) too.
+    "512_xla": (
+        Rule("xla", (3, 3), (1, 1), min_in=512, max_size=7, min_batch=16),
+        Rule("xla", (3, 3), (2, 2), min_in=512, max_size=14, min_batch=16),
+    ),
+    "512_xla_b1": (
+        Rule("xla", (3, 3), (1, 1), min_in=512, max_size=7),
+        Rule("xla", (3, 3), (2, 2), min_in=512, max_size=14),
+    ),
 }
 
 

@@ -305,7 +305,11 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
             why = f"default table ({cpu_kind}, {objective}, {dtype})"
-            if rule.algorithm == "onednn":
+            # Not for a widened conv's inference: packing rounds and widens a oneDNN conv's
+            # kernel once, but XLA's conv would round it on every call (ResNet-18 CIFAR's
+            # mixed_bf16 inference 0.80x at batch 1 with the override; its training, which
+            # rounds every step either way, 1.04x at 32).
+            if rule.algorithm == "onednn" and (wide is None or objective == "train"):
                 overrides = ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ())
                 for over in overrides:
                     if over.matches(spec) and get_algorithm(over.algorithm).supports(spec) is None:
