@@ -25,7 +25,7 @@ multiply-adds on 3x3 depthwise convs (``--model mobilenet_v2``), ``stem`` im2col
 3-channel stem (``--model unet``, ``--model unet:width=64``), ``winograd_small`` Winograd on the
 3x3 stride-1 convs of 128+ channels at 16x16 and below, ``stem7x7`` the oneDNN rules on the
 7x7 stride-2 ImageNet stem (``--model resnet50``), ``all`` every rule (XLA's convs),
-``overrides`` the kind's ``ONEDNN_OVERRIDES`` (oneDNN back on the convs they take).
+``overrides`` and ``widened_inference`` the table settings of ``PATCHES``.
 ``--add`` times instead one program per candidate (``ADDS``), its rules in front of the
 AVX-512 float32 table of the mode, and prints ``candidate / table`` (below 1: the candidate
 is faster); only where that table is the one read (an AVX-512 CPU, a float32 policy).
@@ -102,22 +102,33 @@ def _with(add, mode):
     return with_rules({key: (*add, *default_plan.DEFAULT_RULES[key])})
 
 
-class _WithoutOverrides(JaxRunner):
-    """The table without ``ONEDNN_OVERRIDES`` (``--drop overrides``): oneDNN where the shared
-    rules give it."""
+def _patched(name, value):
+    """A ``JaxRunner`` whose set-up reads ``default_plan.<name>`` as ``value``."""
 
-    def setup(self):
-        saved = default_plan.ONEDNN_OVERRIDES
-        default_plan.ONEDNN_OVERRIDES = {}
-        try:
-            return super().setup()
-        finally:
-            default_plan.ONEDNN_OVERRIDES = saved
+    class Patched(JaxRunner):
+        def setup(self):
+            saved = getattr(default_plan, name)
+            setattr(default_plan, name, value)
+            try:
+                return super().setup()
+            finally:
+                setattr(default_plan, name, saved)
+
+    return Patched
+
+
+# ``--drop`` choices that patch a table setting: ``overrides`` the kind's ``ONEDNN_OVERRIDES``
+# (oneDNN back on the convs they take); ``widened_inference`` the exception that keeps widened
+# inference convs off them (``WIDENED_OVERRIDDEN``: the overrides then hold there too).
+PATCHES = {
+    "overrides": ("ONEDNN_OVERRIDES", {}),
+    "widened_inference": ("WIDENED_OVERRIDDEN", ("train", "inference")),
+}
 
 
 def _without(drop):
-    if drop == "overrides":
-        return _WithoutOverrides
+    if drop in PATCHES:
+        return _patched(*PATCHES[drop])
     return with_rules({
         key: tuple(r for r in rules if not drop(r))
         for key, rules in default_plan.DEFAULT_RULES.items()
@@ -129,7 +140,7 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="resnet18", help="resnet18 (CIFAR, 32x32) or resnet50")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--mode", default="train", choices=("train", "infer"))
-    p.add_argument("--drop", default="small", choices=sorted([*DROPS, "overrides"]))
+    p.add_argument("--drop", default="small", choices=sorted([*DROPS, *PATCHES]))
     p.add_argument("--add", help=f"comma-separated, of: {', '.join(ADDS)}; instead of --drop")
     p.add_argument("--precision", default="fp32", help="a policy name: fp32 or mixed_bf16")
     p.add_argument("--time-budget", type=float, default=30.0)
@@ -145,7 +156,7 @@ def main(argv=None) -> None:
     read = default_plan.table_key(kind, _add_key(args.mode)[1], dtype)
     if adds and read != _add_key(args.mode):
         p.error(f"--add changes the table {_add_key(args.mode)}, but this run reads {read}")
-    drop = args.drop if args.drop == "overrides" else DROPS[args.drop]
+    drop = args.drop if args.drop in PATCHES else DROPS[args.drop]
     others = [(_with(ADDS[a], args.mode), a) for a in adds] or [(_without(drop), "without")]
     runners = [
         runner(w, label, opts, cls=cls, precision=args.precision)

@@ -249,8 +249,9 @@ def test_predict_gives_the_labels_of_saved_upscaled_digits(run_dir, tmp_path, ca
     run = dataclasses.replace(run, config=dataclasses.replace(run.config, eval_batch_size=5))
     with watch_compilation() as events:
         chunked = predict_files(run, sorted(folder.iterdir()) + [rgb], k=3)
-    # Compiled, or read back from the run's cache where another test compiled it first.
-    assert events.backend_compiles + events.hits == 1 + onednn.available()
+    # A program compiled or read back from the run's cache counts once either way: jax times
+    # both as one backend trip (watch_compilation).
+    assert events.backend_compiles == 1 + onednn.available()
     assert [r["file"] for r in chunked] == [r["file"] for r in results]
     for a, b in zip(chunked, results, strict=True):
         assert [t["class"] for t in a["top_k"]] == [t["class"] for t in b["top_k"]]

@@ -63,10 +63,8 @@ def test_predict_batches_files_by_the_batch_size_with_the_same_results(
     )
     with watch_compilation() as events:
         chunked = predict_files(run, [tmp_path], k=3, batch_size=4)
-    # Compiled, or read back from the run's cache (tests/conftest.py) where a test compiled
-    # it first.
-    programs = events.backend_compiles + events.hits
-    assert programs == 1 + onednn.available() and read == [4, 4, 3]
+    # Compiled or read back from the run's cache (tests/conftest.py): one backend trip each.
+    assert events.backend_compiles == 1 + onednn.available() and read == [4, 4, 3]
     assert [r["file"] for r in chunked] == [r["file"] for r in whole]
     for a, b in zip(chunked, whole, strict=True):
         assert [t["class"] for t in a["top_k"]] == [t["class"] for t in b["top_k"]]

@@ -1,7 +1,8 @@
 """bfloat16 convs on a CPU without bfloat16 units compute in float32.
 
 On the kind ``avx512`` (AVX-512 without ``avx512_bf16``/AMX), the shipped table gives a
-bfloat16 conv its float32 twin's algorithm and marks the entry ``compute_dtype="float32"``
+bfloat16 conv its float32 twin's algorithm (in inference without ``ONEDNN_OVERRIDES``) and
+marks the entry ``compute_dtype="float32"``
 (``default_plan.widened_dtype``); ``conv2d`` then rounds both operands to bfloat16, widens
 them to float32 (exact) and runs the float32 algorithm. The CPU kind is passed as a value, so
 this holds on any machine.

@@ -112,6 +112,8 @@ class CacheEvents:
 
     hits: int | None = None
     misses: int | None = None
+    # Trips to the backend: a compile, or a read from the persistent cache (jax times both
+    # as one event), so hits are counted here too.
     backend_compiles: int | None = None
 
     @property

@@ -32,6 +32,7 @@ __all__ = [
     "ONEDNN_FLOAT32_TRAIN_MIN_BATCH",
     "ONEDNN_OVERRIDES",
     "Rule",
+    "WIDENED_OVERRIDDEN",
     "WIDEN_KINDS",
     "default_algorithm",
     "table_key",
@@ -258,13 +259,21 @@ DEFAULT_RULES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
 # against 21) and in whole steps: training 1.05-1.11x faster at batch 16, 32, 128 and 256,
 # inference 1.04-1.15x at 1, 8 and 32 (ab_4x4_xla_icelake_cpu.md). On the Zen 4
 # (``avx512_bf16``) oneDNN's forward was the faster there at batch 1 (0.86 against 1.40 ms),
-# so that kind keeps oneDNN.
+# so that kind keeps oneDNN. Widened bfloat16 convs: ``WIDENED_OVERRIDDEN``.
 ONEDNN_OVERRIDES: dict[tuple[str, str, str], tuple[Rule, ...]] = {
     ("avx512", objective, "float32"): (
         Rule("xla", (3, 3), (1, 1), min_in=512, min_size=4, max_size=4),
     )
     for objective in ("train", "inference")
 }
+
+
+# The objectives in which a widened conv (``widened_dtype``) takes ``ONEDNN_OVERRIDES`` too.
+# Not inference: packing rounds and widens a oneDNN conv's kernel once, but XLA's conv would
+# round it on every call (ResNet-18 CIFAR's mixed_bf16 inference 0.80x at batch 1 with the
+# override, 0.85-0.95x at 8 to 32); training rounds every step either way (1.04x at 32).
+# A training run's eval step plans as inference too but packs nothing; it was not measured.
+WIDENED_OVERRIDDEN = ("train",)
 
 
 # The CPU kinds without bfloat16 units whose bfloat16 convs compute in float32: AVX-512 (an
@@ -294,7 +303,8 @@ def widened_dtype(spec: ConvSpec, cpu_kind: str | None) -> str | None:
 def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> tuple[str, str]:
     """``(algorithm, why)`` for ``spec`` from the table (``cpu_kind`` None: not a CPU run);
     ``xla`` when no rule matches or the matching algorithm does not take the shape. A spec
-    that ``widened_dtype`` widens is looked up as its float32 twin."""
+    that ``widened_dtype`` widens is looked up as its float32 twin (``ONEDNN_OVERRIDES`` only in
+    the objectives of ``WIDENED_OVERRIDDEN``)."""
     from layoutlab.nn.conv_algos.registry import XLA, get_algorithm
 
     wide = widened_dtype(spec, cpu_kind)
@@ -305,11 +315,7 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     for rule in rules:
         if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
             why = f"default table ({cpu_kind}, {objective}, {dtype})"
-            # Not for a widened conv's inference: packing rounds and widens a oneDNN conv's
-            # kernel once, but XLA's conv would round it on every call (ResNet-18 CIFAR's
-            # mixed_bf16 inference 0.80x at batch 1 with the override; its training, which
-            # rounds every step either way, 1.04x at 32).
-            if rule.algorithm == "onednn" and (wide is None or objective == "train"):
+            if rule.algorithm == "onednn" and (wide is None or objective in WIDENED_OVERRIDDEN):
                 overrides = ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ())
                 for over in overrides:
                     if over.matches(spec) and get_algorithm(over.algorithm).supports(spec) is None:
