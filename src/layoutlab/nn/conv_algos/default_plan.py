@@ -311,15 +311,23 @@ def default_algorithm(spec: ConvSpec, objective: str, cpu_kind: str | None) -> t
     dtype = spec.dtype if wide is None else f"{spec.dtype} widened to {wide}"
     if wide is not None:
         spec = spec._replace(dtype=wide)
-    rules = DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ())
-    for rule in rules:
-        if rule.matches(spec) and get_algorithm(rule.algorithm).supports(spec) is None:
-            why = f"default table ({cpu_kind}, {objective}, {dtype})"
-            if rule.algorithm == "onednn" and (wide is None or objective in WIDENED_OVERRIDDEN):
-                overrides = ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ())
-                for over in overrides:
-                    if over.matches(spec) and get_algorithm(over.algorithm).supports(spec) is None:
-                        return over.algorithm, f"{why}, in oneDNN's place on this CPU kind"
-            return rule.algorithm, why
-    where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
-    return XLA, f"default table: no rule for this shape on {where}"
+
+    def first(rules: tuple[Rule, ...]) -> Rule | None:
+        # The first rule that matches and whose algorithm takes the shape.
+        ok = (
+            r
+            for r in rules
+            if r.matches(spec) and get_algorithm(r.algorithm).supports(spec) is None
+        )
+        return next(ok, None)
+
+    rule = first(DEFAULT_RULES.get(table_key(cpu_kind, objective, spec.dtype), ()))
+    if rule is None:
+        where = f"{cpu_kind} CPU" if cpu_kind else "this backend"
+        return XLA, f"default table: no rule for this shape on {where}"
+    why = f"default table ({cpu_kind}, {objective}, {dtype})"
+    if rule.algorithm == "onednn" and (wide is None or objective in WIDENED_OVERRIDDEN):
+        over = first(ONEDNN_OVERRIDES.get((cpu_kind or "", objective, spec.dtype), ()))
+        if over is not None:
+            return over.algorithm, f"{why}, in oneDNN's place on this CPU kind"
+    return rule.algorithm, why
