@@ -181,6 +181,38 @@ def test_accumulated_steps_log_the_mean_of_their_micro_batches(tmp_path):
         np.testing.assert_allclose(np.mean(window), record["train_loss"], rtol=1e-12)
 
 
+def test_logged_rates_are_the_schedule_at_each_steps_count_with_one_program(tmp_path):
+    """A warmup-cosine schedule, logged in flushes of 1, 3 and 2 rows: each row's rate is the
+    schedule at the count its update used, against the closed form in float64 (rtol 1e-6:
+    float32's cos and products, a few ulps); and the flushes of new row counts compile no
+    program after the first (evaluated eagerly, each new count of rows compiled the
+    schedule's ~14 primitives again)."""
+    import optax
+
+    from layoutlab.train.step_log import StepLog
+    from layoutlab.xla.cache import watch_compilation
+
+    peak, warmup, total = 0.1, 2, 6
+    schedule = optax.warmup_cosine_decay_schedule(0.0, peak, warmup, total, end_value=0.0)
+    log = StepLog(tmp_path, every=1, tensorboard=False, start=0, accum_steps=1,
+                  learning_rate=schedule)  # fmt: skip
+    metrics = {"loss": 1.0, "accuracy": 0.5, "loss_scale": 1.0}
+    log.add([metrics], 1)
+    with watch_compilation() as seen:
+        log.add([metrics] * 3, 4)
+        log.add([metrics] * 2, 6)
+    assert seen.backend_compiles == 0, seen
+    rows = read_records(tmp_path / STEPS_FILE)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for row in rows:
+        count = row["step"] - 1
+        if count < warmup:
+            want = peak * count / warmup
+        else:
+            want = 0.5 * peak * (1 + np.cos(np.pi * (count - warmup) / (total - warmup)))
+        np.testing.assert_allclose(row["learning_rate"], want, rtol=1e-6, atol=1e-9)
+
+
 DRIVER = """
 import json, sys
 from layoutlab.train.config import TrainConfig

@@ -62,9 +62,11 @@ def _summary_writer():
 class StepLog:
     """Writes per-step metrics of steps ``start + 1 ..``; ``every=0`` writes none.
 
-    ``learning_rate(steps)`` maps an array of optimizer counts to their rates (the optax
-    schedule). On resume, records and events after ``start`` are dropped first, so a resumed
-    run shows each step once.
+    ``learning_rate(count)`` maps an optimizer count to its rate (the optax schedule). It runs
+    jitted at one int32 scalar, as the optimizer runs it: one program for every flush, where an
+    eager call compiled each primitive again for each new number of rows
+    (docs/development.md). On resume, records and events after ``start`` are dropped first, so
+    a resumed run shows each step once.
     """
 
     def __init__(
@@ -80,7 +82,7 @@ class StepLog:
     ):
         self.every = every if enabled else 0
         self.accum = accum_steps
-        self.learning_rate = learning_rate
+        self.learning_rate = None if learning_rate is None else jax.jit(learning_rate)
         self.path = Path(workdir) / STEPS_FILE
         self.writer = None
         if not enabled:
@@ -129,11 +131,9 @@ class StepLog:
             )
         if rows and self.learning_rate is not None:
             # The update of step s used the schedule at optimizer count s - 1.
-            counts = np.array([r["step"] - 1 for r in rows], np.int32)
             with jax.numpy_dtype_promotion("standard"):  # as the optimizer evaluates it
-                rates = np.asarray(self.learning_rate(counts))
-            for row, lr in zip(rows, rates, strict=True):
-                row["learning_rate"] = float(lr)
+                for row in rows:
+                    row["learning_rate"] = float(self.learning_rate(np.int32(row["step"] - 1)))
         for row in rows:
             append_record(self.path, row)
             if self.writer is not None:
